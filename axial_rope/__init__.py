@@ -1,0 +1,25 @@
+"""axial_rope: rotary position embedding over 1, 2 or 3 coordinate axes.
+
+The public API (fixed; see the README and docs/): ``inv_freq`` and ``scaling`` for
+frequency schedules, ``grid`` and friends for positions, ``AxialRoPE`` for the rotary
+layout of a head, ``apply_rope`` for table-based rotation.
+"""
+
+from . import convert, positions, scaling
+from .ops import apply_rope
+from .positions import crop_grid, grid, text_positions
+from .rope import AxialRoPE
+from .scaling import inv_freq
+
+__all__ = [
+    "AxialRoPE",
+    "apply_rope",
+    "convert",
+    "crop_grid",
+    "grid",
+    "inv_freq",
+    "positions",
+    "scaling",
+    "text_positions",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,144 @@
+"""What every backend shares: argument checks, layouts, and angles from positions.
+
+Backends see *half tables*: ``cos``/``sin`` with one entry per plane, ``[..., n_pairs]``,
+already shaped to broadcast against ``x`` with the plane axis last (``[B|1, S, H|1, n]``
+for ``bshd``, ``[B|1, H|1, S, n]`` for ``bhsd``). Full-width tables (the public form,
+each plane's value in both of its channels) are cut to half tables by
+:func:`half_table`, a view, so no backend re-reads duplicated channels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PAIRINGS = ("interleaved", "half")
+LAYOUTS = ("bshd", "bhsd")
+FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def check_tensor(name: str, x: torch.Tensor, ndim: int | None = None) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float64/32/16 or bfloat16, got {x.dtype}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{name} must be 4-D [B, S, H, D] or [B, H, S, D], got shape {tuple(x.shape)}")
+
+
+def seq_dim(layout: str) -> int:
+    return 1 if layout == "bshd" else 2
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """Rotation arithmetic is float32, float64 inputs stay float64 (gradcheck, oracles)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def half_table(table: torch.Tensor, pairing: str) -> torch.Tensor:
+    """Full-width ``[..., r]`` table -> one value per plane ``[..., r / 2]`` (a view)."""
+    return table[..., 0::2] if pairing == "interleaved" else table[..., : table.shape[-1] // 2]
+
+
+def full_table(half: torch.Tensor, pairing: str) -> torch.Tensor:
+    """One value per plane ``[..., n]`` -> the pairing's channel layout ``[..., 2n]``."""
+    return half.repeat_interleave(2, dim=-1) if pairing == "interleaved" else torch.cat([half, half], dim=-1)
+
+
+def table_for_layout(table: torch.Tensor, layout: str) -> torch.Tensor:
+    """``[B|1, S, n]`` or per-head ``[B|1, S, H, n]`` -> broadcastable against x in ``layout``."""
+    if table.ndim == 3:
+        table = table.unsqueeze(2)  # [B|1, S, 1, n]
+    return table if layout == "bshd" else table.transpose(1, 2)
+
+
+def check_table_pair(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, layout: str) -> torch.Tensor:
+    """Validate public tables ``[S, r]`` / ``[B, S, r]`` against x; returns them as ``[B|1, S, r]``."""
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point torch.Tensor, got {getattr(t, 'dtype', type(t))}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.ndim not in (2, 3):
+        raise ValueError(f"cos/sin must be [S, r] or [B, S, r], got shape {tuple(cos.shape)}")
+    r, head_dim = cos.shape[-1], x.shape[-1]
+    if r % 2 or r == 0 or r > head_dim:
+        raise ValueError(f"cos/sin width r={r} must be even, > 0 and <= head_dim={head_dim}")
+    seq = x.shape[seq_dim(layout)]
+    if cos.shape[-2] != seq:
+        raise ValueError(f"cos/sin have {cos.shape[-2]} positions, x has S={seq} tokens (layout={layout!r})")
+    if cos.ndim == 3 and cos.shape[0] not in (1, x.shape[0]):
+        raise ValueError(f"cos/sin batch {cos.shape[0]} must be 1 or x's batch {x.shape[0]}")
+    return cos
+
+
+def check_qk(q: torch.Tensor, k: torch.Tensor | None, layout: str) -> None:
+    check_choice("layout", layout, LAYOUTS)
+    check_tensor("q", q, 4)
+    if k is None:
+        return
+    check_tensor("k", k, 4)
+    head_axis = 2 if layout == "bshd" else 1
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"q and k must have the same head_dim, got {q.shape[-1]} and {k.shape[-1]}")
+    hq, hk = q.shape[head_axis], k.shape[head_axis]
+    if hq % hk:
+        raise ValueError(f"k's {hk} heads must divide q's {hq} heads (grouped-query attention)")
+    s = seq_dim(layout)
+    if (q.shape[0], q.shape[s]) != (k.shape[0], k.shape[s]):
+        raise ValueError(
+            f"q and k must share batch and sequence length, got q {tuple(q.shape)} and k {tuple(k.shape)} "
+            f"(layout={layout!r})"
+        )
+
+
+def rope_angles(pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotation angle of every plane, computed in float64.
+
+    Args:
+        pos: ``[..., S, n_axes]`` coordinates (any float or int dtype).
+        freqs: ``F``, ``[n_axes, n]`` or per head ``[H, n_axes, n]``.
+
+    Returns:
+        float64 ``[..., S, n]`` (per head: ``[..., S, H, n]``). For axial F (one
+        non-zero per column) each angle is one exactly-rounded float64 product.
+    """
+    pos = pos.to(torch.float64)
+    freqs = freqs.to(device=pos.device, dtype=torch.float64)
+    if freqs.ndim == 2:
+        return pos @ freqs
+    return torch.einsum("...sa,han->...shn", pos, freqs)
+
+
+def cos_sin_half(
+    pos: torch.Tensor, freqs: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Half tables from positions: ``scale * cos(angle)``, ``scale * sin(angle)`` in ``dtype``.
+
+    ``scale`` is the attention factor per plane, float64 ``[n]`` (or ``None``).
+    """
+    angles = rope_angles(pos, freqs)
+    cos, sin = angles.cos(), angles.sin()
+    if scale is not None:
+        scale = scale.to(device=angles.device, dtype=torch.float64)
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype), sin.to(dtype)
+
+
+def rotate_qk_by_tables(apply_table, q, k, pos, freqs, scale, pairing, layout, dtype):
+    """Table path shared by the PyTorch backends: half tables built once, applied to q and k."""
+    cos, sin = cos_sin_half(pos, freqs, scale, dtype)
+    cos, sin = table_for_layout(cos, layout), table_for_layout(sin, layout)
+    k_out = None if k is None else apply_table(k, cos, sin, pairing)
+    return apply_table(q, cos, sin, pairing), k_out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last axis in float32 (float64 for float64 inputs); returns that dtype."""
+    x = x.to(compute_dtype(x))
+    y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+    return y if weight is None else y * weight.to(x.dtype)

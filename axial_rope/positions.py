@@ -1,0 +1,145 @@
+"""Token coordinates as data: ``pos`` is float32 ``[S, n_axes]``, one column per axis.
+
+A grid lists its points with the first axis slowest (``meshgrid(indexing="ij")``),
+which is the order of a ``(t, y, x)`` latent flattened row-major: the token at
+flat index ``(ti * H + yi) * W + xi`` sits at ``(ti, yi, xi)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["grid", "crop_grid", "text_positions"]
+
+_NORMALIZE = (False, True, "separate", "max", "min")
+
+
+def _per_axis(name: str, value: float | Sequence[float], n_axes: int) -> list[float]:
+    values = [value] * n_axes if isinstance(value, (int, float)) else list(value)
+    if len(values) != n_axes:
+        raise ValueError(f"{name} must be a number or a sequence of {n_axes} numbers (one per axis), got {value!r}")
+    for v in values:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise ValueError(f"{name} must hold finite numbers, got {value!r}")
+    return [float(v) for v in values]
+
+
+def _check_sizes(sizes: Sequence[int]) -> None:
+    if not sizes:
+        raise ValueError("grid needs at least one size, e.g. grid(H, W)")
+    for s in sizes:
+        if not isinstance(s, int) or isinstance(s, bool) or s <= 0:
+            raise ValueError(f"grid sizes must be positive ints, got {tuple(sizes)!r}")
+
+
+def _mesh(axes: list[torch.Tensor]) -> torch.Tensor:
+    # [n_0, ..., n_k] coordinates per axis -> [prod(n), n_axes], first axis slowest
+    return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(axes))
+
+
+def grid(
+    *sizes: int,
+    offset: float | Sequence[float] = 0.0,
+    scale: float | Sequence[float] = 1.0,
+    center: bool = False,
+    normalize: bool | str = False,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Coordinates of a regular grid of tokens.
+
+    Each axis of extent ``n`` starts from integer coordinates ``0 .. n - 1``, then:
+
+    1. ``normalize``: cell centres mapped into ``[-1, 1]`` as DINOv3 does,
+       ``2 (i + 0.5) / n - 1`` (``True`` or ``"separate"``: each axis by its own
+       extent; ``"max"`` / ``"min"``: every axis by the largest / smallest extent, so
+       the aspect ratio is kept);
+    2. ``center``: the coordinates are shifted to be symmetric about 0 (``i - (n - 1) / 2``);
+    3. ``scale`` (per axis): multiplied, e.g. ``0.5`` to interpolate a 2x larger grid
+       into the trained range;
+    4. ``offset`` (per axis): added, e.g. the text length so image tokens follow text.
+
+    Args:
+        *sizes: the extent of each axis, e.g. ``grid(T, H, W)``.
+
+    Returns:
+        ``pos``: ``[prod(sizes), len(sizes)]`` in ``dtype`` (float32 by default; integer
+        coordinates up to 2**24 are exact there).
+    """
+    _check_sizes(sizes)
+    n_axes = len(sizes)
+    if normalize not in _NORMALIZE:
+        raise ValueError(f"normalize must be one of {_NORMALIZE}, got {normalize!r}")
+    offsets, scales = _per_axis("offset", offset, n_axes), _per_axis("scale", scale, n_axes)
+    ref = {"max": max(sizes), "min": min(sizes)}
+    axes = []
+    for n, o, s in zip(sizes, offsets, scales):
+        c = torch.arange(n, dtype=torch.float64)
+        if normalize:
+            c = 2 * (c + 0.5) / ref.get(normalize, n) - 1
+        if center:
+            c = c - c.mean()
+        axes.append(c * s + o)  # float64 until here, so scale and offset add no rounding
+    return _mesh(axes).to(dtype=dtype, device=device)
+
+
+def crop_grid(
+    start: Sequence[float],
+    stop: Sequence[float],
+    sizes: Sequence[int],
+    *,
+    diffusers_compat: bool = False,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Coordinates of ``sizes`` points spread over the crop ``[start, stop)`` of each axis.
+
+    Axis ``a`` gets ``start[a] + (stop[a] - start[a]) * i / sizes[a]``: NumPy's
+    ``linspace(start, stop, n, endpoint=False)``, as HunyuanDiT and CogVideoX 1.0
+    (``crops_coords = ((top, left), (bottom, right))``) define it. This is the default.
+
+    ``diffusers_compat=True`` reproduces diffusers' torch port,
+    ``linspace(start, stop * (n - 1) / n, n)``, which agrees only for crops that start
+    at 0; use it to match checkpoints tuned with that code.
+
+    Returns:
+        ``pos``: ``[prod(sizes), len(sizes)]``, first axis slowest.
+    """
+    sizes = tuple(sizes)
+    _check_sizes(sizes)
+    starts, stops = _per_axis("start", start, len(sizes)), _per_axis("stop", stop, len(sizes))
+    axes = []
+    for a, b, n in zip(starts, stops, sizes):
+        if diffusers_compat:
+            axes.append(torch.linspace(a, b * (n - 1) / n, n, dtype=torch.float32).double())
+        else:
+            axes.append(a + (b - a) * torch.arange(n, dtype=torch.float64) / n)
+    return _mesh(axes).to(dtype=dtype, device=device)
+
+
+def text_positions(
+    length: int,
+    n_axes: int = 1,
+    *,
+    start: float = 0.0,
+    step: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Positions of ``length`` text tokens, the same value on every axis: ``start + step * i``.
+
+    ``step=0`` gives Flux's all-zero text ids; ``step=1`` the M-RoPE (Qwen2-VL) text
+    positions, after which an image grid continues with ``grid(..., offset=start + length)``.
+
+    Returns:
+        ``pos``: ``[length, n_axes]``.
+    """
+    if not isinstance(length, int) or length < 0:
+        raise ValueError(f"length must be an int >= 0, got {length!r}")
+    if not isinstance(n_axes, int) or n_axes <= 0:
+        raise ValueError(f"n_axes must be a positive int, got {n_axes!r}")
+    column = start + step * torch.arange(length, dtype=torch.float64)
+    return column[:, None].expand(length, n_axes).to(dtype=dtype, device=device).contiguous()

@@ -1,0 +1,305 @@
+"""``AxialRoPE``: the rotary layout of one attention head over 1, 2 or 3 coordinate axes.
+
+A head's first ``rot_dim = sum(axes_dim)`` channels form ``n_pairs = rot_dim / 2``
+planes. Plane ``j`` turns by ``sum_a pos[a] * F[a, j]``; ``F`` (``[n_axes, n_pairs]``)
+has one non-zero per column for axial RoPE, so each plane listens to one axis. The
+``spectrum`` decides which frequency and axis each plane gets, the ``pairing`` which
+two channels form a plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from . import scaling as scaling_methods
+from .ops import PAIRINGS, norm_rotate_qk, rotate_qk
+from .ops.common import check_choice, check_qk, check_tensor, cos_sin_half, full_table, seq_dim
+from .scaling import Scaling, inv_freq
+
+__all__ = ["AxialRoPE", "SPECTRA"]
+
+SPECTRA = ("per_axis", "split", "cycled")
+
+
+def _per_axis(name: str, value, n_axes: int, shared_only: bool) -> tuple:
+    if not isinstance(value, (tuple, list)):
+        return (value,) * n_axes
+    if shared_only:
+        raise ValueError(
+            f"{name} must be one value with spectrum 'split'/'cycled' (one shared spectrum), got {value!r}"
+        )
+    if len(value) != n_axes:
+        raise ValueError(f"{name} has {len(value)} entries, expected one per axis ({n_axes})")
+    return tuple(value)
+
+
+def plane_axes(axes_dim: Sequence[int], spectrum: str) -> list[int]:
+    """The axis of each plane: contiguous sections, or (``"cycled"``) round robin.
+
+    ``cycled`` deals planes to the axes in turn, skipping axes whose share
+    (``axes_dim[a] / 2`` planes) is used up: Qwen3-VL's interleaved M-RoPE.
+    """
+    shares = [d // 2 for d in axes_dim]
+    if spectrum != "cycled":
+        return [a for a, n in enumerate(shares) for _ in range(n)]
+    left, order = list(shares), []
+    while any(left):
+        for a in range(len(left)):
+            if left[a]:
+                order.append(a)
+                left[a] -= 1
+    return order
+
+
+class AxialRoPE(nn.Module):
+    """Rotary position embedding over one or more coordinate axes.
+
+    Args:
+        axes_dim: rotary channels per axis, each even; ``(d,)`` or ``d`` for 1-D RoPE,
+            ``(d_y, d_x)`` for images, ``(d_t, d_y, d_x)`` for video.
+        theta: base of the spectrum; one for all axes or one per axis (``per_axis`` only).
+        scaling: a method of :mod:`axial_rope.scaling` (or ``None``); one for all axes or
+            a tuple with one per axis (``None`` = unscaled axis; ``per_axis`` only).
+        pairing: ``"interleaved"``: planes are channels ``(2j, 2j+1)``; ``"half"``:
+            ``(j, j + rot_dim / 2)``.
+        spectrum: ``"per_axis"``: axis ``a`` owns ``axes_dim[a] / 2`` consecutive planes with
+            its own spectrum ``theta_a ** (-2i / d_a)``; ``"split"``: one spectrum over
+            ``rot_dim`` cut into consecutive per-axis sections (Qwen2-VL M-RoPE);
+            ``"cycled"``: one spectrum whose successive planes cycle through the axes (Qwen3-VL).
+        learnable: hold ``F`` as a dense trainable parameter initialised from the axial
+            spectrum (RoPE-Mixed); with ``n_heads``, one ``F`` per head ``[H, n_axes, n_pairs]``.
+        backend: default backend for this module (see :func:`axial_rope.apply_rope`).
+
+    Channels past ``rot_dim`` pass through unrotated.
+    """
+
+    def __init__(
+        self,
+        axes_dim: int | Sequence[int],
+        theta: float | Sequence[float] = 10000.0,
+        scaling: Scaling | None | Sequence[Scaling | None] = None,
+        pairing: str = "interleaved",
+        spectrum: str = "per_axis",
+        *,
+        learnable: bool = False,
+        n_heads: int | None = None,
+        backend: str | None = None,
+    ):
+        super().__init__()
+        axes_dim = (axes_dim,) if isinstance(axes_dim, int) else tuple(axes_dim)
+        if not axes_dim or any(not isinstance(d, int) or isinstance(d, bool) or d <= 0 or d % 2 for d in axes_dim):
+            raise ValueError(f"axes_dim must be positive even ints, one per axis, got {axes_dim!r}")
+        check_choice("pairing", pairing, PAIRINGS)
+        check_choice("spectrum", spectrum, SPECTRA)
+        if n_heads is not None and (not learnable or not isinstance(n_heads, int) or n_heads <= 0):
+            raise ValueError(f"n_heads (per-head frequencies) needs learnable=True and an int > 0, got {n_heads!r}")
+        shared = spectrum != "per_axis"
+        self.axes_dim, self.pairing, self.spectrum, self.backend = axes_dim, pairing, spectrum, backend
+        self.theta = _per_axis("theta", theta, len(axes_dim), shared)
+        self.scaling = _per_axis("scaling", scaling, len(axes_dim), shared)
+        for method in set(self.scaling):
+            if method is not None and not isinstance(method, scaling_methods._METHODS):
+                raise TypeError(f"scaling must be None or an axial_rope.scaling method, got {method!r}")
+        self.plane_axis = plane_axes(axes_dim, spectrum)
+        self.length_dependent = any(isinstance(s, scaling_methods.LENGTH_DEPENDENT) for s in self.scaling)
+        freqs, scale = self.frequencies()  # validates theta and every method against its axis
+        self.register_buffer("freqs", freqs, persistent=False)  # [n_axes, n_pairs] float64
+        self.register_buffer("scale", scale, persistent=False)  # [n_pairs] float64
+        self.scaled = bool((scale != 1).any())  # whether cos/sin carry an attention factor
+        self.learned_freqs = None
+        if learnable:
+            init = freqs if n_heads is None else freqs.expand(n_heads, *freqs.shape)
+            self.learned_freqs = nn.Parameter(init.to(torch.float32).clone())
+
+    @property
+    def n_axes(self) -> int:
+        return len(self.axes_dim)
+
+    @property
+    def rot_dim(self) -> int:
+        return sum(self.axes_dim)
+
+    @property
+    def n_pairs(self) -> int:
+        return self.rot_dim // 2
+
+    def frequencies(self, seq_len: int | Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The axial frequency matrix ``F`` and the attention factor per plane, for a length.
+
+        Args:
+            seq_len: length per axis (or one for all) seen by length-dependent methods
+                (:class:`~axial_rope.scaling.DynamicNTK`, :class:`~axial_rope.scaling.LongRoPE`).
+
+        Returns:
+            ``F`` float64 ``[n_axes, n_pairs]`` and ``scale`` float64 ``[n_pairs]``, on the CPU.
+        """
+        lengths = _per_axis("seq_len", seq_len, self.n_axes, False) if seq_len is not None else (None,) * self.n_axes
+        if self.spectrum == "per_axis":
+            spectra = [
+                inv_freq(d, t, s, seq_len=n) for d, t, s, n in zip(self.axes_dim, self.theta, self.scaling, lengths)
+            ]
+            values = torch.cat([inv for inv, _ in spectra])
+            scale = torch.cat(
+                [torch.full((d // 2,), af, dtype=torch.float64) for d, (_, af) in zip(self.axes_dim, spectra)]
+            )
+        else:  # one spectrum over rot_dim, planes dealt to the axes
+            longest = None if seq_len is None else max(lengths)
+            values, af = inv_freq(self.rot_dim, self.theta[0], self.scaling[0], seq_len=longest)
+            scale = torch.full((self.n_pairs,), af, dtype=torch.float64)
+        freqs = torch.zeros(self.n_axes, self.n_pairs, dtype=torch.float64)
+        freqs[self.plane_axis, torch.arange(self.n_pairs)] = values
+        return freqs, scale
+
+    def _apply(self, fn, recurse=True):
+        # .half() / .to(dtype) must not round the frequencies: the float64 buffers are
+        # rebuilt on the new device and a learned F keeps its float32 values.
+        learned = None if self.learned_freqs is None else self.learned_freqs.data
+        super()._apply(fn, recurse)
+        freqs, scale = self.frequencies()
+        device = self.freqs.device
+        self.freqs, self.scale = freqs.to(device), scale.to(device)
+        if learned is not None and self.learned_freqs.dtype != learned.dtype:
+            self.learned_freqs.data = learned.to(self.learned_freqs.device)
+        return self
+
+    # -- positions -----------------------------------------------------------------
+
+    def _positions(self, pos: torch.Tensor) -> torch.Tensor:
+        """Check ``pos`` and return it as ``[B|1, S, n_axes]``."""
+        if not isinstance(pos, torch.Tensor):
+            raise TypeError(f"pos must be a torch.Tensor, got {type(pos).__name__}")
+        if (
+            pos.dtype == torch.bool
+            or pos.is_complex()
+            or not (pos.is_floating_point() or pos.dtype.is_signed or pos.dtype == torch.uint8)
+        ):
+            raise TypeError(f"pos must hold real float or int coordinates, got dtype {pos.dtype}")
+        if pos.ndim == 1 and self.n_axes == 1:
+            pos = pos[:, None]
+        if pos.ndim not in (2, 3) or pos.shape[-1] != self.n_axes:
+            expected = (
+                "[S], [S, 1] or [B, S, 1]" if self.n_axes == 1 else f"[S, {self.n_axes}] or [B, S, {self.n_axes}]"
+            )
+            raise ValueError(f"pos must be {expected} for {self.n_axes} axes, got shape {tuple(pos.shape)}")
+        if pos.is_floating_point() and not torch.compiler.is_compiling() and not bool(torch.isfinite(pos).all()):
+            raise ValueError("pos holds NaN or inf coordinates")
+        return pos if pos.ndim == 3 else pos[None]
+
+    def _freqs_for(self, pos: torch.Tensor, seq_len) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.learned_freqs is not None:
+            return self.learned_freqs, (self.scale if self.scaled else None)
+        if not self.length_dependent:
+            return self.freqs, (self.scale if self.scaled else None)
+        if seq_len is None:  # the length seen, per axis (a host sync: pass seq_len to avoid it)
+            seq_len = tuple(int(v) + 1 for v in pos.flatten(0, -2).amax(0).tolist())
+        freqs, scale = self.frequencies(seq_len)
+        return freqs.to(pos.device), (scale.to(pos.device) if bool((scale != 1).any()) else None)
+
+    # -- tables and rotation -------------------------------------------------------
+
+    def cos_sin(
+        self, pos: torch.Tensor, *, seq_len: int | Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin tables in the pairing's channel layout, attention factor multiplied in.
+
+        Args:
+            pos: ``[S, n_axes]`` or ``[B, S, n_axes]`` (1-D RoPE: ``[S]`` too).
+
+        Returns:
+            float32 ``cos``, ``sin`` of shape ``[..., S, rot_dim]`` (``pos``'s leading dims);
+            per-head learned frequencies give ``[..., S, H, rot_dim]``.
+        """
+        batched = isinstance(pos, torch.Tensor) and pos.ndim == 3
+        pos3 = self._positions(pos)
+        freqs, scale = self._freqs_for(pos3, seq_len)
+        cos, sin = cos_sin_half(pos3, freqs, scale, torch.float32)
+        cos, sin = full_table(cos, self.pairing), full_table(sin, self.pairing)
+        return (cos, sin) if batched else (cos[0], sin[0])
+
+    def _prepare(self, q, k, pos, layout, seq_len):
+        """Check q, k and pos together; returns pos ``[B|1, S, n_axes]``, F and the plane scale."""
+        check_qk(q, k, layout)
+        if q.shape[-1] < self.rot_dim:
+            raise ValueError(f"head_dim {q.shape[-1]} is smaller than rot_dim = sum(axes_dim) = {self.rot_dim}")
+        pos = self._positions(pos)
+        s = seq_dim(layout)
+        if pos.shape[1] != q.shape[s]:
+            raise ValueError(f"pos has {pos.shape[1]} positions, q has S={q.shape[s]} tokens (layout={layout!r})")
+        if pos.shape[0] not in (1, q.shape[0]):
+            raise ValueError(f"pos batch {pos.shape[0]} must be 1 or q's batch {q.shape[0]}")
+        freqs, scale = self._freqs_for(pos, seq_len)
+        if freqs.ndim == 3:
+            heads = [t.shape[3 - s] for t in (q, k) if t is not None]
+            if any(h != freqs.shape[0] for h in heads):
+                raise ValueError(f"per-head frequencies are for {freqs.shape[0]} heads, q/k have {heads} heads")
+        return pos, freqs, scale
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        pos: torch.Tensor,
+        layout: str = "bshd",
+        *,
+        seq_len: int | Sequence[int] | None = None,
+        backend: str | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rotate queries and keys.
+
+        Args:
+            q: ``[B, S, H, D]`` (``layout="bshd"``) or ``[B, H, S, D]`` (``"bhsd"``).
+            k: same layout, ``H_k`` heads dividing ``H`` (grouped-query attention), or ``None``.
+            pos: ``[S, n_axes]`` or per-sample ``[B, S, n_axes]`` (1-D: ``[S]`` too).
+            seq_len: length per axis for length-dependent scaling (default: ``max(pos) + 1``).
+            backend: overrides the module's backend for this call.
+
+        Returns:
+            ``(q, k)`` rotated, same shapes and dtypes.
+        """
+        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len)
+        return rotate_qk(q, k, pos, freqs, scale, self.pairing, layout, backend or self.backend)
+
+    def norm_and_rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        pos: torch.Tensor,
+        q_weight: torch.Tensor | None = None,
+        k_weight: torch.Tensor | None = None,
+        layout: str = "bshd",
+        *,
+        eps: float = 1e-6,
+        seq_len: int | Sequence[int] | None = None,
+        backend: str | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head QK-RMSNorm (weights ``[D]``, or ``None``) then rotation; one fused launch on Triton.
+
+        Same arguments as :meth:`forward`; the norm runs over the whole head (``D``
+        channels) in float32 and the result is rounded to the input dtype once.
+        """
+        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len)
+        if k is None:
+            raise ValueError("norm_and_rotate needs k; use forward() for q alone")
+        for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+            if w is not None and tuple(w.shape) != (q.shape[-1],):
+                raise ValueError(f"{name} must have shape [head_dim] = [{q.shape[-1]}], got {tuple(w.shape)}")
+        return norm_rotate_qk(
+            q, k, q_weight, k_weight, eps, pos, freqs, scale, self.pairing, layout, backend or self.backend
+        )
+
+    def apply(self, x: torch.Tensor, pos: torch.Tensor, layout: str = "bshd", **kwargs) -> torch.Tensor:
+        """Rotate one tensor (queries or keys alone); same arguments as :meth:`forward`."""
+        check_tensor("x", x, 4)
+        return self.forward(x, None, pos, layout, **kwargs)[0]
+
+    def extra_repr(self) -> str:
+        theta = self.theta[0] if len(set(self.theta)) == 1 else self.theta
+        scaling = self.scaling[0] if len(set(self.scaling)) == 1 else self.scaling
+        learned = f", learnable={tuple(self.learned_freqs.shape)}" if self.learned_freqs is not None else ""
+        return (
+            f"axes_dim={self.axes_dim}, theta={theta}, scaling={scaling}, pairing={self.pairing!r}, "
+            f"spectrum={self.spectrum!r}{learned}"
+        )
