@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import scaling as scaling_methods
-from .ops import PAIRINGS, norm_rotate_qk, rotate_qk
+from .ops import PAIRINGS, norm_rotate_qk, preload, rotate_qk
 from .ops.common import check_choice, check_qk, check_tensor, cos_sin_half, full_table, seq_dim
 from .scaling import Scaling, inv_freq
 
@@ -89,6 +89,7 @@ class AxialRoPE(nn.Module):
         backend: str | None = None,
     ):
         super().__init__()
+        preload()  # backends imported now, not inside a later torch.compile trace
         axes_dim = (axes_dim,) if isinstance(axes_dim, int) else tuple(axes_dim)
         if not axes_dim or any(not isinstance(d, int) or isinstance(d, bool) or d <= 0 or d % 2 for d in axes_dim):
             raise ValueError(f"axes_dim must be positive even ints, one per axis, got {axes_dim!r}")

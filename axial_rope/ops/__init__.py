@@ -15,6 +15,8 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from torch.compiler import is_compiling
+
 from .common import (
     LAYOUTS,
     PAIRINGS,
@@ -29,18 +31,42 @@ from .common import (
 if TYPE_CHECKING:  # the submodule ops/torch.py would shadow a runtime `torch` name here
     import torch
 
-__all__ = ["apply_rope", "rotate_qk", "norm_rotate_qk", "select_backend", "BACKENDS"]
+__all__ = ["apply_rope", "rotate_qk", "norm_rotate_qk", "select_backend", "preload", "BACKENDS"]
 
 BACKENDS = ("reference", "torch", "triton")
 ENV_VAR = "AXIAL_ROPE_BACKEND"
 
 
+# name -> (module, None) or (None, why it cannot load). Filled outside torch.compile:
+# dynamo cannot trace an import, but reads this dict as a constant.
+_LOADED: dict[str, tuple[ModuleType | None, str | None]] = {}
+
+
 def _module(name: str) -> tuple[ModuleType | None, str | None]:
-    """Import backend ``name``; returns (module, None) or (None, why it cannot load)."""
-    try:
-        return importlib.import_module(f"{__name__}.{name}"), None
-    except ImportError as err:  # triton not installed, or its backend not built
-        return None, f"it could not be imported ({err})"
+    if name not in _LOADED:
+        if is_compiling():
+            return None, "it was never loaded outside torch.compile (call axial_rope.ops.preload() first)"
+        try:
+            _LOADED[name] = importlib.import_module(f"{__name__}.{name}"), None
+        except ImportError as err:  # triton not installed, or its backend not built
+            _LOADED[name] = None, f"it could not be imported ({err})"
+    return _LOADED[name]
+
+
+def preload(*, triton: bool | None = None) -> None:
+    """Import the backends now, so that code compiled later finds them.
+
+    ``triton=None`` loads it when CUDA is available or ``TRITON_INTERPRET=1`` is set.
+    :class:`~axial_rope.AxialRoPE` calls this when constructed.
+    """
+    _module("reference")
+    _module("torch")
+    if triton is None:
+        import torch as _torch  # a local name: the submodule ops/torch.py shadows `torch` here
+
+        triton = _torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    if triton:
+        _module("triton")
 
 
 def select_backend(backend: str | None, x: torch.Tensor, freqs: torch.Tensor | None = None) -> ModuleType:
@@ -142,3 +168,6 @@ def norm_rotate_qk(
     q32, k32 = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
     q32, k32 = module.rotate_qk(q32, k32, pos, freqs, scale, pairing, layout)
     return q32.to(q.dtype), k32.to(k.dtype)
+
+
+preload(triton=False)
