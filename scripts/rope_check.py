@@ -55,13 +55,13 @@ def invariance_table(seed: int = 0, dim: int = 64) -> dict[str, dict[str, dict[s
 def format_table(table: dict) -> str:
     near, far, control = PAIRS
     lines = [
-        f"| implementation | dtype | score {near} | score {far} | far - near | control - near |",
-        "|---|---|---|---|---|---|",
+        f"| implementation | dtype | score {near} | score {far} | score {control} | far - near | control - near |",
+        "|---|---|---|---|---|---|---|",
     ]
     for impl, by_dtype in table.items():
         for dtype, s in by_dtype.items():
             lines.append(
-                f"| {impl} | {dtype} | {s[near]:.5f} | {s[far]:.5f} | {s[far] - s[near]:+.2e} | "
+                f"| {impl} | {dtype} | {s[near]:.5f} | {s[far]:.5f} | {s[control]:.5f} | {s[far] - s[near]:+.2e} | "
                 f"{s[control] - s[near]:+.2e} |"
             )
     return "\n".join(lines)
