@@ -2,18 +2,31 @@
 
 The public API (fixed; see the README and docs/): ``inv_freq`` and ``scaling`` for
 frequency schedules, ``grid`` and friends for positions, ``AxialRoPE`` for the rotary
-layout of a head, ``apply_rope`` for table-based rotation.
+layout of a head, ``apply_rope`` for table-based rotation; ``layers`` and ``KVCache``
+for attention and DiT blocks built on them.
 """
 
-from . import convert, positions, scaling
+from . import cache, convert, layers, positions, scaling
+from .cache import KVCache
+from .layers import Attention, DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
 from .ops import apply_rope
 from .positions import crop_grid, grid, text_positions
 from .rope import AxialRoPE
 from .scaling import inv_freq
 
 __all__ = [
+    "Attention",
     "AxialRoPE",
+    "DiTBlock",
+    "FinalLayer",
+    "KVCache",
+    "LabelEmbedder",
+    "PatchEmbed",
+    "TimestepEmbedder",
     "apply_rope",
+    "cache",
+    "layers",
+    "unpatchify",
     "convert",
     "crop_grid",
     "grid",

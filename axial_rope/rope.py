@@ -110,6 +110,7 @@ class AxialRoPE(nn.Module):
         self.register_buffer("freqs", freqs, persistent=False)  # [n_axes, n_pairs] float64
         self.register_buffer("scale", scale, persistent=False)  # [n_pairs] float64
         self.scaled = bool((scale != 1).any())  # whether cos/sin carry an attention factor
+        self._factors = sorted(set(scale.tolist()))  # python floats: read later without a host sync
         self.learned_freqs = None
         if learnable:
             init = freqs if n_heads is None else freqs.expand(n_heads, *freqs.shape)
@@ -126,6 +127,13 @@ class AxialRoPE(nn.Module):
     @property
     def n_pairs(self) -> int:
         return self.rot_dim // 2
+
+    @property
+    def attention_factor(self) -> float:
+        """The scaling's attention factor, when all planes share one (``ValueError`` otherwise)."""
+        if len(self._factors) != 1:
+            raise ValueError(f"the axes have different attention factors {self._factors}")
+        return self._factors[0]
 
     def frequencies(self, seq_len: int | Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The axial frequency matrix ``F`` and the attention factor per plane, for a length.
@@ -144,14 +152,17 @@ class AxialRoPE(nn.Module):
             ]
             values = torch.cat([inv for inv, _ in spectra])
             scale = torch.cat(
-                [torch.full((d // 2,), af, dtype=torch.float64) for d, (_, af) in zip(self.axes_dim, spectra)]
+                [
+                    torch.full((d // 2,), af, dtype=torch.float64, device="cpu")
+                    for d, (_, af) in zip(self.axes_dim, spectra)
+                ]
             )
         else:  # one spectrum over rot_dim, planes dealt to the axes
             longest = None if seq_len is None else max(lengths)
             values, af = inv_freq(self.rot_dim, self.theta[0], self.scaling[0], seq_len=longest)
-            scale = torch.full((self.n_pairs,), af, dtype=torch.float64)
-        freqs = torch.zeros(self.n_axes, self.n_pairs, dtype=torch.float64)
-        freqs[self.plane_axis, torch.arange(self.n_pairs)] = values
+            scale = torch.full((self.n_pairs,), af, dtype=torch.float64, device="cpu")
+        freqs = torch.zeros(self.n_axes, self.n_pairs, dtype=torch.float64, device="cpu")
+        freqs[self.plane_axis, torch.arange(self.n_pairs, device="cpu")] = values
         return freqs, scale
 
     def _apply(self, fn, recurse=True):
@@ -202,12 +213,14 @@ class AxialRoPE(nn.Module):
     # -- tables and rotation -------------------------------------------------------
 
     def cos_sin(
-        self, pos: torch.Tensor, *, seq_len: int | Sequence[int] | None = None
+        self, pos: torch.Tensor, *, seq_len: int | Sequence[int] | None = None, attention_factor: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin tables in the pairing's channel layout, attention factor multiplied in.
 
         Args:
             pos: ``[S, n_axes]`` or ``[B, S, n_axes]`` (1-D RoPE: ``[S]`` too).
+            attention_factor: multiply the scaling's attention factor in (``False``: unit rotation,
+                for callers that put the factor into the softmax scale instead).
 
         Returns:
             float32 ``cos``, ``sin`` of shape ``[..., S, rot_dim]`` (``pos``'s leading dims);
@@ -216,11 +229,11 @@ class AxialRoPE(nn.Module):
         batched = isinstance(pos, torch.Tensor) and pos.ndim == 3
         pos3 = self._positions(pos)
         freqs, scale = self._freqs_for(pos3, seq_len)
-        cos, sin = cos_sin_half(pos3, freqs, scale, torch.float32)
+        cos, sin = cos_sin_half(pos3, freqs, scale if attention_factor else None, torch.float32)
         cos, sin = full_table(cos, self.pairing), full_table(sin, self.pairing)
         return (cos, sin) if batched else (cos[0], sin[0])
 
-    def _prepare(self, q, k, pos, layout, seq_len):
+    def _prepare(self, q, k, pos, layout, seq_len, attention_factor):
         """Check q, k and pos together; returns pos ``[B|1, S, n_axes]``, F and the plane scale."""
         check_qk(q, k, layout)
         if q.shape[-1] < self.rot_dim:
@@ -236,7 +249,7 @@ class AxialRoPE(nn.Module):
             heads = [t.shape[3 - s] for t in (q, k) if t is not None]
             if any(h != freqs.shape[0] for h in heads):
                 raise ValueError(f"per-head frequencies are for {freqs.shape[0]} heads, q/k have {heads} heads")
-        return pos, freqs, scale
+        return pos, freqs, (scale if attention_factor else None)
 
     def forward(
         self,
@@ -247,6 +260,7 @@ class AxialRoPE(nn.Module):
         *,
         seq_len: int | Sequence[int] | None = None,
         backend: str | None = None,
+        attention_factor: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rotate queries and keys.
 
@@ -256,11 +270,12 @@ class AxialRoPE(nn.Module):
             pos: ``[S, n_axes]`` or per-sample ``[B, S, n_axes]`` (1-D: ``[S]`` too).
             seq_len: length per axis for length-dependent scaling (default: ``max(pos) + 1``).
             backend: overrides the module's backend for this call.
+            attention_factor: ``False`` rotates without the scaling's attention factor.
 
         Returns:
             ``(q, k)`` rotated, same shapes and dtypes.
         """
-        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len)
+        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len, attention_factor)
         return rotate_qk(q, k, pos, freqs, scale, self.pairing, layout, backend or self.backend)
 
     def norm_and_rotate(
@@ -275,13 +290,14 @@ class AxialRoPE(nn.Module):
         eps: float = 1e-6,
         seq_len: int | Sequence[int] | None = None,
         backend: str | None = None,
+        attention_factor: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head QK-RMSNorm (weights ``[D]``, or ``None``) then rotation; one fused launch on Triton.
 
         Same arguments as :meth:`forward`; the norm runs over the whole head (``D``
         channels) in float32 and the result is rounded to the input dtype once.
         """
-        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len)
+        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len, attention_factor)
         if k is None:
             raise ValueError("norm_and_rotate needs k; use forward() for q alone")
         for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
@@ -291,8 +307,16 @@ class AxialRoPE(nn.Module):
             q, k, q_weight, k_weight, eps, pos, freqs, scale, self.pairing, layout, backend or self.backend
         )
 
-    def apply(self, x: torch.Tensor, pos: torch.Tensor, layout: str = "bshd", **kwargs) -> torch.Tensor:
-        """Rotate one tensor (queries or keys alone); same arguments as :meth:`forward`."""
+    def apply(self, x: torch.Tensor, pos: torch.Tensor | None = None, layout: str = "bshd", **kwargs) -> torch.Tensor:
+        """Rotate one tensor (queries or keys alone); same arguments as :meth:`forward`.
+
+        The name shadows ``nn.Module.apply(fn)``, which ``model.apply(init_fn)`` calls on every
+        submodule: a callable first argument without positions is passed on to it.
+        """
+        if pos is None and callable(x) and not isinstance(x, torch.Tensor):
+            return super().apply(x)
+        if pos is None:
+            raise TypeError("AxialRoPE.apply(x, pos) needs pos, the coordinates of x's tokens")
         check_tensor("x", x, 4)
         return self.forward(x, None, pos, layout, **kwargs)[0]
 

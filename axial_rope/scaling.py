@@ -52,7 +52,7 @@ def base_inv_freq(dim: int, theta: float = 10000.0) -> torch.Tensor:
     if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0 or dim % 2:
         raise ValueError(f"dim must be a positive even int, got {dim!r}")
     _check_positive("inv_freq", "theta", theta)
-    exponent = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    exponent = torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim  # cpu: also under a meta default
     return 1.0 / (float(theta) ** exponent)
 
 
@@ -166,7 +166,7 @@ class YaRN:
         low, high = max(low, 0), min(high, dim - 1)
         if low == high:
             high += 0.001  # avoids a zero-width ramp, as transformers does
-        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64, device="cpu") - low) / (high - low)).clamp(0, 1)
         base = base_inv_freq(dim, theta)
         # ramp 0: keep (extrapolate); ramp 1: interpolate by factor
         inv = base / self.factor * ramp + base * (1 - ramp)
@@ -244,7 +244,9 @@ class LongRoPE:
         rescale = getattr(self, name)
         if len(rescale) != dim // 2:
             raise ValueError(f"LongRoPE: {name} has {len(rescale)} entries, the axis has dim // 2 = {dim // 2} pairs")
-        return base_inv_freq(dim, theta) / torch.tensor(rescale, dtype=torch.float64), self.attention_scale()
+        return base_inv_freq(dim, theta) / torch.tensor(
+            rescale, dtype=torch.float64, device="cpu"
+        ), self.attention_scale()
 
 
 @dataclass(frozen=True)
@@ -305,11 +307,14 @@ def inv_freq(
     return inv, float(factor)
 
 
-def from_rope_parameters(params: dict) -> Scaling | None:
+def from_rope_parameters(params: dict, *, max_position_embeddings: int | None = None) -> Scaling | None:
     """Build a scaling method from a transformers ``rope_parameters`` (or ``rope_scaling``) dict.
 
     ``rope_theta`` and ``partial_rotary_factor`` are ignored here (they are arguments
     of :func:`inv_freq`); ``rope_type`` (or ``type``) picks the method.
+    ``max_position_embeddings`` is the config attribute transformers reads beside the
+    dict: ``dynamic`` needs it, and ``yarn`` / ``longrope`` without a ``factor`` take
+    ``max_position_embeddings / original_max_position_embeddings`` as theirs.
     """
     kind = params.get("rope_type", params.get("type", "default"))
     classes = {"linear": Linear, "dynamic": DynamicNTK, "yarn": YaRN, "llama3": Llama3, "longrope": LongRoPE}
@@ -319,4 +324,15 @@ def from_rope_parameters(params: dict) -> Scaling | None:
         raise ValueError(f"rope_type {kind!r} is not supported; expected one of {['default', *classes]}")
     cls = classes[kind]
     names = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in params.items() if k in names and v is not None})
+    kwargs = {k: v for k, v in params.items() if k in names and v is not None}
+    if kind == "dynamic":
+        kwargs.setdefault("max_position_embeddings", max_position_embeddings)
+        if kwargs["max_position_embeddings"] is None:
+            raise ValueError("rope_type 'dynamic' needs max_position_embeddings (a config attribute): pass it")
+    if kind in ("yarn", "longrope") and "factor" not in kwargs:
+        original = kwargs.get("original_max_position_embeddings")
+        if max_position_embeddings is not None and original:
+            kwargs["factor"] = max_position_embeddings / original
+        elif kind == "yarn":
+            raise ValueError("rope_type 'yarn' without 'factor' needs max_position_embeddings to derive it: pass it")
+    return cls(**kwargs)

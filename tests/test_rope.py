@@ -318,6 +318,16 @@ def test_per_head_learnable_frequencies():
         rope(x, torch.randn(1, 4, 1, 8), pos)
 
 
+def test_module_apply_of_a_model_holding_a_rope_still_visits_submodules():
+    # AxialRoPE.apply(x, pos) shadows nn.Module.apply(fn); model.apply(init_fn) must keep working
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), ar.AxialRoPE((2, 2)))
+    seen = []
+    model.apply(lambda m: seen.append(type(m).__name__))
+    assert seen == ["Linear", "AxialRoPE", "Sequential"]
+    with pytest.raises(TypeError, match="needs pos"):
+        model[1].apply(torch.zeros(1, 2, 1, 4))
+
+
 # -- compile ---------------------------------------------------------------------------
 
 

@@ -1,0 +1,254 @@
+"""Run the RoPE of diffusers' video and image transformers through axial_rope.
+
+``set_rope_processors(transformer)`` swaps the stock attention processors of a
+``FluxTransformer2DModel``, ``HunyuanVideoTransformer3DModel``, ``WanTransformer3DModel``
+or ``CogVideoXTransformer3DModel`` for processors that rotate q and k with
+:class:`~axial_rope.AxialRoPE` (fusing QK-RMSNorm where the model has a per-head
+one), through diffusers' own ``set_attn_processor``. Unscaled, the output equals the
+stock model's; with ``scaling`` (per axis), the frequencies are rescaled so the model
+can run beyond its training resolution or length.
+
+Positions are read, never patched in: a forward pre-hook on the model's rotary module
+(Flux: ``pos_embed``, whose input is the ids; HunyuanVideo, Wan: ``rope``, whose input is
+the latent video) or on the transformer (CogVideoX, whose tables come from the pipeline)
+records ``pos`` ``[S, 3]`` for the processors of that forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import diffusers
+import torch
+from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+from ..ops import BACKENDS
+from ..positions import grid
+from ..rope import AxialRoPE
+from ..scaling import Scaling
+from .diffusers_processors import (
+    CogVideoXRopeProcessor,
+    FluxRopeProcessor,
+    HunyuanVideoRopeProcessor,
+    RopeState,
+    WanRopeProcessor,
+)
+
+__all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
+
+_ATTR = "_axial_rope_processors"  # where the handle lives on the transformer instance
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How one model family is adapted: its rotary layout, stock processors and where positions come from."""
+
+    model: type
+    stock: tuple[type, ...]  # the processors replaced
+    processor: type
+    layout: Callable[[torch.nn.Module], tuple[tuple[int, ...], float]]  # -> (axes_dim (t|-, y, x), theta)
+    hook: Callable[[torch.nn.Module, RopeState], torch.utils.hooks.RemovableHandle]
+    # processor names (keys of attn_processors) in the rotary blocks: all must be stock; the rest
+    # (e.g. HunyuanVideo's text refiner) is left alone
+    blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
+    tables_when_unscaled: bool = False  # rotate with the model's own tables when unscaled (exact)
+
+
+def _video_grid(frames: int, height: int, width: int, patch: Sequence[int], device) -> torch.Tensor:
+    # latent [.., F, .., H, W] -> token coordinates (t, y, x) [F/p_t * H/p_h * W/p_w, 3], t slowest
+    p_t, p_h, p_w = patch
+    return grid(-(-frames // p_t), height // p_h, width // p_w, device=device)
+
+
+def _flux_hook(model, state):
+    def hook(module, args):
+        state.set_positions(args[0].float())  # ids [S, 3], text rows first, as FluxPosEmbed reads them
+
+    return model.pos_embed.register_forward_pre_hook(hook)
+
+
+def _hunyuan_hook(model, state):
+    patch = (model.config.patch_size_t, model.config.patch_size, model.config.patch_size)
+
+    def hook(module, args):
+        _, _, frames, height, width = args[0].shape  # latent video [B, C, F, H, W]
+        state.set_positions(_video_grid(frames, height, width, patch, args[0].device))
+
+    return model.rope.register_forward_pre_hook(hook)
+
+
+def _wan_hook(model, state):
+    patch = tuple(model.rope.patch_size)
+
+    def hook(module, args):
+        _, _, frames, height, width = args[0].shape  # latent video [B, C, F, H, W]
+        state.set_positions(_video_grid(frames, height, width, patch, args[0].device))
+
+    return model.rope.register_forward_pre_hook(hook)
+
+
+def _cogvideox_hook(model, state):
+    patch = (model.config.patch_size_t or 1, model.config.patch_size, model.config.patch_size)
+
+    def hook(module, args, kwargs):
+        latent = args[0] if args else kwargs["hidden_states"]  # [B, F, C, H, W]
+        _, frames, _, height, width = latent.shape
+        # the integer latent grid: CogVideoX 1.5's pipeline positions (and 1.0's at its base size)
+        state.set_positions(_video_grid(frames, height, width, patch, latent.device))
+
+    return model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def _wan_layout(model):
+    rope = model.rope
+    return (rope.t_dim, rope.h_dim, rope.w_dim), 10000.0  # WanRotaryPosEmbed's fixed theta
+
+
+def _cogvideox_layout(model):
+    d = model.config.attention_head_dim  # get_3d_rotary_pos_embed's split of a head
+    return (d // 4, d // 8 * 3, d // 8 * 3), 10000.0
+
+
+_FAMILIES = (
+    _Family(
+        model=diffusers.FluxTransformer2DModel,
+        stock=(FluxAttnProcessor,),
+        processor=FluxRopeProcessor,
+        layout=lambda m: (tuple(m.pos_embed.axes_dim), float(m.pos_embed.theta)),
+        hook=_flux_hook,
+    ),
+    _Family(
+        model=diffusers.HunyuanVideoTransformer3DModel,
+        stock=(HunyuanVideoAttnProcessor2_0,),
+        processor=HunyuanVideoRopeProcessor,
+        layout=lambda m: (tuple(m.rope.rope_dim), float(m.rope.theta)),
+        hook=_hunyuan_hook,
+    ),
+    _Family(
+        model=diffusers.WanTransformer3DModel,
+        stock=(WanAttnProcessor,),
+        processor=WanRopeProcessor,
+        layout=_wan_layout,
+        hook=_wan_hook,
+        blocks=("blocks.",),
+    ),
+    _Family(
+        model=diffusers.CogVideoXTransformer3DModel,
+        stock=(CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0),
+        processor=CogVideoXRopeProcessor,
+        layout=_cogvideox_layout,
+        hook=_cogvideox_hook,
+        tables_when_unscaled=True,  # the pipeline's crop grids are not integer positions
+    ),
+)
+
+SUPPORTED = tuple(f.model.__name__ for f in _FAMILIES)
+
+
+class RopeProcessors:
+    """Handle of installed axial_rope processors; :meth:`remove` restores the originals.
+
+    Attributes:
+        rope: the :class:`~axial_rope.AxialRoPE` shared by the processors.
+        names: the processor names (keys of ``transformer.attn_processors``) that were replaced.
+    """
+
+    def __init__(self, transformer, state: RopeState, originals: dict, names: list[str], hook):
+        self.transformer, self.state, self._hook = transformer, state, hook
+        self.originals = originals  # every processor before installation, by name
+        self.names = names
+
+    @property
+    def rope(self) -> AxialRoPE:
+        return self.state.rope
+
+    def remove(self) -> None:
+        """Put the original processors back and drop the position hook (idempotent)."""
+        if getattr(self.transformer, _ATTR, None) is not self:
+            return
+        current = dict(self.transformer.attn_processors)
+        current.update({name: self.originals[name] for name in self.names})
+        self.transformer.set_attn_processor(current)
+        self._hook.remove()
+        delattr(self.transformer, _ATTR)
+
+
+def _family(transformer) -> _Family:
+    for family in _FAMILIES:
+        if isinstance(transformer, family.model):
+            return family
+    raise TypeError(
+        f"set_rope_processors supports {', '.join(SUPPORTED)}; got {type(transformer).__name__}. "
+        "Other models can call axial_rope.AxialRoPE / apply_rope from their own attention processor."
+    )
+
+
+def set_rope_processors(
+    transformer: torch.nn.Module,
+    *,
+    scaling: Scaling | None | Sequence[Scaling | None] = None,
+    backend: str | None = None,
+) -> RopeProcessors:
+    """Install attention processors that run the transformer's RoPE through axial_rope.
+
+    Args:
+        transformer: a ``FluxTransformer2DModel``, ``HunyuanVideoTransformer3DModel``,
+            ``WanTransformer3DModel`` or ``CogVideoXTransformer3DModel``.
+        scaling: ``None`` (output equals the stock model's), one method of
+            :mod:`axial_rope.scaling` for every axis, or a tuple with one per axis in the
+            model's axis order (Flux: ``(text/reference index, y, x)``; video: ``(t, y, x)``),
+            e.g. ``(RIFLEx(k=4, test_length=40), None, None)``.
+        backend: axial_rope backend (``None`` automatic, ``"torch"``, ``"triton"``, ``"reference"``).
+
+    Returns:
+        A :class:`RopeProcessors` handle; ``handle.remove()`` (or
+        :func:`remove_rope_processors`) restores the original processors.
+
+    Raises:
+        TypeError: for any other model (the message lists the supported classes).
+        ValueError: for an unknown ``backend``, or when the rotary blocks hold processors other
+            than the stock ones (e.g. IP-adapter processors), as replacing them would drop their behaviour.
+    """
+    family = _family(transformer)
+    if backend not in (None, *BACKENDS):
+        raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}")
+    axes_dim, theta = family.layout(transformer)
+    rope = AxialRoPE(axes_dim, theta, scaling, pairing="interleaved", backend=backend)  # checks scaling
+    previous = getattr(transformer, _ATTR, None)
+    if previous is not None:  # re-install from the stock processors, not on top of ours
+        previous.remove()
+    state = RopeState(rope, use_tables=family.tables_when_unscaled and not any(s is not None for s in rope.scaling))
+
+    originals = dict(transformer.attn_processors)
+    names = [name for name in originals if name.startswith(family.blocks)]
+    # exact types: a subclass (e.g. a user's processor) may do more than the stock one
+    foreign = sorted({type(originals[n]).__name__ for n in names if type(originals[n]) not in family.stock})
+    if foreign or not names:
+        raise ValueError(
+            f"set_rope_processors replaces {type(transformer).__name__}'s stock processors "
+            f"({', '.join(c.__name__ for c in family.stock)}), but its rotary blocks use {foreign or 'none'}; "
+            "remove those (e.g. IP-adapter or custom processors) first, as replacing them would drop their behaviour"
+        )
+    new = {
+        name: family.processor(state, originals[name]) if name in names else proc for name, proc in originals.items()
+    }
+    transformer.set_attn_processor(new)
+    handle = RopeProcessors(transformer, state, originals, names, family.hook(transformer, state))
+    setattr(transformer, _ATTR, handle)
+    return handle
+
+
+def remove_rope_processors(transformer: torch.nn.Module) -> None:
+    """Restore the processors that :func:`set_rope_processors` replaced.
+
+    Raises:
+        ValueError: if no axial_rope processors are installed on ``transformer``.
+    """
+    handle = getattr(transformer, _ATTR, None)
+    if handle is None:
+        raise ValueError(f"no axial_rope processors are installed on this {type(transformer).__name__}")
+    handle.remove()

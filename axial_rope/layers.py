@@ -1,0 +1,443 @@
+"""Transformer blocks on axial RoPE: attention, the adaLN-Zero DiT block, embedders and patches.
+
+Everything positional goes through :class:`~axial_rope.AxialRoPE` (and so through
+whichever kernel backend is available); nothing here computes an angle. Tokens are
+``x [B, S, C]`` and their coordinates ``pos [S, n_axes]`` or ``[B, S, n_axes]``:
+image tokens from ``ar.grid(h, w)``, video tokens from ``ar.grid(t, h, w)``, text
+or class tokens from ``ar.text_positions`` (or any coordinates the caller chooses).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import KVCache
+from .rope import AxialRoPE
+
+__all__ = [
+    "Attention",
+    "DiTBlock",
+    "FinalLayer",
+    "LabelEmbedder",
+    "Mlp",
+    "PatchEmbed",
+    "TimestepEmbedder",
+    "modulate",
+    "timestep_embedding",
+    "unpatchify",
+]
+
+QK_NORMS = (None, "rms", "layer")
+FACTOR_PLACEMENTS = ("rope", "softmax")
+
+
+def _xavier(linear: nn.Linear) -> None:
+    nn.init.xavier_uniform_(linear.weight)
+    if linear.bias is not None:
+        nn.init.zeros_(linear.bias)
+
+
+def uniform_attention_factor(rope: AxialRoPE) -> float:
+    """The attention factor of ``rope``'s scaling, one python float (it must be the same on every axis)."""
+    try:
+        return rope.attention_factor
+    except ValueError as err:
+        raise ValueError(
+            f"attention factor in the softmax scale needs one factor for all axes: {err}; "
+            "use attention_factor='rope' for per-axis factors"
+        ) from err
+
+
+def _allow(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Tensor:
+    """Restrict an SDPA mask (bool: True = attend, or additive float) to ``allowed`` (bool)."""
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return torch.where(allowed, mask, torch.full_like(mask, float("-inf")))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with RoPE, optional per-head QK-norm, GQA, mask, causal flag and KV cache.
+
+    Args:
+        dim: model width ``C``.
+        n_heads: query heads ``H``.
+        rope: the rotary layout of a head (``rope.rot_dim <= head_dim``), or ``None`` for no positions.
+        n_kv_heads: key/value heads (divides ``n_heads``; fewer = grouped-query attention).
+        head_dim: ``D``; default ``dim // n_heads``.
+        qkv_bias: bias on the q, k, v projections.
+        fused_qkv: one ``qkv`` projection (DiT, timm) or three (``to_q``, ``to_k``, ``to_v``: diffusers).
+        qk_norm: ``None``, ``"rms"`` or ``"layer"``: a norm over each head's ``D`` channels of q and k,
+            before the rotation. ``"rms"`` goes through :meth:`AxialRoPE.norm_and_rotate` (one fused
+            kernel where the backend has it).
+        attention_factor: where a scaling method's attention factor goes: ``"rope"`` multiplies it into
+            cos/sin (rotated channels only, logits scale by its square; transformers' placement), or
+            ``"softmax"``: rotate by unit cos/sin and multiply the softmax scale by its square (all channels).
+        causal: mask future tokens (language models).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        rope: AxialRoPE | None = None,
+        *,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool = True,
+        out_bias: bool = True,
+        fused_qkv: bool = True,
+        qk_norm: str | None = None,
+        norm_eps: float = 1e-6,
+        attention_factor: str = "rope",
+        causal: bool = False,
+    ):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_heads <= 0 or n_kv_heads <= 0 or n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
+        if head_dim is None and dim % n_heads:
+            raise ValueError(f"dim ({dim}) must be divisible by n_heads ({n_heads}), or pass head_dim")
+        head_dim = dim // n_heads if head_dim is None else head_dim
+        if qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
+        if attention_factor not in FACTOR_PLACEMENTS:
+            raise ValueError(f"attention_factor must be one of {FACTOR_PLACEMENTS}, got {attention_factor!r}")
+        if rope is not None and rope.rot_dim > head_dim:
+            raise ValueError(f"rope.rot_dim = sum(axes_dim) = {rope.rot_dim} exceeds head_dim = {head_dim}")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.rope, self.qk_norm, self.factor_placement, self.causal = rope, qk_norm, attention_factor, causal
+        q_width, kv_width = n_heads * head_dim, n_kv_heads * head_dim
+        self.fused_qkv = fused_qkv
+        if fused_qkv:
+            self.qkv = nn.Linear(dim, q_width + 2 * kv_width, bias=qkv_bias)
+        else:
+            self.to_q = nn.Linear(dim, q_width, bias=qkv_bias)
+            self.to_k = nn.Linear(dim, kv_width, bias=qkv_bias)
+            self.to_v = nn.Linear(dim, kv_width, bias=qkv_bias)
+        if qk_norm is not None:
+            norm = nn.RMSNorm if qk_norm == "rms" else nn.LayerNorm
+            self.q_norm, self.k_norm = norm(head_dim, eps=norm_eps), norm(head_dim, eps=norm_eps)
+        self.proj = nn.Linear(q_width, dim, bias=out_bias)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                _xavier(module)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, S, _ = x.shape
+        H, Hk, D = self.n_heads, self.n_kv_heads, self.head_dim
+        if self.fused_qkv:
+            q, k, v = self.qkv(x).split([H * D, Hk * D, Hk * D], dim=-1)
+        else:
+            q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+        return q.view(B, S, H, D), k.view(B, S, Hk, D), v.view(B, S, Hk, D)  # bshd
+
+    def _norm_and_rotate(self, q, k, pos, rope, seq_len) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """q [B, S, H, D], k [B, S, H_kv, D] -> normed, rotated; plus the softmax gain (factor squared)."""
+        # softmax placement: unit-length rotation, the factor squared goes into the softmax scale
+        in_softmax = rope is not None and self.factor_placement == "softmax"
+        gain = uniform_attention_factor(rope) ** 2 if in_softmax else 1.0
+        kwargs = {"seq_len": seq_len, "attention_factor": not in_softmax}
+        if self.qk_norm == "rms" and rope is not None:  # one fused launch where the backend has it
+            q_w, k_w = self.q_norm.weight, self.k_norm.weight
+            q, k = rope.norm_and_rotate(q, k, pos, q_w, k_w, "bshd", eps=self.q_norm.eps, **kwargs)
+            return q, k, gain
+        if self.qk_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rope(q, k, pos, "bshd", **kwargs)
+        return q, k, gain
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        pos: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        rope: AxialRoPE | None = None,
+        cache: KVCache | None = None,
+        input_pos: torch.Tensor | None = None,
+        seq_len: int | Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Attend over the tokens of ``x`` (and, with a cache, over the cached ones).
+
+        Args:
+            x: ``[B, S, C]``.
+            pos: coordinates ``[S, n_axes]`` or ``[B, S, n_axes]`` (1-D: ``[S]``); with a cache,
+                defaults to ``input_pos``.
+            mask: SDPA mask broadcastable to ``[B, H, S, S_k]`` (bool: True = attend; or additive float).
+            rope: replaces the module's rope for this call (e.g. a scaled one at inference).
+            cache: a :class:`KVCache`; the new keys are rotated once, written at ``input_pos``, and
+                the queries attend to every filled slot (causal: to slots ``<= input_pos``).
+            input_pos: int ``[S]``, cache slots of the new tokens (needed with ``cache``).
+            seq_len: length per axis for length-dependent scaling (see :meth:`AxialRoPE.forward`).
+
+        Returns:
+            ``[B, S, C]``.
+        """
+        if x.ndim != 3:
+            raise ValueError(f"x must be [B, S, C], got shape {tuple(x.shape)}")
+        B, S, _ = x.shape
+        rope = self.rope if rope is None else rope
+        if cache is not None and input_pos is None:
+            raise ValueError("a KV cache needs input_pos, the int [S] slots of the new tokens")
+        if pos is None and cache is not None:
+            pos = input_pos
+        if rope is not None and pos is None:
+            raise ValueError("pos is required when the attention has a rope")
+        q, k, v = self._project(x)
+        q, k, gain = self._norm_and_rotate(q, k, pos, rope, seq_len)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, D] for SDPA
+        is_causal = False
+        if cache is not None:
+            k, v = cache.update(input_pos, k, v)  # [B, H_kv, S_max, D], keys rotated when written
+            slots = torch.arange(cache.max_seq_len, device=x.device)
+            if self.causal:
+                visible = slots[None, :] <= input_pos[:, None]  # [S, S_max]
+            else:  # every filled slot (slots are filled in order)
+                visible = (slots <= input_pos.max())[None, :].expand(S, -1)
+            mask = _allow(mask, visible)
+        elif self.causal and mask is None:
+            is_causal = True
+        elif self.causal:
+            mask = _allow(mask, torch.ones(S, S, dtype=torch.bool, device=x.device).tril())
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=is_causal,
+            scale=gain / math.sqrt(self.head_dim),
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        )
+        return self.proj(out.transpose(1, 2).reshape(B, S, -1))
+
+    def extra_repr(self) -> str:
+        return (
+            f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
+            f"qk_norm={self.qk_norm!r}, attention_factor={self.factor_placement!r}, causal={self.causal}"
+        )
+
+
+class Mlp(nn.Module):
+    """``Linear -> GELU(tanh) -> Linear``, the DiT feed-forward."""
+
+    def __init__(self, dim: int, hidden_dim: int, *, bias: bool = True):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = (
+            nn.Linear(dim, hidden_dim, bias=bias),
+            nn.GELU("tanh"),
+            nn.Linear(hidden_dim, dim, bias=bias),
+        )
+        _xavier(self.fc1)
+        _xavier(self.fc2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """adaLN: ``x * (1 + scale) + shift``; x ``[B, S, C]``, shift/scale ``[B, 1, C]`` (or ``[B, S, C]``)."""
+    return x * (1 + scale) + shift
+
+
+def _per_token(c: torch.Tensor) -> torch.Tensor:
+    # conditioning [B, C] (one vector per sample) or [B, S, C] (per token) -> broadcastable over S
+    return c[:, None] if c.ndim == 2 else c
+
+
+class DiTBlock(nn.Module):
+    """Transformer block with adaLN-Zero conditioning (Peebles & Xie 2023) and RoPE attention.
+
+    The conditioning ``c`` yields shift, scale and gate for the attention and MLP
+    branches; the modulation projection starts at zero, so the block is the identity
+    at initialisation.
+
+    Args:
+        dim: width ``C``.
+        n_heads: attention heads.
+        rope: rotary layout of a head (shared by all blocks of a model), or ``None``.
+        mlp_ratio: MLP hidden width over ``dim``.
+        **attn_kwargs: passed to :class:`Attention` (``qk_norm``, ``n_kv_heads``, ``attention_factor``, ...).
+    """
+
+    def __init__(self, dim: int, n_heads: int, rope: AxialRoPE | None = None, *, mlp_ratio: float = 4.0, **attn_kwargs):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.attn = Attention(dim, n_heads, rope, **attn_kwargs)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+        # adaLN-Zero: zero gates, so the residual branches start switched off
+        nn.init.zeros_(self.adaLN_modulation[-1].weight)
+        nn.init.zeros_(self.adaLN_modulation[-1].bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        c: torch.Tensor,
+        pos: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        rope: AxialRoPE | None = None,
+        seq_len: int | Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """x ``[B, S, C]``, conditioning c ``[B, C]`` (or per token ``[B, S, C]``), pos as in :class:`Attention`."""
+        mods = _per_token(self.adaLN_modulation(c)).chunk(6, dim=-1)  # each [B, 1 | S, C]
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
+        h = modulate(self.norm1(x), shift_msa, scale_msa)
+        x = x + gate_msa * self.attn(h, pos, mask=mask, rope=rope, seq_len=seq_len)
+        return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+
+
+class FinalLayer(nn.Module):
+    """adaLN-modulated LayerNorm and a linear map from ``C`` to one patch of output ``prod(patch) * out_channels``.
+
+    Starts at zero (DiT's initialisation), so an untrained model predicts zeros.
+    """
+
+    def __init__(self, dim: int, patch_size: int | Sequence[int], out_channels: int, *, n_axes: int = 2):
+        super().__init__()
+        patch = _patch_tuple(patch_size, n_axes)
+        self.norm_final = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.linear = nn.Linear(dim, math.prod(patch) * out_channels)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+        for layer in (self.linear, self.adaLN_modulation[-1]):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """x ``[B, S, C]``, c ``[B, C]`` -> ``[B, S, prod(patch) * out_channels]``."""
+        shift, scale = _per_token(self.adaLN_modulation(c)).chunk(2, dim=-1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal embedding of (possibly fractional) timesteps: t ``[B]`` -> float32 ``[B, dim]`` (cos, then sin)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t[:, None].float() * freqs[None]  # [B, half]
+    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+    return F.pad(emb, (0, dim % 2))  # odd dim: one zero channel
+
+
+class TimestepEmbedder(nn.Module):
+    """Diffusion timestep ``t [B]`` -> vector ``[B, C]``: sinusoidal features through a two-layer MLP."""
+
+    def __init__(self, dim: int, frequency_embedding_size: int = 256, *, init_std: float = 0.02):
+        super().__init__()
+        self.frequency_embedding_size = frequency_embedding_size
+        self.mlp = nn.Sequential(nn.Linear(frequency_embedding_size, dim), nn.SiLU(), nn.Linear(dim, dim))
+        for layer in (self.mlp[0], self.mlp[2]):
+            nn.init.normal_(layer.weight, std=init_std)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        freq = timestep_embedding(t, self.frequency_embedding_size)
+        return self.mlp(freq.to(self.mlp[0].weight.dtype))
+
+
+class LabelEmbedder(nn.Module):
+    """Class labels ``[B]`` -> vectors ``[B, C]``, with label dropout for classifier-free guidance.
+
+    With ``dropout_prob > 0`` the table has one extra row, the null label ``num_classes``:
+    in training each label is replaced by it with probability ``dropout_prob``; at sampling
+    the unconditional branch passes ``null_label`` (or ``force_drop_ids``).
+
+    Args:
+        init_std: std of the table's normal initialisation (DiT: 0.02; tiny models trained
+            for a few hundred steps learn the classes faster from 1.0).
+    """
+
+    def __init__(self, num_classes: int, dim: int, dropout_prob: float = 0.1, *, init_std: float = 0.02):
+        super().__init__()
+        if not 0 <= dropout_prob < 1:
+            raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob!r}")
+        self.num_classes, self.dropout_prob = num_classes, dropout_prob
+        self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), dim)
+        nn.init.normal_(self.embedding_table.weight, std=init_std)
+
+    @property
+    def null_label(self) -> int:
+        return self.num_classes
+
+    def token_drop(self, labels: torch.Tensor, force_drop_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Replace dropped labels by the null label; ``force_drop_ids [B]`` (1 = drop) replaces chance."""
+        if self.dropout_prob == 0:
+            raise ValueError("label dropout needs dropout_prob > 0 (the table has no null label)")
+        if force_drop_ids is None:
+            drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
+        else:
+            drop = force_drop_ids == 1
+        return torch.where(drop, self.null_label, labels)
+
+    def forward(self, labels: torch.Tensor, force_drop_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if (self.training and self.dropout_prob > 0) or force_drop_ids is not None:
+            labels = self.token_drop(labels, force_drop_ids)
+        return self.embedding_table(labels)
+
+
+def _patch_tuple(patch_size: int | Sequence[int], n_axes: int) -> tuple[int, ...]:
+    patch = (patch_size,) * n_axes if isinstance(patch_size, int) else tuple(patch_size)
+    if len(patch) not in (2, 3) or any(not isinstance(p, int) or p <= 0 for p in patch):
+        raise ValueError(
+            f"patch_size must be a positive int or 2 or 3 positive ints (y, x) / (t, y, x), got {patch_size!r}"
+        )
+    return patch
+
+
+class PatchEmbed(nn.Module):
+    """Cut a latent into non-overlapping patches and project each to ``dim``: images or video.
+
+    Args:
+        patch_size: ``p`` or ``(p_y, p_x)`` for images ``[B, C, H, W]``; ``(p_t, p_y, p_x)``
+            for video ``[B, C, T, H, W]``.
+        in_channels: latent channels ``C``.
+        dim: token width.
+    """
+
+    def __init__(self, patch_size: int | Sequence[int], in_channels: int, dim: int, *, bias: bool = True):
+        super().__init__()
+        self.patch_size = _patch_tuple(patch_size, 2)
+        conv = nn.Conv2d if len(self.patch_size) == 2 else nn.Conv3d
+        self.proj = conv(in_channels, dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+        nn.init.xavier_uniform_(self.proj.weight.view(dim, -1))  # as a linear layer, like DiT
+        if bias:
+            nn.init.zeros_(self.proj.bias)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+        """x ``[B, C, *sizes]`` -> tokens ``[B, S, dim]`` (first axis slowest, as ``ar.grid``) and the token grid."""
+        n = len(self.patch_size)
+        if x.ndim != n + 2:
+            raise ValueError(f"x must be {n + 2}-D [B, C, {'T, ' if n == 3 else ''}H, W], got shape {tuple(x.shape)}")
+        sizes = tuple(x.shape[2:])
+        if any(s % p for s, p in zip(sizes, self.patch_size)):
+            raise ValueError(f"input sizes {sizes} must be divisible by the patch size {self.patch_size}")
+        y = self.proj(x)  # [B, dim, *grid]
+        return y.flatten(2).transpose(1, 2), tuple(y.shape[2:])
+
+
+def unpatchify(
+    x: torch.Tensor, grid: Sequence[int], patch_size: int | Sequence[int], out_channels: int
+) -> torch.Tensor:
+    """Inverse of :class:`PatchEmbed`'s layout: ``[B, S, prod(patch) * C]`` -> ``[B, C, *(grid * patch)]``.
+
+    Each token's channels are ordered ``(*patch, C)``, as :class:`FinalLayer` produces them.
+    """
+    grid = tuple(grid)
+    patch = _patch_tuple(patch_size, len(grid))
+    n = len(grid)
+    if len(patch) != n or x.shape[1] != math.prod(grid) or x.shape[2] != math.prod(patch) * out_channels:
+        raise ValueError(
+            f"x {tuple(x.shape)} does not match grid {grid}, patch {patch} and out_channels {out_channels}"
+        )
+    x = x.reshape(x.shape[0], *grid, *patch, out_channels)  # [B, *grid, *patch, C]
+    # interleave each grid axis with its patch axis: [B, C, g0, p0, g1, p1, ...]
+    order = [0, 2 * n + 1] + [i for a in range(n) for i in (1 + a, 1 + n + a)]
+    return x.permute(order).reshape(x.shape[0], out_channels, *(g * p for g, p in zip(grid, patch)))

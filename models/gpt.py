@@ -1,0 +1,210 @@
+"""Decoder-only language model with 1-D RoPE, grouped-query attention and a static KV cache.
+
+Pre-norm (RMSNorm) blocks with SwiGLU feed-forward, tied input/output embeddings by
+default. RoPE is one axis (``AxialRoPE(head_dim, pairing="half")``, Llama's layout)
+with any scaling method of :mod:`axial_rope.scaling`. ``generate`` decodes with one
+:class:`~axial_rope.cache.KVCache` per layer: each key is rotated once, when written.
+
+Length-dependent scaling (DynamicNTK, LongRoPE) picks its frequencies from ``seq_len``.
+``generate`` fixes it to the final length (prompt + new tokens) for every step, so all
+keys share one spectrum and cached decoding equals recomputing the whole sequence with
+that ``seq_len``; a plain ``forward`` without ``seq_len`` uses its own length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import axial_rope as ar
+from axial_rope.cache import KVCache
+from axial_rope.layers import Attention
+
+__all__ = ["GPT", "GPTConfig", "PRESETS", "sample"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 256  # bytes
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int | None = None  # None: n_head (no GQA)
+    dim: int = 192
+    intermediate_size: int | None = None  # SwiGLU width; None: 8/3 dim rounded up to a multiple of 32
+    max_seq_len: int = 256  # training context
+    theta: float = 10000.0
+    scaling: ar.scaling.Scaling | None = None
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    qk_norm: str | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def hidden_size(self) -> int:
+        if self.intermediate_size is not None:
+            return self.intermediate_size
+        return -(-8 * self.dim // 3 // 32) * 32
+
+
+PRESETS: dict[str, GPTConfig] = {
+    # the byte-level model of CALIBRATION.md (1.82 M parameters)
+    "tiny": GPTConfig(),
+    "tiny-gqa": GPTConfig(n_kv_head=2),
+    "small": GPTConfig(vocab_size=50304, n_layer=12, n_head=12, n_kv_head=4, dim=768, max_seq_len=1024),
+}
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, rope: ar.AxialRoPE):
+        super().__init__()
+        c = config
+        self.attention_norm = nn.RMSNorm(c.dim, eps=c.norm_eps)
+        self.attention = Attention(
+            c.dim,
+            c.n_head,
+            rope,
+            n_kv_heads=c.n_kv_head,
+            qkv_bias=False,
+            out_bias=False,
+            qk_norm=c.qk_norm,
+            causal=True,
+        )
+        self.ffn_norm = nn.RMSNorm(c.dim, eps=c.norm_eps)
+        self.feed_forward = FeedForward(c.dim, c.hidden_size)
+
+    def forward(self, x, pos, cache, input_pos, seq_len):
+        x = x + self.attention(self.attention_norm(x), pos, cache=cache, input_pos=input_pos, seq_len=seq_len)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+def sample(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Next tokens ``[B, 1]`` from logits ``[B, V]``: greedy at ``temperature == 0``, else top-k sampling."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=generator)
+
+
+class GPT(nn.Module):
+    """Token ids ``[B, S]`` -> next-token logits ``[B, S, V]``."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = c = config
+        self.rope = ar.AxialRoPE(c.head_dim, theta=c.theta, scaling=c.scaling, pairing="half")
+        self.tok_embeddings = nn.Embedding(c.vocab_size, c.dim)
+        self.layers = nn.ModuleList([Block(c, self.rope) for _ in range(c.n_layer)])
+        self.norm = nn.RMSNorm(c.dim, eps=c.norm_eps)
+        self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+        if c.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def new_caches(self, batch_size: int, max_seq_len: int, *, dtype: torch.dtype | None = None) -> list[KVCache]:
+        """One empty :class:`KVCache` per layer for ``batch_size`` sequences of up to ``max_seq_len`` tokens."""
+        weight = self.tok_embeddings.weight
+        c = self.config
+        n_kv = c.n_kv_head or c.n_head
+        return [
+            KVCache(batch_size, max_seq_len, n_kv, c.head_dim, dtype=dtype or weight.dtype, device=weight.device)
+            for _ in range(c.n_layer)
+        ]
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        input_pos: torch.Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        *,
+        seq_len: int | None = None,
+    ) -> torch.Tensor:
+        """Logits for ``idx [B, S]``.
+
+        Args:
+            input_pos: int ``[S]`` positions of the tokens (default ``0 .. S-1``); the cache slots.
+            caches: one :class:`KVCache` per layer, or ``None`` for a plain forward.
+            seq_len: the length length-dependent scaling sees; default: the cache length with caches,
+                else ``S`` (static either way, so no host sync and it compiles).
+
+        Returns:
+            ``[B, S, vocab_size]``.
+        """
+        B, S = idx.shape
+        if caches is not None and len(caches) != len(self.layers):
+            raise ValueError(f"caches must hold one KVCache per layer ({len(self.layers)}), got {len(caches)}")
+        if input_pos is None:
+            if caches is not None:
+                raise ValueError("decoding with caches needs input_pos, the int [S] positions of idx")
+            input_pos = torch.arange(S, device=idx.device)
+        if seq_len is None:
+            seq_len = caches[0].max_seq_len if caches is not None else S
+        x = self.tok_embeddings(idx)  # [B, S, C]
+        for i, layer in enumerate(self.layers):
+            cache = None if caches is None else caches[i]
+            x = layer(x, input_pos, cache, input_pos if cache is not None else None, seq_len)
+        return self.output(self.norm(x))
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+        return_logits: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Continue ``idx [B, T]`` by ``max_new_tokens`` tokens.
+
+        With ``use_cache`` the prompt is run once (prefill) and each step feeds one token;
+        without, the whole sequence is recomputed each step (the reference). Both use
+        ``seq_len = T + max_new_tokens`` for length-dependent scaling.
+
+        Returns:
+            tokens ``[B, T + max_new_tokens]``; with ``return_logits`` also the logits each new
+            token was drawn from, ``[B, max_new_tokens, V]``.
+        """
+        B, T = idx.shape
+        total = T + max_new_tokens
+        if max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        caches = self.new_caches(B, total) if use_cache else None
+        if use_cache:
+            logits = self(idx, torch.arange(T, device=idx.device), caches, seq_len=total)[:, -1]  # prefill
+        tokens, steps = idx, []
+        for i in range(max_new_tokens):
+            if not use_cache:
+                logits = self(tokens, seq_len=total)[:, -1]
+            steps.append(logits)
+            nxt = sample(logits, temperature, top_k, generator)  # [B, 1]
+            tokens = torch.cat([tokens, nxt], dim=1)
+            if use_cache and i + 1 < max_new_tokens:
+                logits = self(nxt, torch.tensor([T + i], device=idx.device), caches, seq_len=total)[:, -1]
+        return (tokens, torch.stack(steps, dim=1)) if return_logits else tokens

@@ -1,0 +1,147 @@
+"""Video DiT with 3D (t, y, x) axial RoPE: patches (1, 2, 2), any frame count and frame size.
+
+Each head's channels are split per axis (``axes_dim``, default Wan's rule: ``y`` and
+``x`` get ``2 * (D // 6)`` each, ``t`` the rest), and tokens sit at ``ar.grid(t, h, w)``.
+Conditioning is a class label, a vector (e.g. a pooled text embedding), or both,
+added to the timestep embedding that drives adaLN-Zero. The temporal axis can be
+rescaled at inference (``temporal_scaling``: any method of :mod:`axial_rope.scaling`,
+RIFLEx included) to generate more frames than in training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import axial_rope as ar
+from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
+
+__all__ = ["VideoDiT", "VideoDiTConfig", "PRESETS", "default_axes_dim"]
+
+
+def default_axes_dim(head_dim: int) -> tuple[int, int, int]:
+    """Wan's split of a head over (t, y, x): ``y`` and ``x`` get ``2 * (D // 6)``, ``t`` the rest (all even)."""
+    yx = 2 * (head_dim // 6)
+    t = head_dim - 2 * yx
+    return (t - t % 2, yx, yx)
+
+
+@dataclass(frozen=True)
+class VideoDiTConfig:
+    """Sizes of a video DiT; ``num_classes`` and ``cond_dim`` (0 = off) choose the conditioning."""
+
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    in_channels: int = 4
+    hidden_size: int = 384
+    depth: int = 12
+    num_heads: int = 6
+    mlp_ratio: float = 4.0
+    axes_dim: tuple[int, int, int] | None = None  # (d_t, d_y, d_x); None: default_axes_dim(head_dim)
+    theta: float = 10000.0
+    num_classes: int = 0  # class conditioning (with label dropout for guidance) when > 0
+    class_dropout_prob: float = 0.1
+    cond_dim: int = 0  # vector conditioning [B, cond_dim] when > 0
+    qk_norm: str | None = "rms"
+    learn_sigma: bool = False
+
+
+PRESETS: dict[str, VideoDiTConfig] = {
+    "tiny": VideoDiTConfig(in_channels=3, hidden_size=128, depth=2, num_heads=4, num_classes=4),
+    "S": VideoDiTConfig(hidden_size=384, depth=12, num_heads=6, num_classes=1000),
+    "B": VideoDiTConfig(hidden_size=768, depth=12, num_heads=12, num_classes=1000),
+    # Wan 2.1 1.3B's trunk sizes (head dim 128 -> axes (44, 42, 42)) with vector conditioning
+    "wan-1.3b-like": VideoDiTConfig(in_channels=16, hidden_size=1536, depth=30, num_heads=12, cond_dim=4096),
+}
+
+
+class VideoDiT(nn.Module):
+    """Video diffusion transformer over latents ``[B, C, T, H, W]`` with 3D axial RoPE."""
+
+    def __init__(self, config: VideoDiTConfig):
+        super().__init__()
+        self.config = c = config
+        if c.num_classes <= 0 and c.cond_dim <= 0:
+            raise ValueError("VideoDiTConfig needs num_classes > 0 or cond_dim > 0 (a conditioning)")
+        head_dim = c.hidden_size // c.num_heads
+        axes_dim = tuple(c.axes_dim) if c.axes_dim is not None else default_axes_dim(head_dim)
+        if len(axes_dim) != 3:
+            raise ValueError(f"axes_dim must be (d_t, d_y, d_x), got {axes_dim!r}")
+        self.out_channels = c.in_channels * 2 if c.learn_sigma else c.in_channels
+        self.rope = ar.AxialRoPE(axes_dim, theta=c.theta)
+        self._scaled_ropes: dict = {}  # inference ropes by temporal scaling method; not state
+
+        self.x_embedder = PatchEmbed(c.patch_size, c.in_channels, c.hidden_size)
+        self.t_embedder = TimestepEmbedder(c.hidden_size)
+        self.y_embedder = (
+            LabelEmbedder(c.num_classes, c.hidden_size, c.class_dropout_prob) if c.num_classes > 0 else None
+        )
+        self.cond_embedder = (
+            nn.Sequential(nn.Linear(c.cond_dim, c.hidden_size), nn.SiLU(), nn.Linear(c.hidden_size, c.hidden_size))
+            if c.cond_dim > 0
+            else None
+        )
+        self.blocks = nn.ModuleList(
+            [
+                DiTBlock(c.hidden_size, c.num_heads, self.rope, mlp_ratio=c.mlp_ratio, qk_norm=c.qk_norm)
+                for _ in range(c.depth)
+            ]
+        )
+        self.final_layer = FinalLayer(c.hidden_size, c.patch_size, self.out_channels)
+
+    def rope_for(self, temporal_scaling: ar.scaling.Scaling | None) -> ar.AxialRoPE:
+        """The rope with ``temporal_scaling`` on the t axis (y and x unscaled); ``None``: the trained one."""
+        if temporal_scaling is None:
+            return self.rope
+        if temporal_scaling not in self._scaled_ropes:
+            rope = ar.AxialRoPE(self.rope.axes_dim, theta=self.config.theta, scaling=(temporal_scaling, None, None))
+            self._scaled_ropes[temporal_scaling] = rope.to(self.rope.freqs.device)
+        return self._scaled_ropes[temporal_scaling]
+
+    def condition(self, t: torch.Tensor, y: torch.Tensor | None, cond: torch.Tensor | None, force_drop_ids=None):
+        """The adaLN conditioning vector ``[B, C]``: timestep + class + vector embeddings."""
+        c = self.t_embedder(t)
+        for name, value, embedder in (("y", y, self.y_embedder), ("cond", cond, self.cond_embedder)):
+            if (value is None) != (embedder is None):
+                need = "is required" if value is None else "is not used by this config"
+                raise ValueError(
+                    f"{name} {need} (num_classes={self.config.num_classes}, cond_dim={self.config.cond_dim})"
+                )
+        if y is not None:
+            c = c + self.y_embedder(y, force_drop_ids)
+        if cond is not None:
+            c = c + self.cond_embedder(cond.to(c.dtype))
+        return c
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor | None = None,
+        cond: torch.Tensor | None = None,
+        *,
+        temporal_scaling: ar.scaling.Scaling | None = None,
+        force_drop_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Predict from a noisy video latent.
+
+        Args:
+            x: ``[B, C, T, H, W]``, each size divisible by the patch.
+            t: timesteps ``[B]``.
+            y: class labels ``[B]`` (configs with ``num_classes``).
+            cond: conditioning vectors ``[B, cond_dim]`` (configs with ``cond_dim``).
+            temporal_scaling: a scaling method for the t axis at inference, e.g.
+                ``ar.scaling.RIFLEx(k, test_length=T_latent)``.
+
+        Returns:
+            ``[B, out_channels, T, H, W]``.
+        """
+        x, grid = self.x_embedder(x)  # [B, S, C], grid (t, h, w), S = t * h * w
+        pos = ar.grid(*grid, device=x.device)  # [S, 3], t slowest as the tokens
+        rope = self.rope_for(temporal_scaling)
+        c = self.condition(t, y, cond, force_drop_ids)
+        for block in self.blocks:
+            x = block(x, c, pos, rope=rope)
+        x = self.final_layer(x, c)  # [B, S, p_t * p_y * p_x * out_channels]
+        return unpatchify(x, grid, self.config.patch_size, self.out_channels)

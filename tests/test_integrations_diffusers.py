@@ -1,0 +1,412 @@
+"""axial_rope.integrations.diffusers on tiny random-initialised Flux, HunyuanVideo, Wan and CogVideoX transformers."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import axial_rope as ar
+
+diffusers = pytest.importorskip("diffusers")
+
+from diffusers.models.embeddings import get_3d_rotary_pos_embed  # noqa: E402
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor  # noqa: E402
+
+from axial_rope.integrations.diffusers import (  # noqa: E402
+    SUPPORTED,
+    remove_rope_processors,
+    set_rope_processors,
+)
+
+B = 2
+
+
+def _flux():
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        guidance_embeds=False,
+        axes_dims_rope=(4, 6, 6),
+    )
+    h, w, n_txt = 4, 6, 5
+    inputs = dict(
+        hidden_states=torch.randn(B, h * w, 4),
+        encoder_hidden_states=torch.randn(B, n_txt, 32),
+        pooled_projections=torch.randn(B, 32),
+        timestep=torch.rand(B),
+        img_ids=ar.grid(1, h, w),  # (0, y, x) as Flux pipelines build them
+        txt_ids=torch.zeros(n_txt, 3),
+        return_dict=False,
+    )
+    return model, inputs
+
+
+def _hunyuan_video():
+    model = diffusers.HunyuanVideoTransformer3DModel(
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=10,
+        num_layers=1,
+        num_single_layers=1,
+        num_refiner_layers=1,
+        patch_size=1,
+        patch_size_t=1,
+        text_embed_dim=16,
+        pooled_projection_dim=8,
+        rope_axes_dim=(2, 4, 4),
+    )
+    inputs = dict(
+        hidden_states=torch.randn(B, 4, 3, 4, 6),
+        timestep=torch.rand(B) * 1000,
+        encoder_hidden_states=torch.randn(B, 5, 16),
+        encoder_attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
+        pooled_projections=torch.randn(B, 8),
+        guidance=torch.full((B,), 3000.0),
+        return_dict=False,
+    )
+    return model, inputs
+
+
+def _wan():
+    model = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=4,
+        out_channels=4,
+        text_dim=16,
+        freq_dim=32,
+        ffn_dim=32,
+        num_layers=1,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
+    inputs = dict(
+        hidden_states=torch.randn(B, 4, 3, 4, 6),
+        timestep=torch.rand(B) * 1000,
+        encoder_hidden_states=torch.randn(B, 5, 16),
+        return_dict=False,
+    )
+    return model, inputs
+
+
+def _wan_i2v():
+    # image-to-video: image tokens attend through extra k/v projections; Wan fixes the text length at 512
+    model = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=4,
+        out_channels=4,
+        text_dim=16,
+        freq_dim=32,
+        ffn_dim=32,
+        num_layers=1,
+        qk_norm="rms_norm_across_heads",
+        image_dim=8,
+        added_kv_proj_dim=24,
+    )
+    inputs = dict(
+        hidden_states=torch.randn(B, 4, 2, 4, 4),
+        timestep=torch.rand(B) * 1000,
+        encoder_hidden_states=torch.randn(B, 512, 16),
+        encoder_hidden_states_image=torch.randn(B, 3, 8),
+        return_dict=False,
+    )
+    return model, inputs
+
+
+def _cogvideox():
+    model = diffusers.CogVideoXTransformer3DModel(
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        time_embed_dim=2,
+        text_embed_dim=16,
+        num_layers=1,
+        sample_width=8,
+        sample_height=8,
+        sample_frames=9,
+        patch_size=2,
+        temporal_compression_ratio=4,
+        max_text_seq_length=5,
+        use_rotary_positional_embeddings=True,
+    )
+    # the pipeline's tables for a 3 x 4 x 4 token grid (crop (0, 0)-(4, 4): integer positions)
+    tables = get_3d_rotary_pos_embed(16, ((0, 0), (4, 4)), (4, 4), 3)
+    inputs = dict(
+        hidden_states=torch.randn(B, 3, 4, 8, 8),
+        encoder_hidden_states=torch.randn(B, 5, 16),
+        timestep=torch.randint(0, 1000, (B,)),
+        image_rotary_emb=tables,
+        return_dict=False,
+    )
+    return model, inputs
+
+
+MODELS = {
+    "flux": _flux,
+    "hunyuan_video": _hunyuan_video,
+    "wan": _wan,
+    "wan_i2v": _wan_i2v,
+    "cogvideox": _cogvideox,
+}
+
+
+def _run(model, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+@pytest.fixture(params=list(MODELS))
+def model_and_inputs(request):
+    model, inputs = MODELS[request.param]()
+    return model.eval(), inputs
+
+
+def test_unscaled_processors_match_stock_output(model_and_inputs):
+    model, inputs = model_and_inputs
+    stock = _run(model, inputs)
+    handle = set_rope_processors(model)
+    assert handle.names and all(
+        type(model.attn_processors[n]).__module__.startswith("axial_rope") for n in handle.names
+    )
+    torch.testing.assert_close(_run(model, inputs), stock, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_processors_match_stock_to_bf16_rounding(model_and_inputs):
+    # the fused norm + rotation rounds once (float32 inside), the stock path after the norm too
+    model, inputs = model_and_inputs
+    model.to(torch.bfloat16)
+    positional = ("img_ids", "txt_ids", "image_rotary_emb")  # positions and tables stay float32
+    inputs = {
+        k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() and k not in positional else v
+        for k, v in inputs.items()
+    }
+    stock = _run(model, inputs)
+    set_rope_processors(model)
+    out = _run(model, inputs)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), stock.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_remove_restores_original_processors(model_and_inputs):
+    model, inputs = model_and_inputs
+    before = dict(model.attn_processors)
+    stock = _run(model, inputs)
+    set_rope_processors(model, scaling=ar.scaling.Linear(2.0))
+    assert _run(model, inputs).sub(stock).abs().max() > 1e-4  # installed and scaled
+    remove_rope_processors(model)
+    after = model.attn_processors
+    assert after.keys() == before.keys() and all(after[n] is before[n] for n in before)
+    assert torch.equal(_run(model, inputs), stock)
+    with pytest.raises(ValueError, match="no axial_rope processors"):
+        remove_rope_processors(model)
+
+
+def test_reinstalling_replaces_not_stacks():
+    model, inputs = _flux()
+    stock = _run(model.eval(), inputs)
+    set_rope_processors(model, scaling=ar.scaling.NTK(4.0))
+    handle = set_rope_processors(model)  # replaces the scaled install
+    torch.testing.assert_close(_run(model, inputs), stock, atol=1e-5, rtol=1e-5)
+    handle.remove()
+    assert all(type(p).__name__ == "FluxAttnProcessor" for p in model.attn_processors.values())
+
+
+def test_hunyuan_token_refiner_processors_are_left_alone():
+    model, _ = _hunyuan_video()
+    before = dict(model.attn_processors)
+    handle = set_rope_processors(model)
+    kept = [n for n in before if n not in handle.names]
+    assert kept and all(model.attn_processors[n] is before[n] for n in kept)  # the refiner has no RoPE
+
+
+def test_unsupported_model_error_lists_supported_classes():
+    model = diffusers.SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=16,
+        caption_projection_dim=16,
+        pooled_projection_dim=8,
+        out_channels=4,
+    )
+    with pytest.raises(TypeError, match="SD3Transformer2DModel") as err:
+        set_rope_processors(model)
+    for name in SUPPORTED:
+        assert name in str(err.value)
+    with pytest.raises(TypeError, match="FluxTransformer2DModel"):
+        set_rope_processors(torch.nn.Linear(2, 2))
+
+
+def test_foreign_processors_in_rotary_blocks_are_not_replaced():
+    class CustomProcessor(FluxAttnProcessor):  # e.g. a user's or an IP-adapter processor
+        pass
+
+    model, _ = _flux()
+    model.single_transformer_blocks[0].attn.set_processor(CustomProcessor())
+    before = dict(model.attn_processors)
+    with pytest.raises(ValueError, match="CustomProcessor"):
+        set_rope_processors(model)
+    assert model.attn_processors == before
+
+
+def test_backend_is_checked_and_used():
+    model, inputs = _flux()
+    with pytest.raises(ValueError, match="backend"):
+        set_rope_processors(model, backend="cuda")
+    stock = _run(model.eval(), inputs)
+    handle = set_rope_processors(model, backend="reference")  # the complex-number oracle
+    assert handle.rope.backend == "reference"
+    torch.testing.assert_close(_run(model, inputs), stock, atol=1e-5, rtol=1e-5)
+
+
+def test_flux_linear_scaling_equals_stock_at_half_positions():
+    # Flux's angles are ids * inv_freq, so dividing every frequency by 2 is the stock model at ids / 2
+    model, inputs = _flux()
+    model.eval()
+    halved = dict(inputs, img_ids=inputs["img_ids"] / 2)
+    expected = _run(model, halved)
+    handle = set_rope_processors(model, scaling=ar.scaling.Linear(2.0))
+    torch.testing.assert_close(handle.rope.freqs, ar.AxialRoPE((4, 6, 6)).freqs / 2)
+    torch.testing.assert_close(_run(model, inputs), expected, atol=1e-5, rtol=1e-5)
+
+
+def _stock_with_tables(model, inputs, rope: ar.AxialRoPE, shape) -> torch.Tensor:
+    """The stock model, its rotary module's output replaced by ``rope``'s tables (a test-only hook)."""
+
+    def hook(module, args, output):
+        _, _, t, h, w = args[0].shape
+        p_t, p_h, p_w = getattr(module, "patch_size_t", None), module.patch_size, module.patch_size
+        if isinstance(module.patch_size, tuple):
+            p_t, p_h, p_w = module.patch_size
+        cos, sin = rope.cos_sin(ar.grid(t // p_t, h // p_h, w // p_w))
+        return cos.reshape(shape(cos)), sin.reshape(shape(sin))
+
+    handle = model.rope.register_forward_hook(hook)
+    try:
+        return _run(model, inputs)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize(
+    "name, scaling, table_shape",
+    [
+        ("hunyuan_video", (ar.scaling.RIFLEx(k=1, test_length=3), ar.scaling.NTK(2.0), ar.scaling.NTK(2.0)), None),
+        (
+            "wan",
+            (ar.scaling.RIFLEx(k=2, test_length=3), None, ar.scaling.YaRN(2.0, 2)),
+            lambda c: (1, -1, 1, c.shape[-1]),
+        ),
+    ],
+)
+def test_video_scaling_uses_scaled_frequencies(name, scaling, table_shape):
+    model, inputs = MODELS[name]()
+    model.eval()
+    stock = _run(model, inputs)
+    handle = set_rope_processors(model, scaling=scaling)
+    out = _run(model, inputs)
+    assert out.sub(stock).abs().max() > 1e-4
+    expected_rope = ar.AxialRoPE(handle.rope.axes_dim, handle.rope.theta, scaling)
+    torch.testing.assert_close(handle.rope.freqs, expected_rope.freqs)
+    unscaled = ar.AxialRoPE(handle.rope.axes_dim, handle.rope.theta).freqs
+    t_planes = handle.rope.axes_dim[0] // 2
+    k = scaling[0].k - 1  # RIFLEx changes exactly one temporal plane
+    changed = (handle.rope.freqs[0, :t_planes] != unscaled[0, :t_planes]).nonzero().flatten().tolist()
+    assert changed == [k]
+    handle.remove()
+    shape = table_shape or (lambda c: c.shape)
+    torch.testing.assert_close(_stock_with_tables(model, inputs, expected_rope, shape), out, atol=1e-5, rtol=1e-5)
+
+
+def test_cogvideox_scaling_rotates_the_integer_latent_grid():
+    model, inputs = _cogvideox()
+    model.eval()
+    scaling = (None, ar.scaling.Linear(2.0), ar.scaling.Linear(2.0))
+    rope = ar.AxialRoPE((4, 6, 6), scaling=scaling)
+    expected = _run(model, dict(inputs, image_rotary_emb=rope.cos_sin(ar.grid(3, 4, 4))))
+    set_rope_processors(model, scaling=scaling)
+    out = _run(model, inputs)  # the pipeline's unscaled tables are ignored when scaled
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_scaling_per_axis_count_is_checked():
+    model, _ = _wan()
+    with pytest.raises(ValueError, match="one per axis"):
+        set_rope_processors(model, scaling=(ar.scaling.Linear(2.0), None))
+    assert not any(type(p).__module__.startswith("axial_rope") for p in model.attn_processors.values())
+    handle = set_rope_processors(model)
+    with pytest.raises(ValueError, match="one per axis"):  # a failed re-install keeps the working one
+        set_rope_processors(model, scaling=(None,) * 4)
+    assert all(type(model.attn_processors[n]).__module__.startswith("axial_rope") for n in handle.names)
+
+
+def test_import_axial_rope_does_not_import_diffusers_or_timm():
+    code = "import sys, axial_rope, axial_rope.integrations; assert not {'diffusers', 'timm'} & set(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _doc_blocks(section: str) -> list[str]:
+    """The ``python`` blocks (run) of one ``## section`` of docs/integrations.md; ``py`` blocks download weights."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "integrations.md").read_text()
+    body = re.split(r"^## ", text, flags=re.M)
+    (part,) = [b for b in body if b.startswith(section)]
+    return re.findall(r"```python\n(.*?)```", part, flags=re.S)
+
+
+def test_docs_diffusers_examples_run():
+    blocks = _doc_blocks("diffusers")
+    assert len(blocks) == 2
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "docs/integrations.md:diffusers", "exec"), namespace)
+
+
+def test_attention_called_alone_uses_tables_unscaled_and_refuses_scaled():
+    # no transformer forward, so no recorded positions: unscaled falls back to the model's tables
+    model, _ = _flux()
+    attn = model.single_transformer_blocks[0].attn
+    x = torch.randn(1, 7, 32)
+    tables = model.pos_embed(ar.grid(7, 1, 1))
+    with torch.no_grad():
+        stock = attn(x, image_rotary_emb=tables)
+        set_rope_processors(model)
+        torch.testing.assert_close(attn(x, image_rotary_emb=tables), stock, atol=1e-6, rtol=1e-5)
+        set_rope_processors(model, scaling=ar.scaling.Linear(2.0))
+        with pytest.raises(RuntimeError, match="positions"):
+            attn(x, image_rotary_emb=tables)
+
+
+def test_gradients_match_stock_through_fused_norm_and_rotation():
+    # fine-tuning (e.g. LoRA on to_q/to_k) backpropagates through the fused QK-RMSNorm + RoPE
+    model, inputs = _flux()
+
+    def grads():
+        model.zero_grad()
+        model(**inputs)[0].square().sum().backward()
+        attn = model.transformer_blocks[0].attn
+        return attn.to_q.weight.grad.clone(), attn.norm_q.weight.grad.clone(), attn.norm_added_k.weight.grad.clone()
+
+    stock = grads()
+    set_rope_processors(model)
+    for got, expected in zip(grads(), stock):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)

@@ -1,0 +1,243 @@
+"""Reference models: image DiT, video DiT, RoPE language model with KV cache; the docs' examples run."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # models/ is not installed: import it from the repository root
+    sys.path.insert(0, str(ROOT))
+
+import axial_rope as ar  # noqa: E402
+from models.dit import PRESETS as DIT_PRESETS  # noqa: E402
+from models.dit import DiT, DiTConfig  # noqa: E402
+from models.gpt import GPT, GPTConfig, sample  # noqa: E402
+from models.video_dit import VideoDiT, VideoDiTConfig, default_axes_dim  # noqa: E402
+
+COMPILE_BACKEND = os.environ.get("AXIAL_ROPE_COMPILE_BACKEND", "aot_eager")  # see tests/test_layers.py
+
+# the DiT paper's Table 1 (Peebles & Xie 2023), millions of parameters
+PAPER_PARAMS = {"DiT-S/2": 33e6, "DiT-B/2": 130e6, "DiT-L/2": 458e6, "DiT-XL/2": 675e6}
+
+TINY_DIT = DiTConfig(input_size=8, patch_size=2, in_channels=3, hidden_size=32, depth=2, num_heads=2, num_classes=5)
+TINY_GPT = GPTConfig(vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, dim=32, max_seq_len=8)
+
+
+def _randomize(module: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p) * std)
+    return module
+
+
+def _n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+# -- image DiT -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(PAPER_PARAMS))
+def test_dit_preset_parameter_count_matches_the_paper(name):
+    config = DIT_PRESETS[name]
+    # build one block for real (XL would be 2.7 GB in float32): total = the depth-1 model + (depth - 1) blocks
+    one = DiT(replace(config, depth=1))
+    count = _n_params(one) + (config.depth - 1) * _n_params(one.blocks[0])
+    assert abs(count / PAPER_PARAMS[name] - 1) < 0.02, f"{name}: {count:,} vs {PAPER_PARAMS[name]:,.0f}"
+
+
+def test_dit_xl_has_head_dim_72_and_tiny_matches_calibration():
+    xl = DIT_PRESETS["DiT-XL/2"]
+    assert (xl.hidden_size, xl.depth, xl.num_heads, xl.hidden_size // xl.num_heads) == (1152, 28, 16, 72)
+    tiny = DiT(DIT_PRESETS["tiny"])
+    assert tiny.rope.axes_dim == (16, 16)
+    assert abs(_n_params(tiny) / 1.28e6 - 1) < 0.02  # CALIBRATION.md: 1.28 M parameters
+
+
+@pytest.mark.parametrize("size", [(8, 8), (6, 10), (14, 4), (2, 2)])
+@pytest.mark.parametrize("pos_mode", ["none", "interpolate", "ntk", "yarn", "normalize"])
+def test_dit_runs_at_any_resolution_and_aspect(size, pos_mode):
+    model = _randomize(DiT(TINY_DIT))
+    x = torch.randn(2, 3, *size)
+    out = model(x, torch.rand(2), torch.tensor([0, 4]), pos_mode=pos_mode)
+    assert out.shape == (2, 6, *size) and torch.isfinite(out).all()
+
+
+def test_dit_position_modes_agree_at_the_training_size_and_differ_beyond():
+    model = _randomize(DiT(TINY_DIT), std=0.3).double().eval()  # eval: no label dropout
+    args = (torch.rand(2, dtype=torch.float64), torch.tensor([1, 2]))
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    ref = model(x, *args, pos_mode="none")
+    for mode in ("interpolate", "ntk", "yarn", "normalize"):  # normalize = centred integers: a translation
+        torch.testing.assert_close(model(x, *args, pos_mode=mode), ref, atol=1e-9, rtol=1e-9)
+    big = torch.randn(2, 3, 16, 8, dtype=torch.float64)
+    outs = {mode: model(big, *args, pos_mode=mode) for mode in ("none", "interpolate", "ntk", "yarn")}
+    for mode in ("interpolate", "ntk", "yarn"):
+        assert (outs[mode] - outs["none"]).abs().max() > 1e-4, mode
+    # the config field sets the default
+    model_i = DiT(replace(TINY_DIT, pos_mode="interpolate"))
+    model_i.load_state_dict(model.float().state_dict())
+    torch.testing.assert_close(model_i(big.float(), *args), model(big.float(), *args, pos_mode="interpolate"))
+
+
+def test_dit_is_zero_at_init_and_gradients_reach_every_parameter():
+    model = DiT(TINY_DIT)
+    x, t, y = torch.randn(2, 3, 6, 4), torch.rand(2), torch.tensor([0, 3])
+    assert model(x, t, y).abs().max() == 0  # adaLN-Zero and a zero final layer
+    model = _randomize(model).train()
+    model(x, t, y).square().mean().backward()
+    for name, p in model.named_parameters():
+        if name == "y_embedder.embedding_table.weight":  # only rows of the labels seen get a gradient
+            assert p.grad[[0, 3]].abs().sum() > 0
+            continue
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_dit_guidance_scale_one_is_the_conditional_prediction():
+    model = _randomize(DiT(TINY_DIT)).eval()
+    x, t, y = torch.randn(2, 3, 4, 6), torch.rand(2), torch.tensor([1, 2])
+    torch.testing.assert_close(model.forward_with_cfg(x, t, y, 1.0), model(x, t, y), atol=1e-5, rtol=1e-5)
+    assert model.forward_with_cfg(x, t, y, 4.0).shape == (2, 6, 4, 6)
+
+
+def test_dit_rejects_unknown_pos_mode_and_odd_sizes():
+    model = DiT(TINY_DIT)
+    with pytest.raises(ValueError, match="pos_mode"):
+        model(torch.randn(1, 3, 4, 4), torch.rand(1), torch.tensor([0]), pos_mode="bilinear")
+    with pytest.raises(ValueError, match="divisible"):
+        model(torch.randn(1, 3, 5, 4), torch.rand(1), torch.tensor([0]))
+
+
+# -- video DiT -------------------------------------------------------------------
+
+
+def test_video_axes_split_follows_wan():
+    assert default_axes_dim(128) == (44, 42, 42)
+    assert default_axes_dim(64) == (24, 20, 20)
+    assert sum(default_axes_dim(32)) <= 32
+
+
+@pytest.mark.parametrize("frames,size", [(1, (4, 6)), (3, (2, 2)), (5, (6, 4))])
+def test_video_dit_any_frame_count_with_class_or_vector_conditioning(frames, size):
+    config = VideoDiTConfig(in_channels=3, hidden_size=48, depth=1, num_heads=2, num_classes=3, cond_dim=5)
+    model = _randomize(VideoDiT(config))
+    x = torch.randn(2, 3, frames, *size)
+    out = model(x, torch.rand(2), torch.tensor([0, 2]), torch.randn(2, 5))
+    assert out.shape == x.shape and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="cond is required"):
+        model(x, torch.rand(2), torch.tensor([0, 2]))
+
+
+def test_video_dit_temporal_scaling_riflex_changes_only_time():
+    config = VideoDiTConfig(in_channels=3, hidden_size=48, depth=1, num_heads=2, cond_dim=4)
+    model = _randomize(VideoDiT(config), std=0.3)
+    x, t, cond = torch.randn(1, 3, 6, 4, 4), torch.rand(1), torch.randn(1, 4)
+    plain = model(x, t, cond=cond)
+    riflex = ar.scaling.RIFLEx(k=2, test_length=6)
+    out = model(x, t, cond=cond, temporal_scaling=riflex)
+    assert (out - plain).abs().max() > 1e-4
+    rope = model.rope_for(riflex)
+    assert rope.scaling == (riflex, None, None) and model.rope_for(riflex) is rope  # built once
+    # one frame: every token has t = 0, so the temporal spectrum cannot matter
+    x1 = x[:, :, :1]
+    torch.testing.assert_close(model(x1, t, cond=cond, temporal_scaling=riflex), model(x1, t, cond=cond))
+
+
+# -- language model ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        ar.scaling.Linear(2.0),
+        ar.scaling.NTK(4.0),
+        ar.scaling.DynamicNTK(2.0, 8),
+        ar.scaling.YaRN(4.0, 8),
+        ar.scaling.Llama3(8.0, 8),
+        ar.scaling.LongRoPE((1.0, 1.2, 1.5, 2.0), (1.0, 2.0, 4.0, 8.0), 8, factor=4.0),
+    ],
+    ids=lambda s: type(s).__name__,
+)
+@pytest.mark.parametrize("n_kv_head,dtype", [(4, torch.float32), (1, torch.float32), (2, torch.float64)], ids=str)
+def test_greedy_decoding_with_cache_equals_full_recomputation(scaling, n_kv_head, dtype):
+    model = GPT(replace(TINY_GPT, scaling=scaling, n_kv_head=n_kv_head)).to(dtype).eval()
+    _randomize(model, std=0.5)  # larger logit gaps, so an argmax tie cannot decide the test
+    prompt = torch.randint(0, 64, (2, 5))
+    cached, cached_logits = model.generate(prompt, 9, temperature=0, return_logits=True)
+    full, full_logits = model.generate(prompt, 9, temperature=0, use_cache=False, return_logits=True)
+    assert torch.equal(cached, full)
+    tol = 1e-4 if dtype == torch.float32 else 1e-10  # float32: different reduction orders over the cache
+    torch.testing.assert_close(cached_logits, full_logits, atol=tol, rtol=tol)
+    # the reference really recomputes: last step's logits = a plain forward over the sequence
+    plain = model(full[:, :-1], seq_len=full.shape[1])[:, -1]
+    torch.testing.assert_close(full_logits[:, -1], plain, atol=tol, rtol=tol)
+
+
+def test_gpt_ties_embeddings_and_counts_calibration_size():
+    model = GPT(GPTConfig())
+    assert model.output.weight is model.tok_embeddings.weight
+    assert abs(_n_params(model) / 1.82e6 - 1) < 0.02  # CALIBRATION.md's byte model
+    assert GPT(replace(TINY_GPT, tie_embeddings=False)).output.weight is not None
+
+
+def test_sampling_top_k_and_temperature():
+    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0, 3.0]]).repeat(200, 1)
+    gen = torch.Generator().manual_seed(0)
+    drawn = sample(logits, temperature=1.0, top_k=2, generator=gen)
+    assert set(drawn.flatten().tolist()) == {1, 2}
+    assert torch.equal(sample(logits, temperature=0), torch.ones(200, 1, dtype=torch.long))
+    model = GPT(TINY_GPT)
+    prompt = torch.randint(0, 64, (1, 3))
+    a = model.generate(prompt, 4, top_k=5, generator=torch.Generator().manual_seed(1))
+    b = model.generate(prompt, 4, top_k=5, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b) and a.shape == (1, 7)
+
+
+def test_gpt_cache_overflow_raises():
+    model = GPT(TINY_GPT)
+    caches = model.new_caches(1, 4)
+    with pytest.raises(ValueError, match="overflow"):
+        model(torch.zeros(1, 1, dtype=torch.long), torch.tensor([4]), caches)
+
+
+@pytest.mark.slow
+def test_one_decoding_step_compiles_fullgraph_on_cpu():
+    torch._dynamo.reset()
+    model = GPT(replace(TINY_GPT, scaling=ar.scaling.YaRN(2.0, 8))).eval()
+    prompt = torch.randint(0, 64, (1, 4))
+    caches = model.new_caches(1, 8)
+    eager_caches = model.new_caches(1, 8)
+    with torch.no_grad():
+        model(prompt, torch.arange(4), caches)
+        model(prompt, torch.arange(4), eager_caches)
+        step = torch.compile(
+            lambda idx, input_pos: model(idx, input_pos, caches), fullgraph=True, backend=COMPILE_BACKEND
+        )
+        for i in range(4, 6):  # two steps: the second reuses the graph
+            token = torch.tensor([[i]])
+            torch.testing.assert_close(
+                step(token, torch.tensor([i])), model(token, torch.tensor([i]), eager_caches), atol=1e-5, rtol=1e-5
+            )
+    torch.testing.assert_close(caches[0].k, eager_caches[0].k)
+
+
+# -- docs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", ["layers.md", "models.md"])
+def test_docs_examples_run(page, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    text = (ROOT / "docs" / page).read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, f"no python examples in docs/{page}"
+    namespace: dict = {"__name__": f"docs_{page}"}
+    for block in blocks:  # blocks of one page share a namespace, as a reader runs them in order
+        exec(compile(block, f"docs/{page}", "exec"), namespace)
