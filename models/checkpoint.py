@@ -21,26 +21,25 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed from: missing, corrupt, or from another run."""
 
 
+# optimizer state is keyed by parameter index (plain) or by parameter name (FSDP2's full
+# state dict), and names hold dots: "|" separates the parts of a flattened key
 def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
     tensors, scalars = {}, {}
     for index, entry in state["state"].items():
         for key, value in entry.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"optim.{index}.{key}"] = value
+                tensors[f"optim|{index}|{key}"] = value
             else:
-                scalars[f"{index}.{key}"] = value
+                scalars[f"{index}|{key}"] = value
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
 def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
-    state: dict[int, dict] = {}
-    for name, value in tensors.items():
-        if name.startswith("optim."):
-            _, index, key = name.split(".", 2)
-            state.setdefault(int(index), {})[key] = value
-    for name, value in meta["scalars"].items():
-        index, key = name.split(".", 1)
-        state.setdefault(int(index), {})[key] = value
+    entries = [(n.removeprefix("optim|"), v) for n, v in tensors.items() if n.startswith("optim|")]
+    state: dict[int | str, dict] = {}
+    for name, value in entries + list(meta["scalars"].items()):
+        index, key = name.split("|")
+        state.setdefault(int(index) if index.isdigit() else index, {})[key] = value
     return {"state": state, "param_groups": meta["param_groups"]}
 
 

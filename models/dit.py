@@ -85,7 +85,8 @@ class DiT(nn.Module):
         axis_dim = 2 * (head_dim // 4)
         self.rope = ar.AxialRoPE((axis_dim, axis_dim), theta=c.theta)
         self.train_grid = c.input_size // c.patch_size  # tokens per side in training
-        self._scaled_ropes: dict[tuple, ar.AxialRoPE] = {}  # inference ropes by (mode, h, w); not state
+        # inference ropes by (mode, factors, device): not state, so .to() leaves them; keyed by device instead
+        self._scaled_ropes: dict[tuple, ar.AxialRoPE] = {}
 
         self.x_embedder = PatchEmbed(c.patch_size, c.in_channels, c.hidden_size)
         self.t_embedder = TimestepEmbedder(c.hidden_size)
@@ -116,7 +117,7 @@ class DiT(nn.Module):
         pos = ar.grid(h, w, device=device)
         if mode == "none" or factors == (1.0, 1.0):
             return pos, self.rope
-        key = (mode, factors)
+        key = (mode, factors, self.rope.freqs.device)
         if key not in self._scaled_ropes:
             if mode == "ntk":
                 methods = tuple(ar.scaling.NTK(f) if f > 1 else None for f in factors)

@@ -92,8 +92,8 @@ class Run:
         )
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = self.task.build().to(self.device)
-        self.ema = [p.detach().clone() for p in self.model.parameters()]
         self.trained = self._wrap(self.model)
+        self.ema = [p.detach().clone() for p in self.model.parameters()]  # after wrapping: FSDP2 shards
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99)
         )

@@ -70,7 +70,7 @@ class VideoDiT(nn.Module):
             raise ValueError(f"axes_dim must be (d_t, d_y, d_x), got {axes_dim!r}")
         self.out_channels = c.in_channels * 2 if c.learn_sigma else c.in_channels
         self.rope = ar.AxialRoPE(axes_dim, theta=c.theta)
-        self._scaled_ropes: dict = {}  # inference ropes by temporal scaling method; not state
+        self._scaled_ropes: dict = {}  # inference ropes by (temporal scaling, device); not state
 
         self.x_embedder = PatchEmbed(c.patch_size, c.in_channels, c.hidden_size)
         self.t_embedder = TimestepEmbedder(c.hidden_size)
@@ -94,10 +94,11 @@ class VideoDiT(nn.Module):
         """The rope with ``temporal_scaling`` on the t axis (y and x unscaled); ``None``: the trained one."""
         if temporal_scaling is None:
             return self.rope
-        if temporal_scaling not in self._scaled_ropes:
+        key = (temporal_scaling, self.rope.freqs.device)
+        if key not in self._scaled_ropes:
             rope = ar.AxialRoPE(self.rope.axes_dim, theta=self.config.theta, scaling=(temporal_scaling, None, None))
-            self._scaled_ropes[temporal_scaling] = rope.to(self.rope.freqs.device)
-        return self._scaled_ropes[temporal_scaling]
+            self._scaled_ropes[key] = rope.to(self.rope.freqs.device)
+        return self._scaled_ropes[key]
 
     def condition(self, t: torch.Tensor, y: torch.Tensor | None, cond: torch.Tensor | None, force_drop_ids=None):
         """The adaLN conditioning vector ``[B, C]``: timestep + class + vector embeddings."""

@@ -25,17 +25,19 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODEL_DEFAULTS), default="dit")
     for field in dataclasses.fields(TrainConfig):
-        if field.name in ("model", "resume", "fsdp", "progress"):
+        if field.name in ("model", "resume", "fsdp", "progress", "report"):
             continue
         flag = "--" + field.name.replace("_", "-")
         parser.add_argument(flag, type=type(field.default), default=None, help=f"default: {field.default}")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")
     parser.add_argument("--fsdp", action="store_true", help="shard with FSDP2 under torchrun")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-report", action="store_true", help="no validation, samples or loss curve")
     args = parser.parse_args(argv)
     values = dict(MODEL_DEFAULTS[args.model])
     values |= {k: v for k, v in vars(args).items() if v is not None and k in TrainConfig.__dataclass_fields__}
     values["progress"] = not args.no_progress
+    values["report"] = not args.no_report
     return TrainConfig(**values)
 
 

@@ -1,0 +1,290 @@
+"""The reference image and video DiTs as diffusers models: ``ModelMixin`` + ``ConfigMixin``.
+
+Each class wraps the reference model (``self.dit``: a :class:`~models.dit.DiT` or
+:class:`~models.video_dit.VideoDiT`), so the math has one implementation; the wrapper
+adds what diffusers expects: ``@register_to_config`` with the reference config's fields
+as plain JSON values, ``save_pretrained`` / ``from_pretrained`` through safetensors, and
+``forward(hidden_states, timestep, ...)`` returning ``Transformer2DModelOutput``.
+
+Timesteps follow the project's rectified flow (:mod:`models.flow`): ``t`` in [0, 1000],
+``x_t = (1 - t/1000) x_0 + (t/1000) eps``, and the output's first ``in_channels`` channels
+are the velocity ``eps - x_0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+import axial_rope as ar
+
+from . import dit, video_dit
+
+__all__ = ["AxialDiT2DModel", "AxialDiT3DModel", "scaling_to_config", "scaling_from_config"]
+
+_SCALINGS = {
+    cls.__name__: cls
+    for cls in (
+        ar.scaling.Linear,
+        ar.scaling.NTK,
+        ar.scaling.DynamicNTK,
+        ar.scaling.YaRN,
+        ar.scaling.Llama3,
+        ar.scaling.LongRoPE,
+        ar.scaling.RIFLEx,
+    )
+}
+
+
+def scaling_to_config(scaling: ar.scaling.Scaling | dict | None) -> dict | None:
+    """A scaling method as a JSON-able dict ``{"method": "RIFLEx", "k": 4, "test_length": 12}`` (``None`` kept)."""
+    if scaling is None:
+        return None
+    if isinstance(scaling, dict):
+        return scaling_to_config(scaling_from_config(scaling))  # validated and normalised
+    if type(scaling) not in _SCALINGS.values():
+        raise TypeError(
+            f"temporal_scaling must be None, a dict or one of axial_rope.scaling.{{{', '.join(_SCALINGS)}}}, "
+            f"got {scaling!r}"
+        )
+    values = {f.name: getattr(scaling, f.name) for f in dataclasses.fields(scaling)}
+    return {"method": type(scaling).__name__} | {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
+def scaling_from_config(config: dict | ar.scaling.Scaling | None) -> ar.scaling.Scaling | None:
+    """The inverse of :func:`scaling_to_config`; a scaling object or ``None`` passes through."""
+    if config is None or type(config) in _SCALINGS.values():
+        return config
+    if not isinstance(config, dict) or config.get("method") not in _SCALINGS:
+        raise ValueError(f"a scaling config needs 'method' in {sorted(_SCALINGS)}, got {config!r}")
+    # lists back to tuples: the scaling is hashed as a cache key of the model's ropes
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k != "method"}
+    return _SCALINGS[config["method"]](**kwargs)
+
+
+def _timesteps(timestep: torch.Tensor | float, batch: int, device: torch.device) -> torch.Tensor:
+    """A scalar or ``[B]`` timestep as a float ``[B]`` tensor."""
+    t = torch.as_tensor(timestep, device=device, dtype=torch.float32)
+    if t.ndim == 0 or t.numel() == 1:
+        return t.reshape(1).expand(batch)
+    if t.shape != (batch,):
+        raise ValueError(f"timestep must be a scalar or [B] = [{batch}], got shape {tuple(t.shape)}")
+    return t
+
+
+def _read_training_checkpoint(path: str | Path, model: str, use_ema: bool) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The run settings and the weights (EMA parameters, persistent buffers from the model) of a trainer checkpoint."""
+    from safetensors import safe_open
+
+    from . import checkpoint  # the trainer's format, needed only here
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "checkpoint.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"no training checkpoint at {path}")
+    with safe_open(path, framework="pt") as f:
+        run = json.loads((f.metadata() or {}).get("run", "{}"))
+    if run.get("model") != model:
+        raise ValueError(f"{path} holds a {run.get('model')!r} run; this class converts {model!r} runs")
+    saved = checkpoint.load(path, run=run, keys=())  # checks the format
+    weights = dict(saved["model"])
+    if use_ema:
+        weights |= saved["ema"]  # EMA covers the parameters; buffers stay the model's
+    return run, weights
+
+
+class AxialDiT2DModel(ModelMixin, ConfigMixin):
+    """Class-conditional image DiT with 2D axial RoPE (:class:`models.dit.DiT`) as a diffusers model.
+
+    The arguments are :class:`models.dit.DiTConfig`'s fields (defaults: DiT-XL/2's trunk);
+    :meth:`from_preset` builds one of :data:`models.dit.PRESETS`.
+    """
+
+    _supports_gradient_checkpointing = False
+
+    @register_to_config
+    def __init__(
+        self,
+        input_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        hidden_size: int = 1152,
+        depth: int = 28,
+        num_heads: int = 16,
+        mlp_ratio: float = 4.0,
+        num_classes: int = 1000,
+        class_dropout_prob: float = 0.1,
+        class_init_std: float = 0.02,
+        learn_sigma: bool = True,
+        theta: float = 10000.0,
+        qk_norm: str | None = None,
+        pos_mode: str = "none",
+    ):
+        args = dict(locals())
+        super().__init__()
+        self.dit = dit.DiT(dit.DiTConfig(**{f.name: args[f.name] for f in dataclasses.fields(dit.DiTConfig)}))
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> AxialDiT2DModel:
+        """A randomly initialised model of ``models.dit.PRESETS[name]``, fields replaced by ``overrides``."""
+        if name not in dit.PRESETS:
+            raise ValueError(f"preset must be one of {sorted(dit.PRESETS)}, got {name!r}")
+        return cls(**dataclasses.asdict(dataclasses.replace(dit.PRESETS[name], **overrides)))
+
+    @classmethod
+    def from_reference(cls, model: dit.DiT) -> AxialDiT2DModel:
+        """The diffusers model holding a copy of a reference :class:`~models.dit.DiT`'s weights."""
+        out = cls(**dataclasses.asdict(model.config))
+        out.dit.load_state_dict(model.state_dict())
+        return out.to(next(model.parameters()).device).train(model.training)
+
+    @classmethod
+    def from_training_checkpoint(cls, path: str | Path, *, use_ema: bool = True) -> AxialDiT2DModel:
+        """Convert the trainer's ``checkpoint.safetensors`` (a file or its run folder) of an image DiT run.
+
+        The config is the run's (``preset`` with ``input_size = resolution``); the weights are
+        the EMA ones unless ``use_ema=False``.
+        """
+        from .tasks import ImageTask
+
+        run, weights = _read_training_checkpoint(path, ImageTask.name, use_ema)
+        config = ImageTask(preset=run["preset"], resolution=run["resolution"], seed=run.get("seed", 0)).config
+        model = cls(**dataclasses.asdict(config))
+        model.dit.load_state_dict(weights)
+        return model.eval()
+
+    @property
+    def null_label(self) -> int | None:
+        """The unconditional label for classifier-free guidance (``None``: trained without label dropout)."""
+        return self.dit.y_embedder.null_label if self.config.class_dropout_prob > 0 else None
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor | float,
+        class_labels: torch.Tensor,
+        *,
+        pos_mode: str | None = None,
+        force_drop_ids: torch.Tensor | None = None,
+        return_dict: bool = True,
+    ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
+        """Predict from noisy images.
+
+        Args:
+            hidden_states: ``[B, C, H, W]``, ``H`` and ``W`` divisible by ``patch_size``.
+            timestep: ``t`` in [0, 1000], a scalar or ``[B]``.
+            class_labels: ``[B]`` int64 (``null_label``: unconditional).
+            pos_mode: position scaling for this call (see :mod:`models.dit`); ``None``: the config's.
+
+        Returns:
+            ``sample [B, out_channels, H, W]``: the velocity ``eps - x_0`` in the first ``C`` channels.
+        """
+        t = _timesteps(timestep, hidden_states.shape[0], hidden_states.device)
+        out = self.dit(hidden_states, t, class_labels, pos_mode=pos_mode, force_drop_ids=force_drop_ids)
+        return Transformer2DModelOutput(sample=out) if return_dict else (out,)
+
+
+class AxialDiT3DModel(ModelMixin, ConfigMixin):
+    """Video DiT with 3D (t, y, x) axial RoPE (:class:`models.video_dit.VideoDiT`) as a diffusers model.
+
+    The arguments are :class:`models.video_dit.VideoDiTConfig`'s fields, plus
+    ``temporal_scaling``: the t axis' default scaling at inference, stored as a dict
+    (:func:`scaling_to_config`); a scaling object is accepted and converted.
+    """
+
+    _supports_gradient_checkpointing = False
+
+    @register_to_config
+    def __init__(
+        self,
+        patch_size: tuple[int, int, int] = (1, 2, 2),
+        in_channels: int = 4,
+        hidden_size: int = 384,
+        depth: int = 12,
+        num_heads: int = 6,
+        mlp_ratio: float = 4.0,
+        axes_dim: tuple[int, int, int] | None = None,
+        theta: float = 10000.0,
+        num_classes: int = 0,
+        class_dropout_prob: float = 0.1,
+        cond_dim: int = 0,
+        qk_norm: str | None = "rms",
+        learn_sigma: bool = False,
+        temporal_scaling: dict | None = None,
+    ):
+        args = dict(locals())
+        super().__init__()
+        # the config holds plain values: a scaling object becomes its dict
+        self.register_to_config(temporal_scaling=scaling_to_config(temporal_scaling))
+        values = {f.name: args[f.name] for f in dataclasses.fields(video_dit.VideoDiTConfig)}
+        values |= {k: tuple(values[k]) for k in ("patch_size", "axes_dim") if values[k] is not None}  # JSON lists
+        self.dit = video_dit.VideoDiT(video_dit.VideoDiTConfig(**values))
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> AxialDiT3DModel:
+        """A randomly initialised model of ``models.video_dit.PRESETS[name]``; ``overrides`` replace fields."""
+        if name not in video_dit.PRESETS:
+            raise ValueError(f"preset must be one of {sorted(video_dit.PRESETS)}, got {name!r}")
+        scaling = overrides.pop("temporal_scaling", None)
+        config = dataclasses.replace(video_dit.PRESETS[name], **overrides)
+        return cls(**dataclasses.asdict(config), temporal_scaling=scaling)
+
+    @classmethod
+    def from_reference(cls, model: video_dit.VideoDiT) -> AxialDiT3DModel:
+        """The diffusers model holding a copy of a reference :class:`~models.video_dit.VideoDiT`'s weights."""
+        out = cls(**dataclasses.asdict(model.config))
+        out.dit.load_state_dict(model.state_dict())
+        return out.to(next(model.parameters()).device).train(model.training)
+
+    @classmethod
+    def from_training_checkpoint(cls, path: str | Path, *, use_ema: bool = True) -> AxialDiT3DModel:
+        """Convert the trainer's ``checkpoint.safetensors`` of a video DiT run (EMA weights by default)."""
+        from .tasks import VideoTask
+
+        run, weights = _read_training_checkpoint(path, VideoTask.name, use_ema)
+        config = VideoTask(preset=run["preset"], resolution=run["resolution"], seed=run.get("seed", 0)).config
+        model = cls(**dataclasses.asdict(config))
+        model.dit.load_state_dict(weights)
+        return model.eval()
+
+    @property
+    def null_label(self) -> int | None:
+        """The unconditional label (``None``: no class conditioning or no label dropout)."""
+        embedder = self.dit.y_embedder
+        return embedder.null_label if embedder is not None and self.config.class_dropout_prob > 0 else None
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor | float,
+        class_labels: torch.Tensor | None = None,
+        cond: torch.Tensor | None = None,
+        *,
+        temporal_scaling: ar.scaling.Scaling | dict | None = None,
+        force_drop_ids: torch.Tensor | None = None,
+        return_dict: bool = True,
+    ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
+        """Predict from noisy videos.
+
+        Args:
+            hidden_states: ``[B, C, T, H, W]``, each size divisible by ``patch_size``.
+            timestep: ``t`` in [0, 1000], a scalar or ``[B]``.
+            class_labels: ``[B]`` int64 (configs with ``num_classes``).
+            cond: ``[B, cond_dim]`` (configs with ``cond_dim``).
+            temporal_scaling: the t axis' scaling for this call (e.g. ``ar.scaling.RIFLEx(k, T)``);
+                ``None``: the config's.
+
+        Returns:
+            ``sample [B, out_channels, T, H, W]``: the velocity in the first ``C`` channels.
+        """
+        scaling = scaling_from_config(self.config.temporal_scaling if temporal_scaling is None else temporal_scaling)
+        t = _timesteps(timestep, hidden_states.shape[0], hidden_states.device)
+        out = self.dit(hidden_states, t, class_labels, cond, temporal_scaling=scaling, force_drop_ids=force_drop_ids)
+        return Transformer2DModelOutput(sample=out) if return_dict else (out,)
