@@ -265,6 +265,12 @@ class RIFLEx:
         if not isinstance(self.k, int):
             raise TypeError(f"RIFLEx: k must be an int (1-based pair index), got {self.k!r}")
 
+    @staticmethod
+    def intrinsic_k(dim: int, theta: float, train_length: int) -> int:
+        """The pair (1-based) whose period is closest to ``train_length``: the one RIFLEx reins in."""
+        periods = 2 * math.pi / base_inv_freq(dim, theta)
+        return int((periods - train_length).abs().argmin()) + 1
+
     def __call__(self, dim: int, theta: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
         inv = base_inv_freq(dim, theta)
         if self.k > dim // 2:

@@ -68,21 +68,23 @@ def save(
     return path
 
 
-def load(path: str | Path, *, run: dict, keys: tuple[str, ...]) -> dict:
-    """Read a checkpoint and check it against the run.
+def load(path: str | Path, *, run: dict | None = None, keys: tuple[str, ...] = ()) -> dict:
+    """Read a checkpoint (a file, or the run folder holding ``checkpoint.safetensors``) and check it.
 
     Args:
         run: this run's settings; every key in ``keys`` must equal the checkpoint's.
 
     Returns:
-        ``{"model", "ema", "optimizer", "step"}``.
+        ``{"model", "ema", "optimizer", "step", "run"}`` (``run``: the settings it was trained with).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file, safe_open
 
     path = Path(path)
+    if path.is_dir():
+        path = path / "checkpoint.safetensors"
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path} to resume from")
+        raise CheckpointError(f"no checkpoint at {path}")
     try:
         with safe_open(path, framework="pt") as f:
             meta = f.metadata() or {}
@@ -92,7 +94,7 @@ def load(path: str | Path, *, run: dict, keys: tuple[str, ...]) -> dict:
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an axial_rope training checkpoint (format {meta.get('format')!r})")
     saved = json.loads(meta["run"])
-    diff = {k: (saved.get(k), run.get(k)) for k in keys if saved.get(k) != run.get(k)}
+    diff = {k: (saved.get(k), run.get(k)) for k in keys if saved.get(k) != run.get(k)} if run else {}
     if diff:
         detail = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
         raise CheckpointError(f"{path} belongs to another run ({detail})")
@@ -101,4 +103,5 @@ def load(path: str | Path, *, run: dict, keys: tuple[str, ...]) -> dict:
         "ema": {k[4:]: v for k, v in tensors.items() if k.startswith("ema.")},
         "optimizer": _unflatten_optimizer(tensors, json.loads(meta["optimizer"])),
         "step": int(meta["step"]),
+        "run": saved,
     }

@@ -14,7 +14,6 @@ are the velocity ``eps - x_0``.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -80,23 +79,11 @@ def _timesteps(timestep: torch.Tensor | float, batch: int, device: torch.device)
 
 def _read_training_checkpoint(path: str | Path, model: str, use_ema: bool) -> tuple[dict, dict[str, torch.Tensor]]:
     """The run settings and the weights (EMA parameters, persistent buffers from the model) of a trainer checkpoint."""
-    from safetensors import safe_open
+    from .train import trained_weights  # the trainer's format, needed only here
 
-    from . import checkpoint  # the trainer's format, needed only here
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / "checkpoint.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"no training checkpoint at {path}")
-    with safe_open(path, framework="pt") as f:
-        run = json.loads((f.metadata() or {}).get("run", "{}"))
+    run, weights = trained_weights(path, use_ema=use_ema)
     if run.get("model") != model:
         raise ValueError(f"{path} holds a {run.get('model')!r} run; this class converts {model!r} runs")
-    saved = checkpoint.load(path, run=run, keys=())  # checks the format
-    weights = dict(saved["model"])
-    if use_ema:
-        weights |= saved["ema"]  # EMA covers the parameters; buffers stay the model's
     return run, weights
 
 

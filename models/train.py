@@ -47,8 +47,7 @@ class TrainConfig:
     out: str = "runs/dit"
     resume: bool = False
     log_every: int = 10
-    val_every: int = 250
-    sample_every: int = 500
+    val_every: int = 250  # validation loss, sample grid and loss curve every N steps
     ckpt_every: int = 250
     sample_steps: int = 40  # Euler steps of the sample grids (DiTs)
     report: bool = True  # validation, samples and loss curve (periodic and at the end)
@@ -123,10 +122,12 @@ class Run:
         return [t.full_tensor() if hasattr(t, "full_tensor") else t for t in tensors]
 
     def state(self) -> dict:
-        names = [n for n, _ in self.model.named_parameters()]
-        model = dict(zip(names, self._full(p.detach() for p in self.model.parameters())))
-        model |= {n: b for n, b in self.model.named_buffers() if n in self.model.state_dict()}
-        ema = dict(zip(names, self._full(self.ema)))
+        state = self.model.state_dict()  # every name, tied aliases (GPT's output head) and buffers included
+        model = dict(zip(state, self._full(state.values())))
+        index = {id(p): i for i, p in enumerate(self.model.parameters())}
+        ema_full = self._full(self.ema)
+        named = self.model.named_parameters(remove_duplicate=False)
+        ema = {name: ema_full[index[id(p)]] for name, p in named}
         if self.cfg.fsdp and self.distributed:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -264,6 +265,21 @@ class Run:
         if cfg.report and not interrupted:
             self.report(final=True)
         return {"step": self.step, "interrupted": interrupted, "out": str(self.out)}
+
+
+def trained_weights(path: str | Path, *, use_ema: bool = True) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The run settings and model weights of a checkpoint (EMA parameters unless ``use_ema=False``)."""
+    saved = checkpoint.load(path)
+    return saved["run"], saved["model"] | (saved["ema"] if use_ema else {})
+
+
+def load_trained(path: str | Path, *, use_ema: bool = True, device: str | torch.device = "cpu"):
+    """Rebuild a trained model from its checkpoint; returns ``(task, model)`` with the model in eval mode."""
+    run, weights = trained_weights(path, use_ema=use_ema)
+    task = TASKS[run["model"]](**{k: run[k] for k in ("preset", "resolution", "frames", "context", "seed")})
+    model = task.build()
+    model.load_state_dict(weights)
+    return task, model.to(device).eval()
 
 
 def train(cfg: TrainConfig) -> dict:
