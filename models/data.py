@@ -29,10 +29,25 @@ PALETTE = torch.tensor(
 )
 
 
-def _generator(seed: int, index: int) -> torch.Generator:
-    # one stream per sample: (seed, index) -> 63-bit seed, stable across runs and machines
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+_MASK = 0xFFFFFFFF
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (lowbias32) on int64 tensors holding values in [0, 2**32)."""
+    # products may wrap past int64, but their low 32 bits, all that the mask keeps, are exact
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK
+    return x ^ (x >> 16)
+
+
+def uniform(seed: int, indices: torch.Tensor, n_fields: int) -> torch.Tensor:
+    """Counter-based random numbers: ``[len(indices), n_fields]`` in [0, 1), a pure function of
+    ``(seed, index, field)``, computed for a whole batch at once (no per-sample generator)."""
+    key = _hash32(_hash32(torch.tensor(seed & _MASK)) ^ (indices.long() & _MASK))  # [B]
+    fields = torch.arange(n_fields) * 0x9E3779B9 & _MASK  # [F] golden-ratio strides
+    return (_hash32((key[:, None] + fields) & _MASK) >> 8).float() / 2**24  # 24 bits: exact, always < 1
 
 
 def _shape_distance(label: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -87,15 +102,17 @@ class Shapes:
     min_size: float = 0.18  # half size as a fraction of the image: at least a patch thick at 32 px
     max_size: float = 0.32
 
-    def params(self, index: int, frames: int = 1) -> dict[str, torch.Tensor]:
-        gen = _generator(self.seed, index)
-        label = torch.randint(len(CLASSES), (1,), generator=gen)
-        color = PALETTE[torch.randint(len(PALETTE), (1,), generator=gen)]
-        size = self.min_size + (self.max_size - self.min_size) * torch.rand(1, generator=gen)
-        center = size + (1 - 2 * size) * torch.rand(1, 2, generator=gen)  # fully inside
-        angle = (2 * math.pi) * torch.rand(1, generator=gen)
-        velocity = (torch.rand(1, 2, generator=gen) - 0.5) * 0.12  # image fractions per frame
-        spin = (torch.rand(1, generator=gen) - 0.5) * 0.4  # radians per frame
+    def params(self, indices: int | list[int] | range, frames: int = 1) -> dict[str, torch.Tensor]:
+        """The continuous description of samples ``indices`` over ``frames`` frames (see :func:`render`)."""
+        indices = torch.as_tensor([indices] if isinstance(indices, int) else list(indices))
+        u = uniform(self.seed, indices, 10).unbind(-1)  # one column per random quantity
+        label = (u[0] * len(CLASSES)).long()
+        color = PALETTE[(u[1] * len(PALETTE)).long()]
+        size = self.min_size + (self.max_size - self.min_size) * u[2]
+        center = size[:, None] + (1 - 2 * size[:, None]) * torch.stack([u[3], u[4]], -1)  # fully inside
+        angle = 2 * math.pi * u[5]
+        velocity = (torch.stack([u[6], u[7]], -1) - 0.5) * 0.12  # image fractions per frame
+        spin = (u[8] - 0.5) * 0.4  # radians per frame
         t = torch.arange(frames, dtype=torch.float32)
         center = _bounce(center[:, None] + velocity[:, None] * t[None, :, None], size)
         angle = angle[:, None] + spin[:, None] * t[None]
@@ -107,8 +124,7 @@ class Shapes:
         return images[:, 0], labels
 
     def _render(self, indices, resolution, frames):
-        parts = [self.params(i, frames) for i in indices]
-        params = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+        params = self.params(indices, frames)
         return render(params, resolution), params["label"]
 
 
@@ -163,6 +179,6 @@ class StdlibText:
 
     def batch(self, step: int, batch_size: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """A random batch of windows, a pure function of ``(seed, step)``."""
-        gen = _generator(seed, step)
-        starts = torch.randint(len(self) - length - 1, (batch_size,), generator=gen)
+        u = uniform(seed, torch.arange(step * batch_size, (step + 1) * batch_size), 1)[:, 0].double()
+        starts = (u * (len(self) - length - 1)).long()
         return self.windows(starts, length)

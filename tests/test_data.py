@@ -69,3 +69,14 @@ def test_stdlib_split_is_disjoint_and_fixed(corpus):
 def test_stdlib_bad_split():
     with pytest.raises(ValueError, match="split"):
         StdlibText("test")
+
+
+def test_counter_based_uniform_in_range_and_balanced():
+    from models.data import uniform
+
+    u = uniform(7, torch.arange(20_000), 4)
+    assert u.min() >= 0 and u.max() < 1
+    assert torch.equal(u[5:9], uniform(7, torch.arange(5, 9), 4))  # a pure function of (seed, index, field)
+    torch.testing.assert_close(u.mean(0), torch.full((4,), 0.5), atol=0.01, rtol=0)
+    assert abs(float(torch.corrcoef(u.T)[0, 1])) < 0.03  # fields are not copies of each other
+    assert not torch.equal(u, uniform(8, torch.arange(20_000), 4))
