@@ -154,7 +154,7 @@ def test_relative_invariance_under_shift(axes_dim, pairing, shift, seed):
     rope = ar.AxialRoPE(axes_dim, pairing=pairing)
     gen = torch.Generator().manual_seed(seed)
     n_axes, head_dim = len(axes_dim), sum(axes_dim) + 2
-    pos = torch.randint(-50, 50, (5, n_axes), generator=gen).float()
+    pos = torch.randint(-50, 50, (5, n_axes), generator=gen).double()  # float64: pos + shift stays exact
     q = torch.randn(1, 5, 2, head_dim, generator=gen, dtype=torch.float64)
     k = torch.randn(1, 5, 2, head_dim, generator=gen, dtype=torch.float64)
     base = _scores(*rope(q, k, pos))
