@@ -167,8 +167,7 @@ class AxialRoPEViT(nn.Module):
         self.norm = LayerNorm(embed_dim)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        for m in self.modules():  # not self.apply: AxialRoPE.apply rotates tensors (it shadows nn.Module.apply)
-            self._init_weights(m)
+        self.apply(self._init_weights)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
 
