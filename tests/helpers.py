@@ -16,3 +16,22 @@ TOL = {
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None) -> None:
     atol, rtol = TOL[dtype or expected.dtype]
     torch.testing.assert_close(actual, expected.to(actual.dtype), atol=atol, rtol=rtol)
+
+
+def llama_config(
+    head_dim: int, rope_parameters: dict, max_position_embeddings: int = 4096, num_key_value_heads: int = 2
+):
+    """A tiny transformers ``LlamaConfig`` whose RoPE transformers reads exactly as a real checkpoint's."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=2 * head_dim,
+        num_attention_heads=2,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=head_dim,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        vocab_size=8,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters=dict(rope_parameters),
+    )

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import assert_close
+from helpers import assert_close, llama_config
 
 import axial_rope as ar
 from axial_rope.scaling import DynamicNTK, Llama3, LongRoPE, YaRN
@@ -214,22 +214,6 @@ def test_timm_rotary_embedding_cat_module_forward():
 # -- transformers: one axis, half pairing --------------------------------------------------
 
 
-def llama_config(head_dim: int, rope_parameters: dict, max_position_embeddings: int = 4096):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        hidden_size=2 * head_dim,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=head_dim,
-        intermediate_size=8,
-        num_hidden_layers=1,
-        vocab_size=8,
-        max_position_embeddings=max_position_embeddings,
-        rope_parameters=dict(rope_parameters),
-    )
-
-
 LONG = [1.0 + 0.25 * i for i in range(32)]
 # transformers forms angles in float32 (position * float32 inv_freq), about 1e-7 relative: positions stay
 # below ~100 so its tables are within 1e-5 of the float64 angles AxialRoPE uses
@@ -285,7 +269,7 @@ def test_llama_rotary_embedding(name: str):
     params, scaling, max_pos, starts = LLAMA_CASES[name]
     S, D = 6, 64
     position_ids = torch.stack([torch.arange(s, s + S) for s in starts])  # [B, S], one offset per sample
-    embed = LlamaRotaryEmbedding(llama_config(D, params, max_pos))
+    embed = LlamaRotaryEmbedding(llama_config(D, params, max_pos, num_key_value_heads=1))
     cos, sin = embed(torch.zeros(1, dtype=torch.float32), position_ids)  # [B, S, D]
     rope = ar.AxialRoPE(D, theta=params["rope_theta"], scaling=scaling, pairing="half")
     pos = position_ids[..., None].float()  # [B, S, 1]
@@ -307,7 +291,9 @@ def test_llama_partial_rotary_tables():
     """Partial rotary (GPT-NeoX, Phi): a 32-wide half-paired table rotates the first 32 of 48 channels."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-    embed = LlamaRotaryEmbedding(llama_config(32, {"rope_type": "default", "rope_theta": 10000.0}))
+    embed = LlamaRotaryEmbedding(
+        llama_config(32, {"rope_type": "default", "rope_theta": 10000.0}, num_key_value_heads=1)
+    )
     position_ids = torch.arange(5)[None]
     cos, sin = embed(torch.zeros(1), position_ids)
     q, k = randn(1, 2, 5, 48), randn(1, 2, 5, 48)

@@ -16,6 +16,7 @@ import axial_rope as ar
 from axial_rope.scaling import NTK, DynamicNTK, Linear, Llama3, LongRoPE, RIFLEx, YaRN, from_rope_parameters
 
 transformers = pytest.importorskip("transformers")
+from helpers import llama_config  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
@@ -24,18 +25,7 @@ AF_TOL = 1e-9
 
 
 def hf_config(head_dim: int, rope_parameters: dict, max_position_embeddings: int) -> LlamaConfig:
-    """A tiny config whose RoPE transformers reads exactly as a real checkpoint's."""
-    return LlamaConfig(
-        hidden_size=2 * head_dim,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=head_dim,
-        intermediate_size=8,
-        num_hidden_layers=1,
-        vocab_size=8,
-        max_position_embeddings=max_position_embeddings,
-        rope_parameters=dict(rope_parameters),
-    )
+    return llama_config(head_dim, rope_parameters, max_position_embeddings)
 
 
 def hf_inv_freq(config: LlamaConfig, seq_len: int | None) -> tuple[torch.Tensor, float]:
