@@ -31,7 +31,7 @@ from .train import TrainConfig, load_trained, train
 
 # (training steps, evaluation sizes) per experiment; --smoke shrinks both
 FULL = {
-    "resolution": {"train": TrainConfig(steps=1000, out="runs/dit"), "n": 256},
+    "resolution": {"train": TrainConfig(out="runs/dit"), "n": 256},  # the default run of scripts.train
     "length": {
         "train": TrainConfig(
             model="gpt", steps=200, batch_size=32, lr=2e-3, schedule="cosine", ema=0.0, out="runs/gpt"
