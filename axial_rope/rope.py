@@ -261,6 +261,7 @@ class AxialRoPE(nn.Module):
         seq_len: int | Sequence[int] | None = None,
         backend: str | None = None,
         attention_factor: bool = True,
+        inplace: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rotate queries and keys.
 
@@ -271,12 +272,14 @@ class AxialRoPE(nn.Module):
             seq_len: length per axis for length-dependent scaling (default: ``max(pos) + 1``).
             backend: overrides the module's backend for this call.
             attention_factor: ``False`` rotates without the scaling's attention factor.
+            inplace: write the results into ``q`` and ``k`` (no output allocation when no
+                gradient is recorded; see :func:`axial_rope.ops.rotate_qk`).
 
         Returns:
             ``(q, k)`` rotated, same shapes and dtypes.
         """
         pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len, attention_factor)
-        return rotate_qk(q, k, pos, freqs, scale, self.pairing, layout, backend or self.backend)
+        return rotate_qk(q, k, pos, freqs, scale, self.pairing, layout, backend or self.backend, inplace)
 
     def norm_and_rotate(
         self,

@@ -328,6 +328,81 @@ def test_module_apply_of_a_model_holding_a_rope_still_visits_submodules():
         model[1].apply(torch.zeros(1, 2, 1, 4))
 
 
+# -- in place --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pairing", PAIRINGS)
+def test_inplace_writes_into_strided_views(pairing, layout, dtype, backend):
+    # q and k are views into a fused qkv buffer (partial rotary: 24 of 30 channels); v stays untouched
+    rope = ar.AxialRoPE((8, 16), pairing=pairing)
+    qkv = torch.randn(2, 12, 3, 4, 30, generator=torch.Generator().manual_seed(0)).to(dtype)  # [B, S, 3, H, D]
+    pos = ar.grid(3, 4)
+    q, k, v = (qkv[:, :, i] if layout == "bshd" else qkv[:, :, i].transpose(1, 2) for i in range(3))
+    expected = rope(q, k, pos, layout, backend="reference")
+    v_before = v.clone()
+    out = rope(q, k, pos, layout, backend=backend, inplace=True)
+    assert out[0] is q and out[1] is k
+    torch.testing.assert_close(q, expected[0], atol=TOL[dtype][0], rtol=0)
+    torch.testing.assert_close(k, expected[1], atol=TOL[dtype][0], rtol=0)
+    assert torch.equal(v, v_before)
+
+
+@pytest.mark.parametrize("pairing", PAIRINGS)
+def test_inplace_table_mode_across_chunks_equals_out_of_place(monkeypatch, pairing):
+    from axial_rope.ops import torch as torch_backend
+
+    monkeypatch.setattr(torch_backend, "CHUNK", 40)  # many chunks: each is read before it is written
+    cos, sin = ar.AxialRoPE((4, 8), pairing=pairing).cos_sin(ar.grid(3, 4))
+    x = torch.randn(2, 4, 12, 16).bfloat16()
+    expected = ar.apply_rope(x, cos, sin, pairing, "bhsd", backend="torch")
+    assert ar.apply_rope(x, cos, sin, pairing, "bhsd", backend="torch", inplace=True) is x
+    assert torch.equal(x, expected)
+
+
+def test_inplace_records_the_gradient_when_one_is_needed():
+    rope = ar.AxialRoPE((4, 4))
+    q0, k0, pos = _qk((4, 4), 8, "bshd", torch.float32)
+    grads = {}
+    for inplace in (False, True):
+        leaf = q0.clone().requires_grad_(True)
+        q = leaf * 1  # not a leaf: autograd records the in-place write
+        out, _ = rope(q, None, pos, inplace=inplace)
+        assert (out is q) == inplace
+        (out * torch.linspace(-1, 1, 8)).sum().backward()
+        grads[inplace] = leaf.grad
+    torch.testing.assert_close(grads[True], grads[False], atol=1e-6, rtol=0)
+    with pytest.raises(RuntimeError, match="leaf"):  # PyTorch's own rule for leaves that require grad
+        rope(q0.clone().requires_grad_(True), None, pos, inplace=True)
+
+
+def test_inplace_refuses_broadcast_views_and_q_as_k():
+    rope = ar.AxialRoPE((4, 4))
+    pos = ar.grid(2, 3)
+    with pytest.raises(ValueError, match="broadcast view"):
+        rope(torch.randn(1, 6, 1, 8).expand(2, 6, 4, 8), None, pos, inplace=True)
+    q = torch.randn(1, 6, 2, 8)
+    with pytest.raises(ValueError, match="twice"):
+        rope(q, q, pos, inplace=True)
+
+
+@pytest.mark.slow
+def test_inplace_compiles_fullgraph():
+    rope = ar.AxialRoPE((4, 4), backend="torch")
+
+    def fn(q, k, pos):
+        rope(q, k, pos, inplace=True)
+        return q + 0, k + 0
+
+    q, k, pos = _qk((4, 4), 8, "bshd", torch.float32)
+    expected = rope(q, k, pos, backend="reference")
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, pos)
+    assert_close(got[0], expected[0]), assert_close(got[1], expected[1])
+    assert_close(q, expected[0]), assert_close(k, expected[1])
+
+
 # -- compile ---------------------------------------------------------------------------
 
 

@@ -201,6 +201,50 @@ if INTERPRETER:  # ------------------------------------------------ inside the i
             grads[backend] = (c.grad, s.grad)
         assert_close(grads["triton"][0], grads["torch"][0]), assert_close(grads["triton"][1], grads["torch"][1])
 
+    @pytest.mark.parametrize("pairing", PAIRINGS)
+    @pytest.mark.parametrize("layout", LAYOUTS)
+    def test_inplace_writes_into_strided_q_and_k(pairing, layout):
+        # q and k are views into a fused qkv buffer: rotated where they lie, v untouched
+        rope = ar.AxialRoPE((2, 4), pairing=pairing)  # partial rotary: 6 of 10 channels
+        qkv = torch.randn(2, 6, 3, 4, 10, generator=torch.Generator().manual_seed(0))
+        expected = rope(qkv[:, :, 0], qkv[:, :, 1], ar.grid(2, 3), "bshd", backend="reference")
+        v = qkv[:, :, 2].clone()
+        q, k = qkv[:, :, 0], qkv[:, :, 1]
+        if layout == "bhsd":
+            q, k, expected = q.transpose(1, 2), k.transpose(1, 2), [e.transpose(1, 2) for e in expected]
+        with torch.no_grad():
+            out = rope(q, k, ar.grid(2, 3), layout, backend="triton", inplace=True)
+        assert out[0] is q and out[1] is k
+        assert_close(q, expected[0]), assert_close(k, expected[1])
+        assert torch.equal(qkv[:, :, 2], v)
+
+    @pytest.mark.parametrize("pairing", PAIRINGS)
+    def test_inplace_table_mode(pairing):
+        rope = ar.AxialRoPE((4, 8), pairing=pairing)
+        cos, sin = rope.cos_sin(ar.grid(2, 3))
+        x, _ = _qk(12, "bhsd", torch.float16, n_tokens=6)
+        expected = ar.apply_rope(x, cos, sin, pairing, "bhsd", backend="reference")
+        assert ar.apply_rope(x, cos, sin, pairing, "bhsd", backend="triton", inplace=True) is x
+        assert_close(x, expected, torch.float16)
+
+    def test_inplace_compiles_as_a_mutating_op():
+        # the in-place op declares its mutation: the compiled graph reads q after the rotation
+        rope = ar.AxialRoPE((4, 4), backend="triton")
+
+        def fn(q, k, pos):
+            before = q.sum()
+            rope(q, k, pos, inplace=True)
+            return q * 1, k * 1, before
+
+        q, k = _qk(8, "bshd", torch.float32, n_tokens=6)
+        q2, k2 = q.clone(), k.clone()
+        with torch.no_grad():
+            eager = fn(q, k, ar.grid(2, 3))
+            compiled = torch.compile(fn, fullgraph=True)(q2, k2, ar.grid(2, 3))
+        for a, b in zip(eager, compiled):
+            assert_close(a, b)
+        assert_close(q2, q), assert_close(k2, k)
+
     def test_compiles_fullgraph_forward_and_backward():
         # inductor over rotation, fused norm and a learnable F: the ops are opaque, with fakes and autograd
         rope = ar.AxialRoPE((4, 4), backend="triton")
@@ -282,9 +326,14 @@ else:  # ------------------------------------------------------------------- the
         flags = dict(N_AXES=3, PER_HEAD=False, HAS_SCALE=True, INTERLEAVED=pairing == "interleaved", F64=False)
         flags.update(FAST_TRIG=True, BLOCK_S=32, BLOCK_D=128, N=36, D=72, s_qd=1, s_kd=1, s_od=1, s_pd_=1)
         rope = dict(pointers, cos_ptr="*fp32", sin_ptr="*fp32")
-        ptx = _compile_for_sm90(kernels.rope_kernel, rope, dict(flags, TABLE=False, HAS_K=True, CONJ=False))
+        rope_flags = dict(flags, TABLE=False, HAS_K=True, CONJ=False)
+        ptx = _compile_for_sm90(kernels.rope_kernel, rope, dict(rope_flags, INPLACE=False))
         assert "ld.global.v4" in ptx and "st.global.v4" in ptx  # 16-byte accesses for head dim 72
         assert ".local" not in ptx  # no register spills, no slow-path trig
+        assert "bar.sync" not in ptx or pairing == "interleaved"  # (the register swap may use shared memory)
+        # in place: a barrier between a head row's loads (its channels and their partners) and its store
+        ptx = _compile_for_sm90(kernels.rope_kernel, rope, dict(rope_flags, INPLACE=True))
+        assert "bar.sync" in ptx and ".local" not in ptx
         ptx = _compile_for_sm90(kernels.norm_rope_kernel, pointers, dict(flags, HAS_QW=True, HAS_KW=True))
         assert ".local" not in ptx
         grads = {n: "*bf16" for n in ("gq_ptr", "gk_ptr", "dq_ptr", "dk_ptr")} | {

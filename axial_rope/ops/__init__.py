@@ -15,6 +15,7 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from torch import is_grad_enabled
 from torch.compiler import is_compiling
 
 from .common import (
@@ -100,6 +101,8 @@ def apply_rope(
     pairing: str = "interleaved",
     layout: str = "bshd",
     backend: str | None = None,
+    *,
+    inplace: bool = False,
 ) -> torch.Tensor:
     """Rotate ``x`` by precomputed cos/sin tables (drop-in for other libraries' tables).
 
@@ -110,6 +113,7 @@ def apply_rope(
             transformers build them); only the first ``r`` channels are rotated.
         pairing: ``"interleaved"`` (planes ``(2i, 2i+1)``) or ``"half"`` (``(i, i + r/2)``).
         backend: ``None`` (automatic), ``"reference"``, ``"torch"`` or ``"triton"``.
+        inplace: write the result into ``x`` and return ``x`` (see :func:`rotate_qk`).
 
     Returns:
         The rotated tensor, same shape and dtype as ``x``.
@@ -122,7 +126,30 @@ def apply_rope(
         cos, sin = cos[None], sin[None]
     cos = table_for_layout(half_table(cos, pairing), layout)
     sin = table_for_layout(half_table(sin, pairing), layout)
-    return select_backend(backend, x).apply_table(x, cos, sin, pairing)
+    module = select_backend(backend, x)
+    if not inplace:
+        return module.apply_table(x, cos, sin, pairing)
+    _check_inplace(x, None)
+    if _native_inplace(module, x, cos, sin):
+        return module.apply_table(x, cos, sin, pairing, inplace=True)
+    return x.copy_(module.apply_table(x, cos, sin, pairing))
+
+
+def _check_inplace(q: torch.Tensor, k: torch.Tensor | None) -> None:
+    for name, x in (("q", q), ("k", k)):
+        if x is not None and any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
+            raise ValueError(
+                f"inplace=True needs {name} to own every element's memory; got a broadcast view "
+                f"(shape {tuple(x.shape)}, strides {tuple(x.stride())})"
+            )
+    if k is q:
+        raise ValueError("inplace=True with k the same tensor as q would rotate it twice")
+
+
+def _native_inplace(module: ModuleType, *tensors: torch.Tensor | None) -> bool:
+    """Whether the backend's own in-place kernel runs: it has one, and no gradient is to be recorded."""
+    needs_grad = is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return getattr(module, "INPLACE", False) and not needs_grad
 
 
 def rotate_qk(
@@ -134,13 +161,29 @@ def rotate_qk(
     pairing: str,
     layout: str,
     backend: str | None = None,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Table-free entry used by :class:`~axial_rope.AxialRoPE`: rotate q and k by ``pos @ freqs``.
 
     Arguments are already checked: pos ``[B|1, S, n_axes]``, freqs ``[n_axes, n]`` or
     ``[H, n_axes, n]`` (per head), scale ``[n]`` float64 attention factor per plane or ``None``.
+
+    ``inplace=True`` writes the results into q and k and returns them. Without a gradient
+    to record (inference, or inputs that do not require one) the torch and triton
+    backends rotate in place, with no output allocation (triton: the mutating op
+    ``axial_rope::rope_``, which ``torch.compile`` functionalises). Otherwise the
+    rotation runs out of place and is copied back with ``copy_``, which autograd records
+    (so a leaf that requires grad gets PyTorch's usual in-place error).
     """
-    return select_backend(backend, q, freqs).rotate_qk(q, k, pos, freqs, scale, pairing, layout)
+    module = select_backend(backend, q, freqs)
+    if not inplace:
+        return module.rotate_qk(q, k, pos, freqs, scale, pairing, layout)
+    _check_inplace(q, k)
+    if _native_inplace(module, q, k, pos, freqs, scale):
+        module.rotate_qk(q, k, pos, freqs, scale, pairing, layout, inplace=True)
+        return q, k
+    q_out, k_out = module.rotate_qk(q, k, pos, freqs, scale, pairing, layout)
+    return q.copy_(q_out), (None if k is None else k.copy_(k_out))
 
 
 def norm_rotate_qk(

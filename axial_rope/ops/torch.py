@@ -1,33 +1,33 @@
-"""The fast pure-PyTorch backend: real arithmetic in float32, any device, compile-friendly.
+"""The fast pure-PyTorch backend: arithmetic in float32, any device, compile-friendly.
 
-No complex dtypes, no host synchronisation (``.item()``, ``.tolist()``), no
-data-dependent control flow, so ``torch.compile(fullgraph=True)`` traces it.
+No host synchronisation (``.item()``, ``.tolist()``) and no data-dependent control
+flow, so ``torch.compile(fullgraph=True)`` traces it (the traced path uses real dtypes only).
 
 Two paths compute the same thing:
 
 - the *expression path* (:func:`rotate_expr`): plain differentiable elementwise ops. It
   runs under ``torch.compile`` (inductor fuses it into one kernel) and whenever the
   tables need a gradient (learnable frequencies).
-- the *eager path* (:class:`_RotateByTable`), everywhere else. Eager PyTorch spends its
-  time on memory, not arithmetic: every op of the expression path writes a fresh
-  float32 tensor of x's size, and on CPU a fresh large tensor also costs a page fault
-  per 4 KiB. The eager path writes into preallocated buffers with ``out=``/in-place ops
-  (``out = x * cos_full``, then ``addcmul_`` of the signed sin table with x's plane
-  partners: one gather for interleaved pairs, because stride-2 elementwise ops are not
-  vectorised; the two contiguous halves for half pairs) and, on CPU, walks x in chunks
-  of 256K elements so the float32 work buffers stay in cache. Its backward is the same
-  function rotating by minus the angle; it saves only the tables.
+- the *eager path* (:class:`_RotateByTable`), everywhere else on CPU and CUDA. Eager
+  PyTorch spends its time on memory, not arithmetic: every op of the expression path
+  writes a fresh float32 tensor of x's size, and on CPU a fresh large tensor also costs
+  a page fault per 4 KiB. The eager path does the least memory traffic plain ops allow:
+  interleaved planes are complex numbers, rotated by one complex multiplication
+  (``view_as_complex``, no copy); half planes take ``x * cos + swap(x) * signed sin``
+  with ``out=``/in-place ops. bf16/fp16 inputs are converted to float32 chunk by chunk
+  (256K elements on CPU) into a buffer that stays in cache, rotated there and converted
+  back. Its backward is the same function rotating by minus the angle; it saves only
+  the tables.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 
 from .common import compute_dtype, rotate_qk_by_tables
 
-CHUNK = 1 << 18  # elements per CPU chunk: three float32 work buffers of 1 MiB, cache-resident
+CHUNK = 1 << 18  # elements per CPU chunk: two float32 work buffers of 1 MiB, cache-resident
+EAGER_DEVICES = ("cpu", "cuda")  # where complex arithmetic is complete; elsewhere (MPS) the expression path
 
 
 def rotate_expr(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str) -> torch.Tensor:
@@ -63,12 +63,6 @@ def _chunks(shape: torch.Size, limit: int):
                 yield (a0, min(step0, d0 - a0)), (a1, min(step1, d1 - a1)), (a2, min(step2, d2 - a2))
 
 
-@functools.lru_cache(maxsize=32)
-def _swap_index(n: int, device: torch.device) -> torch.Tensor:
-    """``[1, 0, 3, 2, ...]``: the other channel of every interleaved plane, ``[2n]``."""
-    return torch.arange(2 * n, device=device).view(n, 2).flip(-1).flatten()
-
-
 def _index(ranges) -> tuple[slice, ...]:
     return tuple(slice(start, start + length) for start, length in ranges)
 
@@ -78,44 +72,80 @@ def _cut(t: torch.Tensor, ranges) -> torch.Tensor:
     return t[tuple(slice(None) if size == 1 else index for size, index in zip(t.shape, _index(ranges)))]
 
 
-def _rotate_into(x: torch.Tensor, cos_full: torch.Tensor, sin_full: torch.Tensor, pairing: str) -> torch.Tensor:
-    """Eager kernel: ``out[..., :2n] = x * cos_full + swap(x) * sin_full``, rest copied; no autograd.
+def _as_complex(t: torch.Tensor) -> torch.Tensor | None:
+    """Real ``[..., 2n]`` seen as complex ``[..., n]`` (plane i = channels 2i, 2i + 1), or None if strides forbid."""
+    if t.stride(-1) != 1 or t.storage_offset() % 2 or any(s % 2 for s in t.stride()[:-1]):
+        return None
+    return torch.view_as_complex(t.unflatten(-1, (-1, 2)))
 
-    ``cos_full``/``sin_full``: ``[.., 2n]`` tables in the pairing's channel layout, the sin
-    one signed (``-sin`` on each plane's first channel), 4-D, broadcastable against x and in
-    the compute dtype. ``swap`` exchanges the two channels of every plane.
+
+def _kernel_tables(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, pairing: str) -> tuple:
+    """Half tables ``[.., n]`` -> the eager kernel's tables in ``dtype`` (float32 or float64).
+
+    Interleaved: ``(cos + i sin,)`` complex ``[.., n]``. Half: ``(cos_full, sin_full)``
+    ``[.., 2n]``, the sin table signed (``-sin`` on each plane's first channel).
     """
-    n = sin_full.shape[-1] // 2
-    out = torch.empty_like(x)
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    if pairing == "interleaved":
+        return (torch.complex(cos, sin),)
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+
+def _inverse(tables: tuple, pairing: str) -> tuple:
+    """The tables of the rotation by minus the angle."""
+    if pairing == "interleaved":
+        return (tables[0].conj().resolve_conj(),)
+    return tables[0], -tables[1]
+
+
+def _rotate_into(x: torch.Tensor, tables: tuple, pairing: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Eager kernel: x rotated by :func:`_kernel_tables`' tables (4-D, broadcastable) into ``out``; no autograd.
+
+    Interleaved planes are complex numbers, rotated by one vectorised complex
+    multiplication (per channel the same two products and one sum as the real formula).
+    Half planes: ``x * cos_full + swap(x) * sin_full``, ``swap`` made of two half copies.
+    Channels past the rotated ones are copied. Inputs in another dtype than the
+    compute dtype (bf16, fp16) are converted chunk by chunk into a cache-sized buffer,
+    rotated there and converted back. ``out`` may be ``x`` itself (in place): every
+    chunk is read before it is written.
+    """
+    table = tables[0]
+    dtype = table.real.dtype if table.is_complex() else table.dtype
+    n = table.shape[-1] if pairing == "interleaved" else table.shape[-1] // 2
+    direct = x.dtype == dtype  # float32/float64 input: read x, write out, no conversion
+    out = torch.empty_like(x) if out is None else out
     if x.numel() == 0:
         return out
-    direct = x.dtype == cos_full.dtype  # float32/float64 input: no conversion, compute straight into out
     limit = CHUNK if x.device.type == "cpu" else x.numel()  # accelerators: one chunk (launches are the cost)
     size = min(limit + x.shape[-1], x.numel())
-    buffers = torch.empty(3, size, dtype=cos_full.dtype, device=x.device)
-    if pairing == "interleaved":  # strided (stride-2) ops are not vectorised: swap planes with one gather
-        swap = _swap_index(n, x.device)
+    buffers = torch.empty(2, size, dtype=dtype, device=x.device)
     for ranges in _chunks(x.shape, limit):
         if limit >= x.numel():  # one chunk: no slicing (small tensors pay per op)
-            xc, oc, c, s = x, out, cos_full, sin_full
+            xc, oc, tc = x, out, tables
         else:
             xc, oc = x[_index(ranges)], out[_index(ranges)]  # [n0, n1, n2, D] views
-            c, s = _cut(cos_full, ranges), _cut(sin_full, ranges)
+            tc = tuple(_cut(t, ranges) for t in tables)
         xr, orot = xc[..., : 2 * n], oc[..., : 2 * n]
-        m = xr.numel()
-        # x's chunk in a contiguous buffer (converted to the compute dtype), unless it already is one
-        xf = xr if direct and xr.is_contiguous() else buffers[0, :m].view(xr.shape).copy_(xr)
-        of = orot if direct else buffers[1, :m].view(xr.shape)
-        torch.mul(xf, c, out=of)
-        if pairing == "interleaved":  # a 2-D gather is several times faster than one over [n1, n2, 2n]
-            swapped = torch.index_select(xf.view(-1, 2 * n), 1, swap, out=buffers[2, :m].view(-1, 2 * n))
-            of.addcmul_(swapped.view(xr.shape), s)
-        else:  # the halves are contiguous: two half-width ops, no gather
-            of[..., :n].addcmul_(xf[..., n:], s[..., :n])
-            of[..., n:].addcmul_(xf[..., :n], s[..., n:])
-        if not direct:
-            orot.copy_(of)
-        if 2 * n < x.shape[-1]:
+        work = buffers[0, : xr.numel()].view(xr.shape)
+        if pairing == "interleaved":
+            xz = _as_complex(xr) if direct else None
+            oz = _as_complex(orot) if direct else None
+            if xz is None or oz is None:  # converted (or odd strides): rotate in the buffer, then write out
+                _as_complex(work.copy_(xr)).mul_(tc[0])
+                orot.copy_(work)
+            else:
+                torch.mul(xz, tc[0], out=oz)
+        else:
+            xf = xr if direct else work.copy_(xr)
+            swapped = buffers[1, : xr.numel()].view(xr.shape)
+            swapped[..., :n].copy_(xf[..., n:])
+            swapped[..., n:].copy_(xf[..., :n])
+            rotated = orot if direct else xf  # converted: rotate the buffer in place, then write out
+            torch.mul(xf, tc[0], out=rotated)
+            rotated.addcmul_(swapped, tc[1])
+            if not direct:
+                orot.copy_(rotated)
+        if 2 * n < x.shape[-1] and out is not x:
             oc[..., 2 * n :].copy_(xc[..., 2 * n :])
     return out
 
@@ -124,29 +154,27 @@ class _RotateByTable(torch.autograd.Function):
     """Eager rotation with a hand-written backward: the rotation by minus the angle (tables saved only)."""
 
     @staticmethod
-    def forward(ctx, x, cos_full, sin_full, pairing):
-        ctx.save_for_backward(cos_full, sin_full)
+    def forward(ctx, x, pairing, *tables):
+        ctx.save_for_backward(*tables)
         ctx.pairing = pairing
-        return _rotate_into(x, cos_full, sin_full, pairing)
+        return _rotate_into(x, tables, pairing)
 
     @staticmethod
     def backward(ctx, grad):
-        cos_full, sin_full = ctx.saved_tensors
-        return _RotateByTable.apply(grad, cos_full, -sin_full, ctx.pairing), None, None, None
+        tables = _inverse(ctx.saved_tensors, ctx.pairing)
+        return _RotateByTable.apply(grad, ctx.pairing, *tables), None, *(None for _ in tables)
 
 
 def _eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether the eager path applies: not tracing, tables without gradient, the backends' 4-D shapes."""
     tables_need_grad = torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)
-    return not (torch.compiler.is_compiling() or tables_need_grad or x.ndim != 4 or cos.ndim != 4)
-
-
-def _full_tables(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, pairing: str):
-    """Half tables ``[.., n]`` -> cos and signed sin ``[.., 2n]`` in the pairing's channel layout, in ``dtype``."""
-    cos, sin = cos.to(dtype), sin.to(dtype)
-    if pairing == "interleaved":
-        return cos.unsqueeze(-1).expand(*cos.shape, 2).flatten(-2), torch.stack((-sin, sin), dim=-1).flatten(-2)
-    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+    return not (
+        torch.compiler.is_compiling()
+        or tables_need_grad
+        or x.ndim != 4
+        or cos.ndim != 4
+        or x.device.type not in EAGER_DEVICES
+    )
 
 
 def _table_dtype(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.dtype:
@@ -154,27 +182,37 @@ def _table_dtype(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.promote_types(compute_dtype(x), torch.promote_types(cos.dtype, sin.dtype))
 
 
-def apply_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str) -> torch.Tensor:
+INPLACE = True  # writes into its inputs itself (see ops.rotate_qk)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str, prepared: dict, inplace: bool):
+    """One tensor through the eager or the expression path; ``prepared`` caches kernel tables per dtype."""
+    if not _eager(x, cos, sin):
+        out = rotate_expr(x, cos, sin, pairing)
+        return x.copy_(out) if inplace else out
+    dtype = _table_dtype(x, cos, sin)
+    if dtype not in prepared:
+        prepared[dtype] = _kernel_tables(cos, sin, dtype, pairing)
+    if inplace:  # no gradient is recorded here (the dispatcher sends in-place calls that need one elsewhere)
+        return _rotate_into(x, prepared[dtype], pairing, out=x)
+    return _RotateByTable.apply(x, pairing, *prepared[dtype])
+
+
+def apply_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str, inplace: bool = False):
     """Rotate the first ``2n`` channels of ``x`` by half tables ``cos``/``sin`` ``[..., n]``.
 
     The tables broadcast against ``x[..., :n]``; the arithmetic runs in float32
     (float64 for float64 inputs or tables) and the result is cast back to ``x.dtype``.
+    ``inplace`` writes into ``x`` (without recording a gradient) and returns it.
     """
-    if not _eager(x, cos, sin):
-        return rotate_expr(x, cos, sin, pairing)
-    return _RotateByTable.apply(x, *_full_tables(cos, sin, _table_dtype(x, cos, sin), pairing), pairing)
+    return _rotate(x, cos, sin, pairing, {}, inplace)
 
 
-def rotate_qk(q, k, pos, freqs, scale, pairing, layout):
+def rotate_qk(q, k, pos, freqs, scale, pairing, layout, inplace: bool = False):
     """Rotate q (and k, if not None) by the angles ``pos @ freqs``; pos ``[B|1, S, n_axes]``."""
-    full = {}  # full-width tables per compute dtype, built once for q and k
+    prepared = {}  # the eager kernel's tables per compute dtype, built once for q and k
 
     def apply(x, cos, sin, pairing):
-        if not _eager(x, cos, sin):
-            return rotate_expr(x, cos, sin, pairing)
-        dtype = _table_dtype(x, cos, sin)
-        if dtype not in full:
-            full[dtype] = _full_tables(cos, sin, dtype, pairing)
-        return _RotateByTable.apply(x, *full[dtype], pairing)
+        return _rotate(x, cos, sin, pairing, prepared, inplace)
 
     return rotate_qk_by_tables(apply, q, k, pos, freqs, scale, pairing, layout, compute_dtype(q))

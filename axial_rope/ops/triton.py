@@ -76,10 +76,11 @@ def _angle_args(q: Tensor, pos: Tensor, freqs: Tensor) -> tuple[Tensor, Tensor, 
     return pos, freqs, (s_pb, pos.stride(1), pos.stride(2), s_fh, freqs.stride(-2), freqs.stride(-1))
 
 
-def _launch_rope(q, k, pos, freqs, scale, cos, sin, interleaved: bool, layout: str, conj: bool):
-    """Rotate q (and k) into fresh tensors laid out like them; ``conj`` rotates by minus the angle."""
-    qo = torch.empty_like(q)
-    ko = None if k is None else torch.empty_like(k)
+def _launch_rope(q, k, pos, freqs, scale, cos, sin, interleaved: bool, layout: str, conj: bool, inplace=False):
+    """Rotate q (and k) into fresh tensors laid out like them (or into q and k themselves, ``inplace``);
+    ``conj`` rotates by minus the angle."""
+    qo = q if inplace else torch.empty_like(q)
+    ko = k if inplace or k is None else torch.empty_like(k)
     qc, qoc = _bshd(q, layout), _bshd(qo, layout)
     kc, koc = (qc, qoc) if k is None else (_bshd(k, layout), _bshd(ko, layout))
     batch, seq, hq, head_dim = qc.shape
@@ -103,7 +104,7 @@ def _launch_rope(q, k, pos, freqs, scale, cos, sin, interleaved: bool, layout: s
         seq, hq, 0 if k is None else kc.shape[2], n, head_dim,
         *qc.stride(), *kc.stride(), *qoc.stride(), *koc.stride(), *angle_strides, *table_strides,
         N_AXES=n_axes, TABLE=cos is not None, PER_HEAD=per_head, HAS_K=k is not None, HAS_SCALE=scale is not None,
-        INTERLEAVED=interleaved, CONJ=conj, **_precision(q), BLOCK_S=block_s, BLOCK_D=block_d, num_warps=warps,
+        INTERLEAVED=interleaved, CONJ=conj, INPLACE=inplace, **_precision(q), BLOCK_S=block_s, BLOCK_D=block_d, num_warps=warps,
     )  # fmt: skip
     return qo, ko
 
@@ -205,6 +206,30 @@ def rope_op(
 @rope_op.register_fake
 def _(q, k, pos, freqs, scale, cos, sin, interleaved, layout, conj):
     return torch.empty_like(q), (q.new_empty(0) if k is None else torch.empty_like(k))
+
+
+@torch.library.custom_op("axial_rope::rope_", mutates_args=("q", "k"))
+def rope_inplace_op(
+    q: Tensor,
+    k: Tensor | None,
+    pos: Tensor | None,
+    freqs: Tensor | None,
+    scale: Tensor | None,
+    cos: Tensor | None,
+    sin: Tensor | None,
+    interleaved: bool,
+    layout: str,
+) -> None:
+    """:func:`rope_op` writing into q and k (declared as mutated, so compiled graphs order it correctly).
+
+    No autograd: ``ops.rotate_qk`` calls it only when no gradient is to be recorded.
+    """
+    _launch_rope(q, k, pos, freqs, scale, cos, sin, interleaved, layout, False, inplace=True)
+
+
+@rope_inplace_op.register_fake
+def _(q, k, pos, freqs, scale, cos, sin, interleaved, layout):
+    return None
 
 
 @torch.library.custom_op("axial_rope::rope_freqs_grad", mutates_args=())
@@ -314,20 +339,26 @@ norm_rope_op.register_autograd(_norm_backward, setup_context=_norm_setup)
 
 # -- the backend protocol --------------------------------------------------------------
 
+INPLACE = True  # writes into its inputs itself (see ops.rotate_qk)
+
 
 def _needs_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def apply_table(x: Tensor, cos: Tensor, sin: Tensor, pairing: str) -> Tensor:
+def apply_table(x: Tensor, cos: Tensor, sin: Tensor, pairing: str, inplace: bool = False) -> Tensor:
     """Rotate the first ``2n`` channels of ``x`` by half tables ``cos``/``sin`` ``[..., n]`` (broadcastable).
 
     Tables that need a gradient go to the torch backend (the kernels only give x's gradient).
+    ``inplace`` writes into ``x`` (no gradient recorded) and returns it.
     """
     if _needs_grad(cos, sin):
         return torch_backend.apply_table(x, cos, sin, pairing)
     # the tables are shaped for x's layout: a broadcast axis 1 against heads > 1 means [B, H, S, D]
     layout = "bhsd" if cos.shape[1] == 1 and cos.shape[2] > 1 else "bshd"
+    if inplace:
+        rope_inplace_op(x, None, None, None, None, cos, sin, pairing == "interleaved", layout)
+        return x
     return rope_op(x, None, None, None, None, cos, sin, pairing == "interleaved", layout, False)[0]
 
 
@@ -339,10 +370,17 @@ def rotate_qk(
     scale: Tensor | None,
     pairing: str,
     layout: str,
+    inplace: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Rotate q (and k) by ``pos @ freqs`` in one launch; pos ``[B|1, S, n_axes]``, freqs ``[(H,) n_axes, n]``."""
+    """Rotate q (and k) by ``pos @ freqs`` in one launch; pos ``[B|1, S, n_axes]``, freqs ``[(H,) n_axes, n]``.
+
+    ``inplace`` writes into q and k (no gradient recorded) and returns them.
+    """
     if _needs_grad(pos, scale):  # gradients the kernels do not give: the torch backend does
         return torch_backend.rotate_qk(q, k, pos, freqs, scale, pairing, layout)
+    if inplace:
+        rope_inplace_op(q, k, pos, freqs, scale, None, None, pairing == "interleaved", layout)
+        return q, k
     qo, ko = rope_op(q, k, pos, freqs, scale, None, None, pairing == "interleaved", layout, False)
     return qo, (None if k is None else ko)
 

@@ -97,10 +97,13 @@ def _partner(ptr, row, partner, mask, s_d, x, INTERLEAVED: tl.constexpr):
 
 
 @triton.jit
-def _rotate_head(x_ptr, o_ptr, row_x, row_o, offs_d, partner, rot, mask, s_xd, s_od, c, s, INTERLEAVED: tl.constexpr):
+def _rotate_head(x_ptr, o_ptr, row_x, row_o, offs_d, partner, rot, mask, s_xd, s_od, c, s,
+                 INTERLEAVED: tl.constexpr, INPLACE: tl.constexpr):  # fmt: skip
     """out[rows, d] = x[d] * cos + x[partner(d)] * signed sin, rounded once; channels past rot_dim copied."""
     x = tl.load(x_ptr + row_x[:, None] + offs_d[None, :] * s_xd, mask=mask, other=0.0).to(c.dtype)
     xp = _partner(x_ptr, row_x, partner, mask, s_xd, x, INTERLEAVED)
+    if INPLACE:  # out is x: every thread has loaded its channels and their partners before any store
+        tl.debug_barrier()
     y = tl.where(rot[None, :], x * c + xp * s, x)  # where, not * 1 + * 0: an inf passes through as inf
     tl.store(o_ptr + row_o[:, None] + offs_d[None, :] * s_od, y.to(o_ptr.dtype.element_ty), mask=mask)
 
@@ -113,8 +116,8 @@ def rope_kernel(
     s_ob, s_os, s_oh, s_od, s_pb_, s_ps_, s_ph_, s_pd_,
     s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, s_tb, s_ts, s_th, s_tn,
     N_AXES: tl.constexpr, TABLE: tl.constexpr, PER_HEAD: tl.constexpr, HAS_K: tl.constexpr,
-    HAS_SCALE: tl.constexpr, INTERLEAVED: tl.constexpr, CONJ: tl.constexpr, F64: tl.constexpr, FAST_TRIG: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SCALE: tl.constexpr, INTERLEAVED: tl.constexpr, CONJ: tl.constexpr, INPLACE: tl.constexpr, F64: tl.constexpr,
+    FAST_TRIG: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Rotate q ``[B, S, HQ, D]`` and k ``[B, S, HK, D]`` (strided) into qo/ko; ``CONJ`` rotates backwards.
 
@@ -140,7 +143,7 @@ def rope_kernel(
                 pos_ptr, freqs_ptr, scale_ptr, cos_ptr, sin_ptr, b, h, offs_s, mask_s, plane, rot, sign,
                 s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, s_tb, s_ts, s_th, s_tn, N_AXES, TABLE, HAS_SCALE, CONJ, F64, FAST_TRIG,
             )  # fmt: skip
-        _rotate_head(q_ptr, qo_ptr, row_x, row_o, offs_d, partner, rot, mask, s_qd, s_od, c, s, INTERLEAVED)
+        _rotate_head(q_ptr, qo_ptr, row_x, row_o, offs_d, partner, rot, mask, s_qd, s_od, c, s, INTERLEAVED, INPLACE)
         row_x += s_qh
         row_o += s_oh
     if HAS_K:
@@ -152,7 +155,9 @@ def rope_kernel(
                     pos_ptr, freqs_ptr, scale_ptr, cos_ptr, sin_ptr, b, h, offs_s, mask_s, plane, rot, sign,
                     s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, s_tb, s_ts, s_th, s_tn, N_AXES, TABLE, HAS_SCALE, CONJ, F64, FAST_TRIG,
                 )  # fmt: skip
-            _rotate_head(k_ptr, ko_ptr, row_x, row_o, offs_d, partner, rot, mask, s_kd, s_pd_, c, s, INTERLEAVED)
+            _rotate_head(
+                k_ptr, ko_ptr, row_x, row_o, offs_d, partner, rot, mask, s_kd, s_pd_, c, s, INTERLEAVED, INPLACE
+            )
             row_x += s_kh
             row_o += s_ph_
 
