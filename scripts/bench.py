@@ -137,10 +137,16 @@ class Copy(torch.autograd.Function):
 # -- providers: (q, k) -> (q_out, k_out), with tables built outside the timed call -----------------
 
 
-def providers(shape: Shape, rope: ar.AxialRoPE, pos: torch.Tensor, device: str) -> dict:
+def providers(shape: Shape, rope: ar.AxialRoPE, pos: torch.Tensor, device: str, mode: str) -> dict:
     """name -> rotate(q, k) for every provider that can run here; name -> reason string otherwise."""
     cos, sin = rope.cos_sin(pos)  # float32 [S, D], the pairing's channel layout
     out = {"copy": lambda q, k: (Copy.apply(q), Copy.apply(k))}
+    backends = ["triton", "torch"] if device == "cuda" else ["torch"]
+    if mode == "forward":  # in place: no output allocated (inference; with autograd it is a copy back)
+        for backend in backends:
+            out[f"axial_rope {backend} (in place)"] = lambda q, k, b=backend: rope(
+                q, k, pos, "bhsd", backend=b, inplace=True
+            )
     if device == "cuda":
         out["axial_rope triton"] = lambda q, k: rope(q, k, pos, "bhsd", backend="triton")
     out["axial_rope torch (tables)"] = lambda q, k: (
@@ -227,7 +233,7 @@ def run_shape(shape: Shape, modes: list[str], names: list[str] | None, dtype, de
     peak = _peak_gbps() if device == "cuda" else None
     rows = []
     for mode in modes:
-        table = providers(shape, rope, pos, device)
+        table = providers(shape, rope, pos, device, mode)
         if mode.startswith("qknorm"):
             table = {"copy": table["copy"], **norm_providers(rope, pos, device, shape.head_dim)}
         timed_mode = "forward+backward" if mode.startswith("qknorm") else mode

@@ -444,6 +444,20 @@ if not INTERPRETER:
         assert abs(float(logits[0] - logits[1])) < 2e-2 * float(q.double().norm() * k.double().norm())
 
     @pytest.mark.gpu
+    @pytest.mark.parametrize("pairing", PAIRINGS)
+    def test_gpu_inplace_equals_out_of_place_bf16(pairing):
+        # many programs and warps at once: a store racing a partner's load would show here
+        rope = ar.AxialRoPE((16, 56, 56), pairing=pairing)
+        pos = ar.grid(8, 32, 32).cuda()
+        qkv = torch.randn(2, pos.shape[0], 3, 8, 128, device="cuda", dtype=torch.bfloat16)
+        q, k, v = qkv.unbind(2)  # strided views into one buffer
+        expected = rope(q, k, pos)
+        v_before = v.clone()
+        with torch.no_grad():
+            rope(q, k, pos, inplace=True)
+        assert torch.equal(q, expected[0]) and torch.equal(k, expected[1]) and torch.equal(v, v_before)
+
+    @pytest.mark.gpu
     def test_gpu_compiles_fullgraph_with_inductor():
         rope = ar.AxialRoPE((16, 24, 24))
         pos = ar.grid(4, 8, 8).cuda()
@@ -466,12 +480,14 @@ if not INTERPRETER:
     def test_bench_writes_json_markdown_and_chart(tmp_path):
         from scripts import bench
 
-        bench.main(["--small", "--shapes", "dit", "--modes", "forward,backward", "--providers", "torch (tables)"]
+        bench.main(["--small", "--shapes", "dit", "--modes", "forward,backward", "--providers", "tables,in place"]
                    + ["--repeat", "1", "--out", str(tmp_path)])  # fmt: skip
         result = json.loads((tmp_path / "bench" / "cpu-small.json").read_text())
         rows = {(r["mode"], r["provider"]): r for r in result["rows"]}
         assert rows["forward", "copy"]["x_copy"] == 1.0
         assert rows["backward", "axial_rope torch (tables)"]["median_ms"] > 0
+        assert rows["forward", "axial_rope torch (in place)"]["median_ms"] > 0  # in place: forward (inference) only
+        assert ("backward", "axial_rope torch (in place)") not in rows
         assert (tmp_path / "img" / "bench_cpu-small.png").stat().st_size > 1000
         page = (tmp_path / "benchmarks.md").read_text()
         assert "| DiT-XL/2 (small) | forward | axial_rope torch (tables) |" in page

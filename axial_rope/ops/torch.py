@@ -15,7 +15,7 @@ Two paths compute the same thing:
   interleaved planes are complex numbers, rotated by one complex multiplication
   (``view_as_complex``, no copy); half planes take ``x * cos + swap(x) * signed sin``
   with ``out=``/in-place ops. bf16/fp16 inputs are converted to float32 chunk by chunk
-  (256K elements on CPU) into a buffer that stays in cache, rotated there and converted
+  (512K elements on CPU) into a buffer that stays in cache, rotated there and converted
   back. Its backward is the same function rotating by minus the angle; it saves only
   the tables.
 """
@@ -26,7 +26,7 @@ import torch
 
 from .common import compute_dtype, rotate_qk_by_tables
 
-CHUNK = 1 << 18  # elements per CPU chunk: two float32 work buffers of 1 MiB, cache-resident
+CHUNK = 1 << 19  # elements per CPU chunk: two float32 work buffers of 2 MiB, cache-resident
 EAGER_DEVICES = ("cpu", "cuda")  # where complex arithmetic is complete; elsewhere (MPS) the expression path
 
 
