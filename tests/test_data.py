@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -40,11 +42,20 @@ def test_shape_covers_a_sensible_area():
     assert foreground.min() > 0.03 and foreground.max() < 0.5
 
 
+def test_still_shapes_are_upright():
+    # a square fills its axis-aligned bounding box; rotated by 45 degrees it would fill half of it
+    images, labels = Shapes().batch(range(64), 32)
+    for mask in (images[labels == 1] > -0.5).any(1):
+        rows, cols = mask.any(1).nonzero(), mask.any(0).nonzero()
+        box = (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)
+        assert mask.sum() / box > 0.85
+
+
 def test_moving_shapes_move_and_stay_inside():
     video, labels = MovingShapes(seed=1).batch(range(4), 16, frames=12)
     assert video.shape == (4, 12, 3, 16, 16)
-    first, _ = Shapes(seed=1).batch(range(4), 16)
-    assert torch.equal(video[:, 0], first)  # frame 0 is the still image
+    first, _ = Shapes(seed=1, angle_range=2 * math.pi).batch(range(4), 16)
+    assert torch.equal(video[:, 0], first)  # frame 0 is the still image (at any angle)
     assert (video[:, 1:] - video[:, :-1]).abs().mean() > 0.005  # things move
     params = MovingShapes(seed=1).params(0, frames=200)
     size = params["size"][0]
