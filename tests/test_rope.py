@@ -386,6 +386,9 @@ def test_inplace_refuses_broadcast_views_and_q_as_k():
     q = torch.randn(1, 6, 2, 8)
     with pytest.raises(ValueError, match="twice"):
         rope(q, q, pos, inplace=True)
+    cos, sin = rope.cos_sin(pos)
+    with pytest.raises(ValueError, match="needs x .*broadcast view"):
+        ar.apply_rope(torch.randn(1, 6, 1, 8).expand(1, 6, 3, 8), cos, sin, inplace=True)
 
 
 @pytest.mark.slow

@@ -129,21 +129,20 @@ def apply_rope(
     module = select_backend(backend, x)
     if not inplace:
         return module.apply_table(x, cos, sin, pairing)
-    _check_inplace(x, None)
+    _check_inplace(("x", x))
     if _native_inplace(module, x, cos, sin):
         return module.apply_table(x, cos, sin, pairing, inplace=True)
     return x.copy_(module.apply_table(x, cos, sin, pairing))
 
 
-def _check_inplace(q: torch.Tensor, k: torch.Tensor | None) -> None:
-    for name, x in (("q", q), ("k", k)):
+def _check_inplace(*named: tuple[str, torch.Tensor | None]) -> None:
+    """In-place targets must own their memory: a broadcast (zero-stride) view would be written many times."""
+    for name, x in named:
         if x is not None and any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
             raise ValueError(
                 f"inplace=True needs {name} to own every element's memory; got a broadcast view "
                 f"(shape {tuple(x.shape)}, strides {tuple(x.stride())})"
             )
-    if k is q:
-        raise ValueError("inplace=True with k the same tensor as q would rotate it twice")
 
 
 def _native_inplace(module: ModuleType, *tensors: torch.Tensor | None) -> bool:
@@ -178,7 +177,9 @@ def rotate_qk(
     module = select_backend(backend, q, freqs)
     if not inplace:
         return module.rotate_qk(q, k, pos, freqs, scale, pairing, layout)
-    _check_inplace(q, k)
+    _check_inplace(("q", q), ("k", k))
+    if k is q:
+        raise ValueError("inplace=True with k the same tensor as q would rotate it twice")
     if _native_inplace(module, q, k, pos, freqs, scale):
         module.rotate_qk(q, k, pos, freqs, scale, pairing, layout, inplace=True)
         return q, k

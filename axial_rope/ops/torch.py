@@ -27,7 +27,7 @@ import torch
 from .common import compute_dtype, rotate_qk_by_tables
 
 CHUNK = 1 << 19  # elements per CPU chunk: two float32 work buffers of 2 MiB, cache-resident
-EAGER_DEVICES = ("cpu", "cuda")  # where complex arithmetic is complete; elsewhere (MPS) the expression path
+EAGER_DEVICES = ("cpu", "cuda")  # full complex support; elsewhere (MPS) the expression path
 
 
 def rotate_expr(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str) -> torch.Tensor:

@@ -353,7 +353,7 @@ def apply_table(x: Tensor, cos: Tensor, sin: Tensor, pairing: str, inplace: bool
     ``inplace`` writes into ``x`` (no gradient recorded) and returns it.
     """
     if _needs_grad(cos, sin):
-        return torch_backend.apply_table(x, cos, sin, pairing)
+        return torch_backend.apply_table(x, cos, sin, pairing, inplace)
     # the tables are shaped for x's layout: a broadcast axis 1 against heads > 1 means [B, H, S, D]
     layout = "bhsd" if cos.shape[1] == 1 and cos.shape[2] > 1 else "bshd"
     if inplace:
@@ -377,7 +377,7 @@ def rotate_qk(
     ``inplace`` writes into q and k (no gradient recorded) and returns them.
     """
     if _needs_grad(pos, scale):  # gradients the kernels do not give: the torch backend does
-        return torch_backend.rotate_qk(q, k, pos, freqs, scale, pairing, layout)
+        return torch_backend.rotate_qk(q, k, pos, freqs, scale, pairing, layout, inplace)
     if inplace:
         rope_inplace_op(q, k, pos, freqs, scale, None, None, pairing == "interleaved", layout)
         return q, k
