@@ -10,7 +10,7 @@ from . import cache, convert, layers, positions, scaling
 from .cache import KVCache
 from .layers import Attention, DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
 from .ops import apply_rope
-from .positions import crop_grid, grid, text_positions
+from .positions import POSITION_MODES, crop_grid, grid, positions_for_size, text_positions
 from .rope import AxialRoPE
 from .scaling import inv_freq
 
@@ -32,6 +32,8 @@ __all__ = [
     "grid",
     "inv_freq",
     "positions",
+    "positions_for_size",
+    "POSITION_MODES",
     "scaling",
     "text_positions",
 ]

@@ -20,7 +20,7 @@ class KVCache(nn.Module):
     Args:
         max_batch_size: the largest batch the cache serves; a smaller batch uses the first rows.
         max_seq_len: number of positions (slots); writing past it raises ``ValueError``.
-        n_kv_heads: key/value heads (fewer than query heads for grouped-query attention).
+        num_kv_heads: key/value heads (fewer than query heads for grouped-query attention).
         head_dim: channels per head.
     """
 
@@ -28,7 +28,7 @@ class KVCache(nn.Module):
         self,
         max_batch_size: int,
         max_seq_len: int,
-        n_kv_heads: int,
+        num_kv_heads: int,
         head_dim: int,
         *,
         dtype: torch.dtype = torch.float32,
@@ -38,13 +38,13 @@ class KVCache(nn.Module):
         for name, value in (
             ("max_batch_size", max_batch_size),
             ("max_seq_len", max_seq_len),
-            ("n_kv_heads", n_kv_heads),
+            ("num_kv_heads", num_kv_heads),
             ("head_dim", head_dim),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"KVCache: {name} must be a positive int, got {value!r}")
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        shape = (max_batch_size, n_kv_heads, max_seq_len, head_dim)
+        shape = (max_batch_size, num_kv_heads, max_seq_len, head_dim)
         # not persistent: a cache is runtime state, never part of a checkpoint
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)

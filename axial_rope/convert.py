@@ -40,7 +40,7 @@ def pairing_permutation(
 
 def permute_pairing(
     weight: torch.Tensor,
-    n_heads: int,
+    num_heads: int,
     *,
     rot_dim: int | None = None,
     src: str = "interleaved",
@@ -49,16 +49,16 @@ def permute_pairing(
     """Reorder the output rows of a q or k projection weight (or bias) from ``src`` to ``dst`` pairing.
 
     Args:
-        weight: ``[n_heads * head_dim, in_features]`` (or a bias ``[n_heads * head_dim]``),
+        weight: ``[num_heads * head_dim, in_features]`` (or a bias ``[num_heads * head_dim]``),
             rows grouped by head as in ``nn.Linear``.
-        n_heads: heads in this projection (kv heads for k under GQA).
+        num_heads: heads in this projection (kv heads for k under GQA).
         rot_dim: rotary channels per head (partial rotary), default the whole head.
 
     Returns:
         A new tensor of the same shape.
     """
-    if weight.shape[0] % n_heads:
-        raise ValueError(f"weight has {weight.shape[0]} output rows, not divisible by n_heads={n_heads}")
-    head_dim = weight.shape[0] // n_heads
+    if weight.shape[0] % num_heads:
+        raise ValueError(f"weight has {weight.shape[0]} output rows, not divisible by num_heads={num_heads}")
+    head_dim = weight.shape[0] // num_heads
     perm = pairing_permutation(head_dim, rot_dim, src=src, dst=dst).to(weight.device)
-    return weight.unflatten(0, (n_heads, head_dim))[:, perm].flatten(0, 1).clone()
+    return weight.unflatten(0, (num_heads, head_dim))[:, perm].flatten(0, 1).clone()

@@ -49,7 +49,7 @@ def uniform_attention_factor(rope: AxialRoPE) -> float:
     except ValueError as err:
         raise ValueError(
             f"attention factor in the softmax scale needs one factor for all axes: {err}; "
-            "use attention_factor='rope' for per-axis factors"
+            "use factor_placement='rope' for per-axis factors"
         ) from err
 
 
@@ -67,16 +67,16 @@ class Attention(nn.Module):
 
     Args:
         dim: model width ``C``.
-        n_heads: query heads ``H``.
+        num_heads: query heads ``H``.
         rope: the rotary layout of a head (``rope.rot_dim <= head_dim``), or ``None`` for no positions.
-        n_kv_heads: key/value heads (divides ``n_heads``; fewer = grouped-query attention).
-        head_dim: ``D``; default ``dim // n_heads``.
+        num_kv_heads: key/value heads (divides ``num_heads``; fewer = grouped-query attention).
+        head_dim: ``D``; default ``dim // num_heads``.
         qkv_bias: bias on the q, k, v projections.
         fused_qkv: one ``qkv`` projection (DiT, timm) or three (``to_q``, ``to_k``, ``to_v``: diffusers).
         qk_norm: ``None``, ``"rms"`` or ``"layer"``: a norm over each head's ``D`` channels of q and k,
             before the rotation. ``"rms"`` goes through :meth:`AxialRoPE.norm_and_rotate` (one fused
             kernel where the backend has it).
-        attention_factor: where a scaling method's attention factor goes: ``"rope"`` multiplies it into
+        factor_placement: where a scaling method's attention factor goes: ``"rope"`` multiplies it into
             cos/sin (rotated channels only, logits scale by its square; transformers' placement), or
             ``"softmax"``: rotate by unit cos/sin and multiply the softmax scale by its square (all channels).
         causal: mask future tokens (language models).
@@ -85,35 +85,35 @@ class Attention(nn.Module):
     def __init__(
         self,
         dim: int,
-        n_heads: int,
+        num_heads: int,
         rope: AxialRoPE | None = None,
         *,
-        n_kv_heads: int | None = None,
+        num_kv_heads: int | None = None,
         head_dim: int | None = None,
         qkv_bias: bool = True,
         out_bias: bool = True,
         fused_qkv: bool = True,
         qk_norm: str | None = None,
         norm_eps: float = 1e-6,
-        attention_factor: str = "rope",
+        factor_placement: str = "rope",
         causal: bool = False,
     ):
         super().__init__()
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if n_heads <= 0 or n_kv_heads <= 0 or n_heads % n_kv_heads:
-            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
-        if head_dim is None and dim % n_heads:
-            raise ValueError(f"dim ({dim}) must be divisible by n_heads ({n_heads}), or pass head_dim")
-        head_dim = dim // n_heads if head_dim is None else head_dim
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
+        if head_dim is None and dim % num_heads:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads}), or pass head_dim")
+        head_dim = dim // num_heads if head_dim is None else head_dim
         if qk_norm not in QK_NORMS:
             raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
-        if attention_factor not in FACTOR_PLACEMENTS:
-            raise ValueError(f"attention_factor must be one of {FACTOR_PLACEMENTS}, got {attention_factor!r}")
+        if factor_placement not in FACTOR_PLACEMENTS:
+            raise ValueError(f"factor_placement must be one of {FACTOR_PLACEMENTS}, got {factor_placement!r}")
         if rope is not None and rope.rot_dim > head_dim:
             raise ValueError(f"rope.rot_dim = sum(axes_dim) = {rope.rot_dim} exceeds head_dim = {head_dim}")
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.rope, self.qk_norm, self.factor_placement, self.causal = rope, qk_norm, attention_factor, causal
-        q_width, kv_width = n_heads * head_dim, n_kv_heads * head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.rope, self.qk_norm, self.factor_placement, self.causal = rope, qk_norm, factor_placement, causal
+        q_width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
         self.fused_qkv = fused_qkv
         if fused_qkv:
             self.qkv = nn.Linear(dim, q_width + 2 * kv_width, bias=qkv_bias)
@@ -131,7 +131,7 @@ class Attention(nn.Module):
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, S, _ = x.shape
-        H, Hk, D = self.n_heads, self.n_kv_heads, self.head_dim
+        H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
         if self.fused_qkv:
             q, k, v = self.qkv(x).split([H * D, Hk * D, Hk * D], dim=-1)
         else:
@@ -143,7 +143,7 @@ class Attention(nn.Module):
         # softmax placement: unit-length rotation, the factor squared goes into the softmax scale
         in_softmax = rope is not None and self.factor_placement == "softmax"
         gain = uniform_attention_factor(rope) ** 2 if in_softmax else 1.0
-        kwargs = {"seq_len": seq_len, "attention_factor": not in_softmax}
+        kwargs = {"seq_len": seq_len, "with_attention_factor": not in_softmax}
         if self.qk_norm == "rms" and rope is not None:  # one fused launch where the backend has it
             q_w, k_w = self.q_norm.weight, self.k_norm.weight
             q, k = rope.norm_and_rotate(q, k, pos, q_w, k_w, "bshd", eps=self.q_norm.eps, **kwargs)
@@ -214,14 +214,14 @@ class Attention(nn.Module):
             attn_mask=mask,
             is_causal=is_causal,
             scale=gain / math.sqrt(self.head_dim),
-            enable_gqa=self.n_kv_heads != self.n_heads,
+            enable_gqa=self.num_kv_heads != self.num_heads,
         )
         return self.proj(out.transpose(1, 2).reshape(B, S, -1))
 
     def extra_repr(self) -> str:
         return (
-            f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
-            f"qk_norm={self.qk_norm!r}, attention_factor={self.factor_placement!r}, causal={self.causal}"
+            f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"qk_norm={self.qk_norm!r}, factor_placement={self.factor_placement!r}, causal={self.causal}"
         )
 
 
@@ -261,16 +261,16 @@ class DiTBlock(nn.Module):
 
     Args:
         dim: width ``C``.
-        n_heads: attention heads.
+        num_heads: attention heads.
         rope: rotary layout of a head (shared by all blocks of a model), or ``None``.
         mlp_ratio: MLP hidden width over ``dim``.
-        **attn_kwargs: passed to :class:`Attention` (``qk_norm``, ``n_kv_heads``, ``attention_factor``, ...).
+        **attn_kwargs: passed to :class:`Attention` (``qk_norm``, ``num_kv_heads``, ``factor_placement``, ...).
     """
 
-    def __init__(self, dim: int, n_heads: int, rope: AxialRoPE | None = None, *, mlp_ratio: float = 4.0, **attn_kwargs):
+    def __init__(self, dim: int, num_heads: int, rope: AxialRoPE | None = None, *, mlp_ratio: float = 4.0, **attn_kwargs):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.attn = Attention(dim, n_heads, rope, **attn_kwargs)
+        self.attn = Attention(dim, num_heads, rope, **attn_kwargs)
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))

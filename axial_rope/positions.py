@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["grid", "crop_grid", "text_positions"]
+from .scaling import NTK, Scaling, YaRN
+
+__all__ = ["grid", "crop_grid", "text_positions", "positions_for_size", "SizedPositions", "POSITION_MODES"]
+
+POSITION_MODES = ("none", "interpolate", "ntk", "yarn", "normalize")
 
 _NORMALIZE = (False, True, "separate", "max", "min")
 
@@ -143,3 +148,73 @@ def text_positions(
         raise ValueError(f"n_axes must be a positive int, got {n_axes!r}")
     column = start + step * torch.arange(length, dtype=torch.float64)
     return column[:, None].expand(length, n_axes).to(dtype=dtype, device=device).contiguous()
+
+
+class SizedPositions(NamedTuple):
+    """What :func:`positions_for_size` decides for one grid size."""
+
+    pos: torch.Tensor  # [prod(sizes), n_axes]
+    scaling: tuple[Scaling | None, ...]  # one method (or None) per axis, for AxialRoPE(scaling=...)
+    factors: tuple[float, ...]  # s_a = max(n_a / n_train_a, 1) per axis
+
+
+def positions_for_size(
+    sizes: Sequence[int],
+    train_sizes: int | Sequence[int],
+    mode: str | Sequence[str] = "none",
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> SizedPositions:
+    """Positions and per-axis frequency scaling for a grid of ``sizes`` tokens, for a model trained at ``train_sizes``.
+
+    The one place where a size not seen in training changes positions or frequencies: the
+    reference DiTs, the timm ViTs, the diffusers adapters and the experiments all call it.
+    With ``n_a`` tokens on axis ``a`` now and ``N_a`` in training, the factor is
+    ``s_a = max(n_a / N_a, 1)``: only axes longer than in training are scaled. Token
+    ``i`` of axis ``a`` then gets (see ``docs/scaling.md``):
+
+    - ``"none"``: ``pos = i``, no scaling (extrapolation);
+    - ``"interpolate"``: ``pos = i / s_a`` (position interpolation, Chen et al. 2023);
+    - ``"ntk"``: ``pos = i``, :class:`~axial_rope.scaling.NTK` ``(s_a)`` on axes with ``s_a > 1``;
+    - ``"yarn"``: ``pos = i``, :class:`~axial_rope.scaling.YaRN` ``(s_a, N_a)`` on axes with ``s_a > 1``;
+    - ``"normalize"``: ``pos = (i + 1/2 - n_a / 2) * M / m``, cell centres in ``[-1, 1]`` by the
+      longest normalised axis ``m = max n_a`` (the aspect ratio is kept), times ``M / 2`` with
+      ``M = max N_a``, so the training size has unit spacing (centred). Sizes below the
+      training size are compressed the other way; the mode has no factor.
+
+    Args:
+        sizes: tokens per axis now, e.g. ``(h, w)`` or ``(t, h, w)``.
+        train_sizes: tokens per axis in training (one int: every axis).
+        mode: one of :data:`POSITION_MODES`, or one per axis (e.g. ``("none", "interpolate",
+            "interpolate")`` to interpolate space but not time).
+
+    Returns:
+        :class:`SizedPositions` ``(pos, scaling, factors)``: ``pos`` ``[prod(sizes), n_axes]`` in
+        ``dtype``, first axis slowest (as :func:`grid`); ``scaling`` one method or ``None`` per axis.
+    """
+    sizes = tuple(sizes)
+    _check_sizes(sizes)
+    n_axes = len(sizes)
+    train = (train_sizes,) * n_axes if isinstance(train_sizes, int) else tuple(train_sizes)
+    if len(train) != n_axes:
+        raise ValueError(f"train_sizes must be an int or one size per axis ({n_axes}), got {train_sizes!r}")
+    _check_sizes(train)
+    modes = (mode,) * n_axes if isinstance(mode, str) else tuple(mode)
+    if len(modes) != n_axes or any(m not in POSITION_MODES for m in modes):
+        raise ValueError(f"mode must be one of {POSITION_MODES} or one per axis ({n_axes}), got {mode!r}")
+    factors = tuple(max(n / t, 1.0) for n, t in zip(sizes, train))
+    normalized = [a for a, m in enumerate(modes) if m == "normalize"]
+    longest = max((sizes[a] for a in normalized), default=1)
+    longest_train = max((train[a] for a in normalized), default=1)
+    axes, scaling = [], []
+    for n, t, s, m in zip(sizes, train, factors, modes):
+        c = torch.arange(n, dtype=torch.float64)
+        if m == "interpolate":
+            c = c / s
+        elif m == "normalize":
+            c = (c + 0.5 - n / 2) * (longest_train / longest)
+        scaled = s > 1 and m in ("ntk", "yarn")
+        scaling.append((NTK(s) if m == "ntk" else YaRN(s, t)) if scaled else None)
+        axes.append(c)
+    return SizedPositions(_mesh(axes).to(dtype=dtype, device=device), tuple(scaling), factors)

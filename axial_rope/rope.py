@@ -70,7 +70,7 @@ class AxialRoPE(nn.Module):
             ``rot_dim`` cut into consecutive per-axis sections (Qwen2-VL M-RoPE);
             ``"cycled"``: one spectrum whose successive planes cycle through the axes (Qwen3-VL).
         learnable: hold ``F`` as a dense trainable parameter initialised from the axial
-            spectrum (RoPE-Mixed); with ``n_heads``, one ``F`` per head ``[H, n_axes, n_pairs]``.
+            spectrum (RoPE-Mixed); with ``num_heads``, one ``F`` per head ``[H, n_axes, n_pairs]``.
         backend: default backend for this module (see :func:`axial_rope.apply_rope`).
 
     Channels past ``rot_dim`` pass through unrotated.
@@ -85,7 +85,7 @@ class AxialRoPE(nn.Module):
         spectrum: str = "per_axis",
         *,
         learnable: bool = False,
-        n_heads: int | None = None,
+        num_heads: int | None = None,
         backend: str | None = None,
     ):
         super().__init__()
@@ -95,8 +95,8 @@ class AxialRoPE(nn.Module):
             raise ValueError(f"axes_dim must be positive even ints, one per axis, got {axes_dim!r}")
         check_choice("pairing", pairing, PAIRINGS)
         check_choice("spectrum", spectrum, SPECTRA)
-        if n_heads is not None and (not learnable or not isinstance(n_heads, int) or n_heads <= 0):
-            raise ValueError(f"n_heads (per-head frequencies) needs learnable=True and an int > 0, got {n_heads!r}")
+        if num_heads is not None and (not learnable or not isinstance(num_heads, int) or num_heads <= 0):
+            raise ValueError(f"num_heads (per-head frequencies) needs learnable=True and an int > 0, got {num_heads!r}")
         shared = spectrum != "per_axis"
         self.axes_dim, self.pairing, self.spectrum, self.backend = axes_dim, pairing, spectrum, backend
         self.theta = _per_axis("theta", theta, len(axes_dim), shared)
@@ -113,7 +113,7 @@ class AxialRoPE(nn.Module):
         self._factors = sorted(set(scale.tolist()))  # python floats: read later without a host sync
         self.learned_freqs = None
         if learnable:
-            init = freqs if n_heads is None else freqs.expand(n_heads, *freqs.shape)
+            init = freqs if num_heads is None else freqs.expand(num_heads, *freqs.shape)
             self.learned_freqs = nn.Parameter(init.to(torch.float32).clone())
 
     @property
@@ -165,6 +165,23 @@ class AxialRoPE(nn.Module):
         freqs[self.plane_axis, torch.arange(self.n_pairs, device="cpu")] = values
         return freqs, scale
 
+    def with_scaling(self, scaling: Scaling | None | Sequence[Scaling | None]) -> AxialRoPE:
+        """The same rotary layout with another ``scaling`` (one method or one per axis), on this rope's device.
+
+        Cheap (a few small float64 tensors), so models build it per call instead of caching
+        ropes: ``rope.with_scaling(ar.positions_for_size(...).scaling)``. An all-``None``
+        scaling equal to this rope's returns ``self``.
+        """
+        if self.learned_freqs is not None:
+            raise ValueError("with_scaling needs fixed frequencies; this rope learns its own (learnable=True)")
+        per_axis = _per_axis("scaling", scaling, self.n_axes, self.spectrum != "per_axis")
+        if per_axis == self.scaling:
+            return self
+        theta = self.theta if self.spectrum == "per_axis" else self.theta[0]
+        scaling = per_axis if self.spectrum == "per_axis" else per_axis[0]
+        rope = AxialRoPE(self.axes_dim, theta, scaling, self.pairing, self.spectrum, backend=self.backend)
+        return rope.to(self.freqs.device)
+
     def _apply(self, fn, recurse=True):
         # .half() / .to(dtype) must not round the frequencies: the float64 buffers are
         # rebuilt on the new device and a learned F keeps its float32 values.
@@ -213,13 +230,13 @@ class AxialRoPE(nn.Module):
     # -- tables and rotation -------------------------------------------------------
 
     def cos_sin(
-        self, pos: torch.Tensor, *, seq_len: int | Sequence[int] | None = None, attention_factor: bool = True
+        self, pos: torch.Tensor, *, seq_len: int | Sequence[int] | None = None, with_attention_factor: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin tables in the pairing's channel layout, attention factor multiplied in.
 
         Args:
             pos: ``[S, n_axes]`` or ``[B, S, n_axes]`` (1-D RoPE: ``[S]`` too).
-            attention_factor: multiply the scaling's attention factor in (``False``: unit rotation,
+            with_attention_factor: multiply the scaling's attention factor in (``False``: unit rotation,
                 for callers that put the factor into the softmax scale instead).
 
         Returns:
@@ -229,11 +246,11 @@ class AxialRoPE(nn.Module):
         batched = isinstance(pos, torch.Tensor) and pos.ndim == 3
         pos3 = self._positions(pos)
         freqs, scale = self._freqs_for(pos3, seq_len)
-        cos, sin = cos_sin_half(pos3, freqs, scale if attention_factor else None, torch.float32)
+        cos, sin = cos_sin_half(pos3, freqs, scale if with_attention_factor else None, torch.float32)
         cos, sin = full_table(cos, self.pairing), full_table(sin, self.pairing)
         return (cos, sin) if batched else (cos[0], sin[0])
 
-    def _prepare(self, q, k, pos, layout, seq_len, attention_factor):
+    def _prepare(self, q, k, pos, layout, seq_len, with_attention_factor):
         """Check q, k and pos together; returns pos ``[B|1, S, n_axes]``, F and the plane scale."""
         check_qk(q, k, layout)
         if q.shape[-1] < self.rot_dim:
@@ -249,7 +266,7 @@ class AxialRoPE(nn.Module):
             heads = [t.shape[3 - s] for t in (q, k) if t is not None]
             if any(h != freqs.shape[0] for h in heads):
                 raise ValueError(f"per-head frequencies are for {freqs.shape[0]} heads, q/k have {heads} heads")
-        return pos, freqs, (scale if attention_factor else None)
+        return pos, freqs, (scale if with_attention_factor else None)
 
     def forward(
         self,
@@ -260,7 +277,7 @@ class AxialRoPE(nn.Module):
         *,
         seq_len: int | Sequence[int] | None = None,
         backend: str | None = None,
-        attention_factor: bool = True,
+        with_attention_factor: bool = True,
         inplace: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rotate queries and keys.
@@ -271,14 +288,14 @@ class AxialRoPE(nn.Module):
             pos: ``[S, n_axes]`` or per-sample ``[B, S, n_axes]`` (1-D: ``[S]`` too).
             seq_len: length per axis for length-dependent scaling (default: ``max(pos) + 1``).
             backend: overrides the module's backend for this call.
-            attention_factor: ``False`` rotates without the scaling's attention factor.
+            with_attention_factor: ``False`` rotates without the scaling's attention factor.
             inplace: write the results into ``q`` and ``k`` (no output allocation when no
                 gradient is recorded; see :func:`axial_rope.ops.rotate_qk`).
 
         Returns:
             ``(q, k)`` rotated, same shapes and dtypes.
         """
-        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len, attention_factor)
+        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len, with_attention_factor)
         return rotate_qk(q, k, pos, freqs, scale, self.pairing, layout, backend or self.backend, inplace)
 
     def norm_and_rotate(
@@ -293,14 +310,14 @@ class AxialRoPE(nn.Module):
         eps: float = 1e-6,
         seq_len: int | Sequence[int] | None = None,
         backend: str | None = None,
-        attention_factor: bool = True,
+        with_attention_factor: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head QK-RMSNorm (weights ``[D]``, or ``None``) then rotation; one fused launch on Triton.
 
         Same arguments as :meth:`forward`; the norm runs over the whole head (``D``
         channels) in float32 and the result is rounded to the input dtype once.
         """
-        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len, attention_factor)
+        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len, with_attention_factor)
         if k is None:
             raise ValueError("norm_and_rotate needs k; use forward() for q alone")
         for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):

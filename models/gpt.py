@@ -29,11 +29,11 @@ __all__ = ["GPT", "GPTConfig", "PRESETS", "sample"]
 @dataclass(frozen=True)
 class GPTConfig:
     vocab_size: int = 256  # bytes
-    n_layer: int = 4
-    n_head: int = 4
-    n_kv_head: int | None = None  # None: n_head (no GQA)
-    dim: int = 192
-    intermediate_size: int | None = None  # SwiGLU width; None: 8/3 dim rounded up to a multiple of 32
+    depth: int = 4
+    num_heads: int = 4
+    num_kv_heads: int | None = None  # None: num_heads (no GQA)
+    hidden_size: int = 192  # model width
+    intermediate_size: int | None = None  # SwiGLU width; None: 8/3 hidden_size rounded up to a multiple of 32
     max_seq_len: int = 256  # training context
     theta: float = 10000.0
     scaling: ar.scaling.Scaling | None = None
@@ -43,20 +43,21 @@ class GPTConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_head
+        return self.hidden_size // self.num_heads
 
     @property
-    def hidden_size(self) -> int:
+    def mlp_width(self) -> int:
+        """The SwiGLU width: ``intermediate_size``, or 8/3 ``hidden_size`` rounded up to a multiple of 32."""
         if self.intermediate_size is not None:
             return self.intermediate_size
-        return -(-8 * self.dim // 3 // 32) * 32
+        return -(-8 * self.hidden_size // 3 // 32) * 32
 
 
 PRESETS: dict[str, GPTConfig] = {
     # the byte-level model of CALIBRATION.md (1.82 M parameters)
     "tiny": GPTConfig(),
-    "tiny-gqa": GPTConfig(n_kv_head=2),
-    "small": GPTConfig(vocab_size=50304, n_layer=12, n_head=12, n_kv_head=4, dim=768, max_seq_len=1024),
+    "tiny-gqa": GPTConfig(num_kv_heads=2),
+    "small": GPTConfig(vocab_size=50304, depth=12, num_heads=12, num_kv_heads=4, hidden_size=768, max_seq_len=1024),
 }
 
 
@@ -76,19 +77,19 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, rope: ar.AxialRoPE):
         super().__init__()
         c = config
-        self.attention_norm = nn.RMSNorm(c.dim, eps=c.norm_eps)
+        self.attention_norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
         self.attention = Attention(
-            c.dim,
-            c.n_head,
+            c.hidden_size,
+            c.num_heads,
             rope,
-            n_kv_heads=c.n_kv_head,
+            num_kv_heads=c.num_kv_heads,
             qkv_bias=False,
             out_bias=False,
             qk_norm=c.qk_norm,
             causal=True,
         )
-        self.ffn_norm = nn.RMSNorm(c.dim, eps=c.norm_eps)
-        self.feed_forward = FeedForward(c.dim, c.hidden_size)
+        self.ffn_norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
+        self.feed_forward = FeedForward(c.hidden_size, c.mlp_width)
 
     def forward(self, x, pos, cache, input_pos, seq_len):
         x = x + self.attention(self.attention_norm(x), pos, cache=cache, input_pos=input_pos, seq_len=seq_len)
@@ -115,10 +116,10 @@ class GPT(nn.Module):
         super().__init__()
         self.config = c = config
         self.rope = ar.AxialRoPE(c.head_dim, theta=c.theta, scaling=c.scaling, pairing="half")
-        self.tok_embeddings = nn.Embedding(c.vocab_size, c.dim)
-        self.layers = nn.ModuleList([Block(c, self.rope) for _ in range(c.n_layer)])
-        self.norm = nn.RMSNorm(c.dim, eps=c.norm_eps)
-        self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self.tok_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList([Block(c, self.rope) for _ in range(c.depth)])
+        self.norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
+        self.output = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
@@ -129,10 +130,10 @@ class GPT(nn.Module):
         """One empty :class:`KVCache` per layer for ``batch_size`` sequences of up to ``max_seq_len`` tokens."""
         weight = self.tok_embeddings.weight
         c = self.config
-        n_kv = c.n_kv_head or c.n_head
+        n_kv = c.num_kv_heads or c.num_heads
         return [
             KVCache(batch_size, max_seq_len, n_kv, c.head_dim, dtype=dtype or weight.dtype, device=weight.device)
-            for _ in range(c.n_layer)
+            for _ in range(c.depth)
         ]
 
     def forward(

@@ -10,9 +10,9 @@ import axial_rope as ar
 from axial_rope.convert import pairing_permutation, permute_pairing
 
 
-def _attention(x, wq, wk, wv, rope, n_heads, n_kv):
+def _attention(x, wq, wk, wv, rope, num_heads, n_kv):
     B, S, _ = x.shape
-    q = (x @ wq.T).unflatten(-1, (n_heads, -1))
+    q = (x @ wq.T).unflatten(-1, (num_heads, -1))
     k = (x @ wk.T).unflatten(-1, (n_kv, -1))
     v = (x @ wv.T).unflatten(-1, (n_kv, -1))
     q, k = rope(q, k, torch.arange(S, dtype=torch.float32))
@@ -23,21 +23,21 @@ def _attention(x, wq, wk, wv, rope, n_heads, n_kv):
 @pytest.mark.parametrize("rot_dim", [16, 10])
 def test_converting_weights_and_pairing_keeps_attention_output(rot_dim):
     torch.manual_seed(0)
-    n_heads, n_kv, head_dim, width = 4, 2, 16, 32
+    num_heads, n_kv, head_dim, width = 4, 2, 16, 32
     x = torch.randn(2, 7, width, dtype=torch.float64)
-    wq = torch.randn(n_heads * head_dim, width, dtype=torch.float64)
+    wq = torch.randn(num_heads * head_dim, width, dtype=torch.float64)
     wk = torch.randn(n_kv * head_dim, width, dtype=torch.float64)
     wv = torch.randn(n_kv * head_dim, width, dtype=torch.float64)
     meta = ar.AxialRoPE(rot_dim, pairing="interleaved")
     hf = ar.AxialRoPE(rot_dim, pairing="half")
-    out = _attention(x, wq, wk, wv, meta, n_heads, n_kv)
-    wq_hf = permute_pairing(wq, n_heads, rot_dim=rot_dim)
+    out = _attention(x, wq, wk, wv, meta, num_heads, n_kv)
+    wq_hf = permute_pairing(wq, num_heads, rot_dim=rot_dim)
     wk_hf = permute_pairing(wk, n_kv, rot_dim=rot_dim)
-    torch.testing.assert_close(_attention(x, wq_hf, wk_hf, wv, hf, n_heads, n_kv), out)
+    torch.testing.assert_close(_attention(x, wq_hf, wk_hf, wv, hf, num_heads, n_kv), out)
     # without converting the pairing too, the output changes
-    assert not torch.allclose(_attention(x, wq_hf, wk_hf, wv, meta, n_heads, n_kv), out)
+    assert not torch.allclose(_attention(x, wq_hf, wk_hf, wv, meta, num_heads, n_kv), out)
     # and the inverse permutation restores the original weights
-    back = permute_pairing(wq_hf, n_heads, rot_dim=rot_dim, src="half", dst="interleaved")
+    back = permute_pairing(wq_hf, num_heads, rot_dim=rot_dim, src="half", dst="interleaved")
     assert torch.equal(back, wq)
 
 
@@ -51,7 +51,7 @@ def test_permutation_matches_hf_llama_conversion_rule():
 def test_permute_pairing_bias_and_errors():
     bias = torch.arange(8.0)
     assert permute_pairing(bias, 2).tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
-    with pytest.raises(ValueError, match="n_heads"):
+    with pytest.raises(ValueError, match="num_heads"):
         permute_pairing(torch.zeros(10, 3), 3)
     with pytest.raises(ValueError, match="rot_dim"):
         pairing_permutation(8, 5)

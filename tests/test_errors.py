@@ -57,7 +57,7 @@ CASES = [
     ("table shapes differ", lambda: ar.apply_rope(q4, cos, sin[:, :8]), ValueError, "same shape"),
     ("table 1-D", lambda: ar.apply_rope(q4, cos[0], sin[0]), ValueError, r"\[S, r\]"),
     ("table int", lambda: ar.apply_rope(q4, cos.long(), sin.long()), TypeError, "cos"),
-    ("n_heads without learnable", lambda: ar.AxialRoPE(8, n_heads=2), ValueError, "n_heads"),
+    ("num_heads without learnable", lambda: ar.AxialRoPE(8, num_heads=2), ValueError, "num_heads"),
     ("riflex k too large", lambda: ar.inv_freq(8, scaling=ar.scaling.RIFLEx(5, 20)), ValueError, "k=5"),
     ("longrope length", lambda: ar.inv_freq(8, scaling=ar.scaling.LongRoPE([1.0], [2.0], 64)), ValueError, "entries"),
     ("llama3 factors order", lambda: ar.scaling.Llama3(8.0, 8192, 4.0, 1.0), ValueError, "high_freq_factor"),

@@ -47,7 +47,7 @@ def _randomize(module: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
 def _reference_attention(attn: Attention, x, pos, rope, mask=None, causal=False, gain=1.0):
     """Attention spelled out: projections, norm, rope.apply, softmax(q k^T * scale) v, all in x's dtype."""
     B, S, _ = x.shape
-    H, Hk, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    H, Hk, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
     w = attn.qkv.weight if attn.fused_qkv else torch.cat([attn.to_q.weight, attn.to_k.weight, attn.to_v.weight])
     b = attn.qkv.bias if attn.fused_qkv else torch.cat([attn.to_q.bias, attn.to_k.bias, attn.to_v.bias])
     q, k, v = F.linear(x, w, b).split([H * D, Hk * D, Hk * D], -1)
@@ -70,13 +70,13 @@ def _reference_attention(attn: Attention, x, pos, rope, mask=None, causal=False,
 
 @pytest.mark.parametrize("sizes", [(3, 5), (1, 7), (2, 3, 5)])
 @pytest.mark.parametrize("qk_norm", [None, "rms", "layer"])
-@pytest.mark.parametrize("fused_qkv,n_kv_heads", [(True, 4), (False, 2), (True, 1)])
-def test_attention_matches_spelled_out_reference_odd_shapes(sizes, qk_norm, fused_qkv, n_kv_heads):
+@pytest.mark.parametrize("fused_qkv,num_kv_heads", [(True, 4), (False, 2), (True, 1)])
+def test_attention_matches_spelled_out_reference_odd_shapes(sizes, qk_norm, fused_qkv, num_kv_heads):
     head_dim = 24
     axes_dim = (8, 8) if len(sizes) == 2 else (4, 8, 8)  # partial rotary for 3D: 20 of 24 channels
     rope = ar.AxialRoPE(axes_dim)
     attn = _randomize(
-        Attention(96, 4, rope, n_kv_heads=n_kv_heads, fused_qkv=fused_qkv, qk_norm=qk_norm, head_dim=head_dim)
+        Attention(96, 4, rope, num_kv_heads=num_kv_heads, fused_qkv=fused_qkv, qk_norm=qk_norm, head_dim=head_dim)
     ).double()
     pos = ar.grid(*sizes)
     x = torch.randn(3, pos.shape[0], 96, dtype=torch.float64)
@@ -103,7 +103,7 @@ def test_attention_factor_placements_agree_at_full_rotary_and_differ_at_partial(
     # full rotary: logits scale by af^2 in both placements
     rope = ar.AxialRoPE((8, 8), scaling=yarn)
     a_rope = _randomize(Attention(64, 4, rope)).double()
-    a_soft = Attention(64, 4, rope, attention_factor="softmax").double()
+    a_soft = Attention(64, 4, rope, factor_placement="softmax").double()
     a_soft.load_state_dict(a_rope.state_dict())
     # (the softmax placement rotates by cos_sin's float32 tables: float32 accuracy)
     torch.testing.assert_close(a_soft(x, pos), a_rope(x, pos), atol=1e-6, rtol=1e-6)
@@ -111,7 +111,7 @@ def test_attention_factor_placements_agree_at_full_rotary_and_differ_at_partial(
     x = torch.randn(2, 12, 96, dtype=torch.float64)
     rope = ar.AxialRoPE((8, 8), scaling=yarn)
     a_rope = _randomize(Attention(96, 4, rope)).double()
-    a_soft = Attention(96, 4, rope, attention_factor="softmax").double()
+    a_soft = Attention(96, 4, rope, factor_placement="softmax").double()
     a_soft.load_state_dict(a_rope.state_dict())
     unit = ar.AxialRoPE((8, 8), scaling=ar.scaling.YaRN(4.0, 8, attention_factor=1.0))
     expected = _reference_attention(a_soft, x, pos, unit, gain=af * af)
@@ -121,14 +121,14 @@ def test_attention_factor_placements_agree_at_full_rotary_and_differ_at_partial(
 
 def test_attention_factor_softmax_rejects_different_factors_per_axis():
     rope = ar.AxialRoPE((8, 8), scaling=(ar.scaling.YaRN(4.0, 8), None))
-    attn = Attention(64, 4, rope, attention_factor="softmax")
+    attn = Attention(64, 4, rope, factor_placement="softmax")
     with pytest.raises(ValueError, match="one factor for all axes"):
         attn(torch.randn(1, 4, 64), ar.grid(2, 2))
 
 
 def test_causal_attention_ignores_future_tokens_and_combines_with_mask():
     rope = ar.AxialRoPE(16)
-    attn = _randomize(Attention(64, 4, rope, causal=True, n_kv_heads=2)).double()
+    attn = _randomize(Attention(64, 4, rope, causal=True, num_kv_heads=2)).double()
     x = torch.randn(2, 9, 64, dtype=torch.float64)
     pos = torch.arange(9)
     y = attn(x, pos)
@@ -149,8 +149,8 @@ def test_attention_rejects_bad_arguments():
     rope = ar.AxialRoPE((16, 16))
     with pytest.raises(ValueError, match="rot_dim"):
         Attention(64, 4, rope)  # head_dim 16 < 32
-    with pytest.raises(ValueError, match="n_kv_heads"):
-        Attention(64, 4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        Attention(64, 4, num_kv_heads=3)
     with pytest.raises(ValueError, match="qk_norm"):
         Attention(64, 4, qk_norm="batch")
     with pytest.raises(ValueError, match="pos is required"):
@@ -163,14 +163,14 @@ def test_attention_rejects_bad_arguments():
 
 
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: type(s).__name__)
-@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
-def test_cached_decoding_equals_full_causal_attention(scaling, n_kv_heads):
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+def test_cached_decoding_equals_full_causal_attention(scaling, num_kv_heads):
     rope = ar.AxialRoPE(8, scaling=scaling, pairing="half")
-    attn = _randomize(Attention(64, 4, rope, n_kv_heads=n_kv_heads, head_dim=16, causal=True, qk_norm="rms"))
+    attn = _randomize(Attention(64, 4, rope, num_kv_heads=num_kv_heads, head_dim=16, causal=True, qk_norm="rms"))
     total, prompt = 13, 5
     x = torch.randn(2, total, 64)
     full = attn(x, torch.arange(total), seq_len=total)
-    cache = KVCache(2, total, n_kv_heads, 16)
+    cache = KVCache(2, total, num_kv_heads, 16)
     outs = [attn(x[:, :prompt], cache=cache, input_pos=torch.arange(prompt), seq_len=total)]
     for i in range(prompt, total):
         outs.append(attn(x[:, i : i + 1], cache=cache, input_pos=torch.tensor([i]), seq_len=total))
@@ -222,7 +222,7 @@ def test_dit_block_is_identity_at_init_and_final_layer_zero(qk_norm):
 
 
 def test_dit_block_gradients_reach_every_parameter():
-    block = _randomize(DiTBlock(64, 4, ar.AxialRoPE((8, 8)), qk_norm="layer", n_kv_heads=2))
+    block = _randomize(DiTBlock(64, 4, ar.AxialRoPE((8, 8)), qk_norm="layer", num_kv_heads=2))
     final = _randomize(FinalLayer(64, (1, 2, 2), 3))
     x, c = torch.randn(2, 15, 64, requires_grad=True), torch.randn(2, 64)
     final(block(x, c, ar.grid(3, 5)), c).square().sum().backward()

@@ -27,7 +27,7 @@ COMPILE_BACKEND = os.environ.get("AXIAL_ROPE_COMPILE_BACKEND", "aot_eager")  # s
 PAPER_PARAMS = {"DiT-S/2": 33e6, "DiT-B/2": 130e6, "DiT-L/2": 458e6, "DiT-XL/2": 675e6}
 
 TINY_DIT = DiTConfig(input_size=8, patch_size=2, in_channels=3, hidden_size=32, depth=2, num_heads=2, num_classes=5)
-TINY_GPT = GPTConfig(vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, dim=32, max_seq_len=8)
+TINY_GPT = GPTConfig(vocab_size=64, depth=2, num_heads=4, num_kv_heads=2, hidden_size=32, max_seq_len=8)
 
 
 def _randomize(module: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
@@ -166,9 +166,9 @@ def test_video_dit_temporal_scaling_riflex_changes_only_time():
     ],
     ids=lambda s: type(s).__name__,
 )
-@pytest.mark.parametrize("n_kv_head,dtype", [(4, torch.float32), (1, torch.float32), (2, torch.float64)], ids=str)
-def test_greedy_decoding_with_cache_equals_full_recomputation(scaling, n_kv_head, dtype):
-    model = GPT(replace(TINY_GPT, scaling=scaling, n_kv_head=n_kv_head)).to(dtype).eval()
+@pytest.mark.parametrize("num_kv_heads,dtype", [(4, torch.float32), (1, torch.float32), (2, torch.float64)], ids=str)
+def test_greedy_decoding_with_cache_equals_full_recomputation(scaling, num_kv_heads, dtype):
+    model = GPT(replace(TINY_GPT, scaling=scaling, num_kv_heads=num_kv_heads)).to(dtype).eval()
     _randomize(model, std=0.5)  # larger logit gaps, so an argmax tie cannot decide the test
     prompt = torch.randint(0, 64, (2, 5))
     cached, cached_logits = model.generate(prompt, 9, temperature=0, return_logits=True)

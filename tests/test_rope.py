@@ -301,7 +301,7 @@ def test_learnable_frequency_gradient_matches_finite_differences():
 
 
 def test_per_head_learnable_frequencies():
-    rope = ar.AxialRoPE((4, 4), learnable=True, n_heads=3)
+    rope = ar.AxialRoPE((4, 4), learnable=True, num_heads=3)
     assert rope.learned_freqs.shape == (3, 2, 4)
     with torch.no_grad():
         rope.learned_freqs[1] *= 2

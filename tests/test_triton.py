@@ -158,7 +158,7 @@ if INTERPRETER:  # ------------------------------------------------ inside the i
     @pytest.mark.parametrize("per_head", [False, True])
     def test_learnable_freqs_gradient_matches_reference(pairing, layout, per_head):
         # dense mixed-axis F (RoPE-Mixed), shared or per head; GQA when shared; partial rotary
-        rope = ar.AxialRoPE((4, 4), pairing=pairing, learnable=True, n_heads=4 if per_head else None)
+        rope = ar.AxialRoPE((4, 4), pairing=pairing, learnable=True, num_heads=4 if per_head else None)
         with torch.no_grad():
             rope.learned_freqs.add_(0.3 * torch.randn(rope.learned_freqs.shape))  # no longer axial: dense F
         q, k = _qk(10, layout, torch.float32, n_tokens=6, kv_heads=4 if per_head else 2)
