@@ -102,10 +102,10 @@ class AxialRoPE(nn.Module):
         self.theta = _per_axis("theta", theta, len(axes_dim), shared)
         self.scaling = _per_axis("scaling", scaling, len(axes_dim), shared)
         for method in set(self.scaling):
-            if method is not None and not isinstance(method, scaling_methods._METHODS):
+            if method is not None and not isinstance(method, scaling_methods.Scaling):
                 raise TypeError(f"scaling must be None or an axial_rope.scaling method, got {method!r}")
         self.plane_axis = plane_axes(axes_dim, spectrum)
-        self.length_dependent = any(isinstance(s, scaling_methods.LENGTH_DEPENDENT) for s in self.scaling)
+        self.length_dependent = any(s is not None and s.length_dependent for s in self.scaling)
         freqs, scale = self.frequencies()  # validates theta and every method against its axis
         self.register_buffer("freqs", freqs, persistent=False)  # [n_axes, n_pairs] float64
         self.register_buffer("scale", scale, persistent=False)  # [n_pairs] float64

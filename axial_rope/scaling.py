@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 
@@ -27,6 +28,8 @@ __all__ = [
     "LongRoPE",
     "RIFLEx",
     "Scaling",
+    "REGISTRY",
+    "from_dict",
     "base_inv_freq",
     "inv_freq",
     "from_rope_parameters",
@@ -47,6 +50,41 @@ def _check_fields_positive(obj: object, *names: str) -> None:
             _check_positive(type(obj).__name__, name, value)
 
 
+class Scaling:
+    """Base of the scaling methods: frozen dataclasses that map ``(dim, theta, seq_len)`` to ``(inv_freq, factor)``.
+
+    ``rope_type`` names the method in configs (transformers' name where it has one);
+    ``length_dependent`` says whether the frequencies depend on the length processed.
+    Subclasses register themselves in :data:`REGISTRY` under their ``rope_type``.
+    """
+
+    rope_type: ClassVar[str]
+    length_dependent: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        REGISTRY[cls.rope_type] = cls
+
+    def __call__(self, dim: int, theta: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        """JSON-able ``{"rope_type": ..., field: value, ...}`` (tuples as lists); :func:`from_dict` inverts it."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {"rope_type": self.rope_type} | {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
+REGISTRY: dict[str, type[Scaling]] = {}
+
+
+def from_dict(config: dict) -> Scaling:
+    """The scaling method a :meth:`Scaling.to_dict` dict describes."""
+    if not isinstance(config, dict) or config.get("rope_type") not in REGISTRY:
+        raise ValueError(f"a scaling dict needs 'rope_type' in {sorted(REGISTRY)}, got {config!r}")
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k != "rope_type"}
+    return REGISTRY[config["rope_type"]](**kwargs)
+
+
 def base_inv_freq(dim: int, theta: float = 10000.0) -> torch.Tensor:
     """The unscaled RoPE spectrum ``theta ** (-2j / dim)`` for ``j < dim // 2``, float64 ``[dim // 2]``."""
     if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0 or dim % 2:
@@ -57,8 +95,10 @@ def base_inv_freq(dim: int, theta: float = 10000.0) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class Linear:
+class Linear(Scaling):
     """Position interpolation (Chen et al. 2023): every frequency divided by ``factor``."""
+
+    rope_type = "linear"
 
     factor: float
 
@@ -70,11 +110,13 @@ class Linear:
 
 
 @dataclass(frozen=True)
-class NTK:
+class NTK(Scaling):
     """NTK-aware base scaling: ``theta * factor ** (dim / (dim - 2))`` (transformers, FiT).
 
     ``exponent=False`` gives the plain ``theta * factor`` that diffusers (Lumina) calls NTK.
     """
+
+    rope_type = "ntk"
 
     factor: float
     exponent: bool = True
@@ -94,12 +136,15 @@ class NTK:
 
 
 @dataclass(frozen=True)
-class DynamicNTK:
+class DynamicNTK(Scaling):
     """Dynamic NTK (transformers' ``dynamic``): the base grows with the length seen.
 
     At ``seq_len <= max_position_embeddings`` (or ``None``) the spectrum is unscaled;
     beyond, ``theta * (factor * L / L_max - (factor - 1)) ** (dim / (dim - 2))``.
     """
+
+    rope_type = "dynamic"
+    length_dependent = True
 
     factor: float
     max_position_embeddings: int
@@ -121,7 +166,7 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 @dataclass(frozen=True)
-class YaRN:
+class YaRN(Scaling):
     """YaRN (Peng et al. 2023) with transformers' rules.
 
     High frequencies (more than ``beta_fast`` turns over the original length) keep
@@ -131,6 +176,8 @@ class YaRN:
     ``attention_factor`` if given, else ``mscale(factor, mscale) / mscale(factor,
     mscale_all_dim)`` when both are set, else ``0.1 ln(factor) + 1``.
     """
+
+    rope_type = "yarn"
 
     factor: float
     original_max_position_embeddings: int
@@ -174,13 +221,15 @@ class YaRN:
 
 
 @dataclass(frozen=True)
-class Llama3:
+class Llama3(Scaling):
     """Llama 3.1's frequency-dependent interpolation.
 
     Wavelengths shorter than ``L / high_freq_factor`` are kept, longer than
     ``L / low_freq_factor`` divided by ``factor``, with a smooth blend between
     (``L = original_max_position_embeddings``).
     """
+
+    rope_type = "llama3"
 
     factor: float
     original_max_position_embeddings: int
@@ -209,13 +258,16 @@ class Llama3:
 
 
 @dataclass(frozen=True)
-class LongRoPE:
+class LongRoPE(Scaling):
     """LongRoPE (Phi-3): per-pair rescale factors, ``short_factor`` up to the original length, ``long_factor`` beyond.
 
     The attention factor is ``attention_factor`` if given, else
     ``sqrt(1 + ln(factor) / ln(original_max_position_embeddings))`` for ``factor > 1``
     (``factor=None`` means 1: no attention scaling).
     """
+
+    rope_type = "longrope"
+    length_dependent = True
 
     short_factor: tuple[float, ...]
     long_factor: tuple[float, ...]
@@ -250,12 +302,14 @@ class LongRoPE:
 
 
 @dataclass(frozen=True)
-class RIFLEx:
+class RIFLEx(Scaling):
     """RIFLEx (Zhao et al. 2025): the intrinsic frequency, pair ``k - 1``, gets ``0.9 * 2 pi / test_length``.
 
     Used on the temporal axis of a video model so that pair completes less than
     one period over the ``test_length`` frames (latent frames) generated.
     """
+
+    rope_type = "riflex"
 
     k: int
     test_length: int
@@ -279,12 +333,6 @@ class RIFLEx:
         return inv, 1.0
 
 
-Scaling = Linear | NTK | DynamicNTK | YaRN | Llama3 | LongRoPE | RIFLEx
-_METHODS = (Linear, NTK, DynamicNTK, YaRN, Llama3, LongRoPE, RIFLEx)
-
-# methods whose frequencies depend on the length being processed
-LENGTH_DEPENDENT = (DynamicNTK, LongRoPE)
-
 
 def inv_freq(
     dim: int, theta: float = 10000.0, scaling: Scaling | None = None, *, seq_len: int | None = None
@@ -303,8 +351,8 @@ def inv_freq(
     """
     if scaling is None:
         return base_inv_freq(dim, theta), 1.0
-    if not isinstance(scaling, _METHODS):
-        names = ", ".join(m.__name__ for m in _METHODS)
+    if not isinstance(scaling, Scaling):
+        names = ", ".join(m.__name__ for m in REGISTRY.values())
         raise TypeError(f"scaling must be None or one of axial_rope.scaling.{{{names}}}, got {scaling!r}")
     base_inv_freq(dim, theta)  # validates dim and theta with a clear message
     if seq_len is not None and (not isinstance(seq_len, int) or seq_len <= 0):
