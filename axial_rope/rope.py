@@ -16,7 +16,7 @@ from torch import nn
 
 from . import scaling as scaling_methods
 from .ops import PAIRINGS, norm_rotate_qk, preload, rotate_qk
-from .ops.common import check_choice, check_qk, check_tensor, cos_sin_half, full_table, seq_dim
+from .ops.common import channel_table, check_choice, check_qk, check_tensor, plane_cos_sin, seq_dim
 from .scaling import Scaling, inv_freq
 
 __all__ = ["AxialRoPE", "SPECTRA"]
@@ -246,8 +246,8 @@ class AxialRoPE(nn.Module):
         batched = isinstance(pos, torch.Tensor) and pos.ndim == 3
         pos3 = self._positions(pos)
         freqs, scale = self._freqs_for(pos3, seq_len)
-        cos, sin = cos_sin_half(pos3, freqs, scale if with_attention_factor else None, torch.float32)
-        cos, sin = full_table(cos, self.pairing), full_table(sin, self.pairing)
+        cos, sin = plane_cos_sin(pos3, freqs, scale if with_attention_factor else None, torch.float32)
+        cos, sin = channel_table(cos, self.pairing), channel_table(sin, self.pairing)
         return (cos, sin) if batched else (cos[0], sin[0])
 
     def _prepare(self, q, k, pos, layout, seq_len, with_attention_factor):

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import axial_rope as ar
+from axial_rope.ops import _torch as torch_backend
 from axial_rope.ops import common
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
@@ -293,9 +294,9 @@ def test_learnable_frequency_gradient_matches_finite_differences():
     x = torch.randn(1, 4, 1, 8, dtype=torch.float64)
 
     def loss(freqs):
-        cos, sin = common.cos_sin_half(pos[None], freqs, None, torch.float64)  # [1, S, n]
+        cos, sin = common.plane_cos_sin(pos[None], freqs, None, torch.float64)  # [1, S, n]
         cos, sin = common.table_for_layout(cos, "bshd"), common.table_for_layout(sin, "bshd")
-        return ar.ops.torch.apply_table(x, cos, sin, "interleaved")
+        return torch_backend.BACKEND.rotate_table(x, cos, sin, "interleaved", "bshd", inplace=False)
 
     assert torch.autograd.gradcheck(loss, (rope.learned_freqs.detach().clone().requires_grad_(),))
 
@@ -352,8 +353,6 @@ def test_inplace_writes_into_strided_views(pairing, layout, dtype, backend):
 
 @pytest.mark.parametrize("pairing", PAIRINGS)
 def test_inplace_table_mode_across_chunks_equals_out_of_place(monkeypatch, pairing):
-    from axial_rope.ops import torch as torch_backend
-
     monkeypatch.setattr(torch_backend, "CHUNK", 40)  # many chunks: each is read before it is written
     cos, sin = ar.AxialRoPE((4, 8), pairing=pairing).cos_sin(ar.grid(3, 4))
     x = torch.randn(2, 4, 12, 16).bfloat16()

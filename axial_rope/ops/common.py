@@ -1,10 +1,11 @@
-"""What every backend shares: argument checks, layouts, and angles from positions.
+"""What the dispatcher and the fast backends share: argument checks, layouts, angles from positions.
 
-Backends see *half tables*: ``cos``/``sin`` with one entry per plane, ``[..., n_pairs]``,
+Backends see *plane tables*: ``cos``/``sin`` with one entry per plane, ``[..., n_pairs]``,
 already shaped to broadcast against ``x`` with the plane axis last (``[B|1, S, H|1, n]``
-for ``bshd``, ``[B|1, H|1, S, n]`` for ``bhsd``). Full-width tables (the public form,
-each plane's value in both of its channels) are cut to half tables by
-:func:`half_table`, a view, so no backend re-reads duplicated channels.
+for ``bshd``, ``[B|1, H|1, S, n]`` for ``bhsd``). Channel tables (the public form, each
+plane's value in both of its channels) are cut to plane tables by :func:`plane_table`,
+a view, so no backend re-reads duplicated channels. The reference backend uses the
+checks and layouts only: it computes its own angles.
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def half_table(table: torch.Tensor, pairing: str) -> torch.Tensor:
-    """Full-width ``[..., r]`` table -> one value per plane ``[..., r / 2]`` (a view)."""
+def plane_table(table: torch.Tensor, pairing: str) -> torch.Tensor:
+    """Channel table ``[..., r]`` -> one value per plane ``[..., r / 2]`` (a view)."""
     return table[..., 0::2] if pairing == "interleaved" else table[..., : table.shape[-1] // 2]
 
 
-def full_table(half: torch.Tensor, pairing: str) -> torch.Tensor:
+def channel_table(planes: torch.Tensor, pairing: str) -> torch.Tensor:
     """One value per plane ``[..., n]`` -> the pairing's channel layout ``[..., 2n]``."""
-    return half.repeat_interleave(2, dim=-1) if pairing == "interleaved" else torch.cat([half, half], dim=-1)
+    return planes.repeat_interleave(2, dim=-1) if pairing == "interleaved" else torch.cat([planes, planes], dim=-1)
 
 
 def table_for_layout(table: torch.Tensor, layout: str) -> torch.Tensor:
@@ -114,10 +115,10 @@ def rope_angles(pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.einsum("...sa,han->...shn", pos, freqs)
 
 
-def cos_sin_half(
+def plane_cos_sin(
     pos: torch.Tensor, freqs: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Half tables from positions: ``scale * cos(angle)``, ``scale * sin(angle)`` in ``dtype``.
+    """Plane tables from positions: ``scale * cos(angle)``, ``scale * sin(angle)`` in ``dtype``.
 
     ``scale`` is the attention factor per plane, float64 ``[n]`` (or ``None``).
     """
@@ -127,14 +128,6 @@ def cos_sin_half(
         scale = scale.to(device=angles.device, dtype=torch.float64)
         cos, sin = cos * scale, sin * scale
     return cos.to(dtype), sin.to(dtype)
-
-
-def rotate_qk_by_tables(apply_table, q, k, pos, freqs, scale, pairing, layout, dtype):
-    """Table path shared by the PyTorch backends: half tables built once, applied to q and k."""
-    cos, sin = cos_sin_half(pos, freqs, scale, dtype)
-    cos, sin = table_for_layout(cos, layout), table_for_layout(sin, layout)
-    k_out = None if k is None else apply_table(k, cos, sin, pairing)
-    return apply_table(q, cos, sin, pairing), k_out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

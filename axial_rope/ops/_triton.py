@@ -1,17 +1,18 @@
 """The Triton backend: fused RoPE kernels for q and k, forward and backward, registered as torch ops.
 
-Layering: ``@triton.jit`` kernels (``triton_kernels.py``) -> launchers (strides, grid,
+Layering: ``@triton.jit`` kernels (``_triton_kernels.py``) -> launchers (strides, grid,
 block sizes) -> ``torch.library.custom_op`` ops ``axial_rope::rope``, ``axial_rope::norm_rope``,
 ``axial_rope::norm_rope_bwd`` and ``axial_rope::rope_freqs_grad``, with fake (meta)
 implementations and autograd registered, so ``torch.compile(fullgraph=True)`` traces
-callers as opaque calls -> the backend functions ``apply_table``, ``rotate_qk`` and
-``norm_rotate_qk``.
+callers as opaque calls -> :class:`TritonBackend`, the backend protocol of
+:mod:`axial_rope.ops.backend`.
 
 Runs on CUDA tensors, or on CPU tensors under the Triton interpreter when
 ``TRITON_INTERPRET=1`` was set before triton was imported (tests). A learnable ``F``
 (also per head) gets its gradient from ``rope_freqs_grad``. Gradients the kernels do not
-compute (positions, cos/sin tables, ``F`` through the fused norm) are handed to the torch
-backend here, so a gradient is never silently missing.
+compute (positions, cos/sin tables, ``F`` through the fused norm) make ``supports``
+decline the call, so the dispatcher picks another backend (or raises, when triton was
+asked for): a gradient is never silently missing.
 """
 
 from __future__ import annotations
@@ -21,23 +22,14 @@ import os
 import torch
 import triton  # an ImportError here makes the dispatcher report the backend as unavailable
 
-from . import torch as torch_backend
-from .triton_kernels import freqs_grad_kernel, norm_rope_bwd_kernel, norm_rope_kernel, rope_kernel
+from .backend import Call
+from ._triton_kernels import freqs_grad_kernel, norm_rope_bwd_kernel, norm_rope_kernel, rope_kernel
 
 Tensor = torch.Tensor
 
 # triton.jit reads the variable when the kernels are decorated, i.e. when this module is imported.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 TILE = 4096  # elements of one head tile [BLOCK_S, BLOCK_D]: 8 warps, 16 per thread (cos/sin stay in registers)
-
-
-def unavailable_reason(x: Tensor, freqs: Tensor | None) -> str | None:
-    """Why the kernels cannot rotate ``x`` with frequencies ``freqs`` (``None`` when they can)."""
-    if INTERPRETED and x.device.type != "cpu":
-        return f"the kernels were loaded for the Triton interpreter (TRITON_INTERPRET=1), which needs CPU tensors, got {x.device}"
-    if not INTERPRETED and x.device.type != "cuda":
-        return f"tensors on {x.device} need CUDA (or TRITON_INTERPRET=1 set before triton is imported, for CPU)"
-    return None
 
 
 # -- launchers -------------------------------------------------------------------------
@@ -84,7 +76,9 @@ def _launch_rope(q, k, pos, freqs, scale, cos, sin, interleaved: bool, layout: s
     qc, qoc = _bshd(q, layout), _bshd(qo, layout)
     kc, koc = (qc, qoc) if k is None else (_bshd(k, layout), _bshd(ko, layout))
     batch, seq, hq, head_dim = qc.shape
-    if cos is not None:  # half tables broadcastable against q in its layout -> [B, S, H, n] strided views
+    if qo.numel() == 0 and (ko is None or ko.numel() == 0):
+        return qo, ko
+    if cos is not None:  # plane tables broadcastable against q in its layout -> [B, S, H, n] strided views
         n = cos.shape[-1]
         if cos.stride() != sin.stride():
             cos, sin = cos.contiguous(), sin.contiguous()
@@ -339,70 +333,44 @@ norm_rope_op.register_autograd(_norm_backward, setup_context=_norm_setup)
 
 # -- the backend protocol --------------------------------------------------------------
 
-INPLACE = True  # writes into its inputs itself (see ops.rotate_qk)
+# the gradients the kernels compute, per operation (anything else: supports() declines)
+_GRADS = {
+    "rotate_table": frozenset({"x"}),
+    "rotate_qk": frozenset({"q", "k", "freqs"}),
+    "norm_rotate_qk": frozenset({"q", "k", "q_weight", "k_weight"}),
+}
 
 
-def _needs_grad(*tensors: Tensor | None) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+class TritonBackend:
+    name = "triton"
+
+    def supports(self, call: Call) -> str | None:
+        if INTERPRETED and call.device.type != "cpu":
+            return f"the kernels were loaded for the Triton interpreter (TRITON_INTERPRET=1), which needs CPU tensors, got {call.device}"
+        if not INTERPRETED and call.device.type != "cuda":
+            return f"tensors on {call.device} need CUDA (or TRITON_INTERPRET=1 set before triton is imported, for CPU)"
+        missing = call.grads - _GRADS[call.op]
+        if missing:
+            return f"the kernels of {call.op} give no gradient for {sorted(missing)}"
+        return None
+
+    def rotate_table(self, x, cos, sin, pairing, layout, *, inplace):
+        if inplace:
+            rope_inplace_op(x, None, None, None, None, cos, sin, pairing == "interleaved", layout)
+            return x
+        return rope_op(x, None, None, None, None, cos, sin, pairing == "interleaved", layout, False)[0]
+
+    def rotate_qk(self, q, k, pos, freqs, scale, pairing, layout, *, inplace):
+        """q and k rotated in one launch (and one launch backward)."""
+        if inplace:
+            rope_inplace_op(q, k, pos, freqs, scale, None, None, pairing == "interleaved", layout)
+            return q, k
+        qo, ko = rope_op(q, k, pos, freqs, scale, None, None, pairing == "interleaved", layout, False)
+        return qo, (None if k is None else ko)
+
+    def norm_rotate_qk(self, q, k, q_weight, k_weight, eps, pos, freqs, scale, pairing, layout):
+        """Fused per-head RMSNorm + rotation of q and k (grads for q, k and both weights); one launch each way."""
+        return norm_rope_op(q, k, q_weight, k_weight, float(eps), pos, freqs, scale, pairing == "interleaved", layout)
 
 
-def apply_table(x: Tensor, cos: Tensor, sin: Tensor, pairing: str, inplace: bool = False) -> Tensor:
-    """Rotate the first ``2n`` channels of ``x`` by half tables ``cos``/``sin`` ``[..., n]`` (broadcastable).
-
-    Tables that need a gradient go to the torch backend (the kernels only give x's gradient).
-    ``inplace`` writes into ``x`` (no gradient recorded) and returns it.
-    """
-    if _needs_grad(cos, sin):
-        return torch_backend.apply_table(x, cos, sin, pairing, inplace)
-    # the tables are shaped for x's layout: a broadcast axis 1 against heads > 1 means [B, H, S, D]
-    layout = "bhsd" if cos.shape[1] == 1 and cos.shape[2] > 1 else "bshd"
-    if inplace:
-        rope_inplace_op(x, None, None, None, None, cos, sin, pairing == "interleaved", layout)
-        return x
-    return rope_op(x, None, None, None, None, cos, sin, pairing == "interleaved", layout, False)[0]
-
-
-def rotate_qk(
-    q: Tensor,
-    k: Tensor | None,
-    pos: Tensor,
-    freqs: Tensor,
-    scale: Tensor | None,
-    pairing: str,
-    layout: str,
-    inplace: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """Rotate q (and k) by ``pos @ freqs`` in one launch; pos ``[B|1, S, n_axes]``, freqs ``[(H,) n_axes, n]``.
-
-    ``inplace`` writes into q and k (no gradient recorded) and returns them.
-    """
-    if _needs_grad(pos, scale):  # gradients the kernels do not give: the torch backend does
-        return torch_backend.rotate_qk(q, k, pos, freqs, scale, pairing, layout, inplace)
-    if inplace:
-        rope_inplace_op(q, k, pos, freqs, scale, None, None, pairing == "interleaved", layout)
-        return q, k
-    qo, ko = rope_op(q, k, pos, freqs, scale, None, None, pairing == "interleaved", layout, False)
-    return qo, (None if k is None else ko)
-
-
-def norm_rotate_qk(
-    q: Tensor,
-    k: Tensor,
-    q_weight: Tensor | None,
-    k_weight: Tensor | None,
-    eps: float,
-    pos: Tensor,
-    freqs: Tensor,
-    scale: Tensor | None,
-    pairing: str,
-    layout: str,
-) -> tuple[Tensor, Tensor]:
-    """Fused per-head RMSNorm + rotation of q and k (grads for q, k and both weights); one launch each way."""
-    if _needs_grad(pos, freqs, scale):
-        from .common import rms_norm  # the unfused path, as in ops.norm_rotate_qk
-
-        q32, k32 = torch_backend.rotate_qk(
-            rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps), pos, freqs, scale, pairing, layout
-        )
-        return q32.to(q.dtype), k32.to(k.dtype)
-    return norm_rope_op(q, k, q_weight, k_weight, float(eps), pos, freqs, scale, pairing == "interleaved", layout)
+BACKEND = TritonBackend()

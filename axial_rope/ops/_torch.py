@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from .common import compute_dtype, rotate_qk_by_tables
+from .backend import Call
+from .common import compute_dtype, plane_cos_sin, rms_norm, table_for_layout
 
 CHUNK = 1 << 19  # elements per CPU chunk: two float32 work buffers of 2 MiB, cache-resident
 EAGER_DEVICES = ("cpu", "cuda")  # full complex support; elsewhere (MPS) the expression path
@@ -80,7 +81,7 @@ def _as_complex(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def _kernel_tables(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, pairing: str) -> tuple:
-    """Half tables ``[.., n]`` -> the eager kernel's tables in ``dtype`` (float32 or float64).
+    """Plane tables ``[.., n]`` -> the eager kernel's tables in ``dtype`` (float32 or float64).
 
     Interleaved: ``(cos + i sin,)`` complex ``[.., n]``. Half: ``(cos_full, sin_full)``
     ``[.., 2n]``, the sin table signed (``-sin`` on each plane's first channel).
@@ -182,9 +183,6 @@ def _table_dtype(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.promote_types(compute_dtype(x), torch.promote_types(cos.dtype, sin.dtype))
 
 
-INPLACE = True  # writes into its inputs itself (see ops.rotate_qk)
-
-
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str, prepared: dict, inplace: bool):
     """One tensor through the eager or the expression path; ``prepared`` caches kernel tables per dtype."""
     if not _eager(x, cos, sin):
@@ -193,26 +191,33 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str,
     dtype = _table_dtype(x, cos, sin)
     if dtype not in prepared:
         prepared[dtype] = _kernel_tables(cos, sin, dtype, pairing)
-    if inplace:  # no gradient is recorded here (the dispatcher sends in-place calls that need one elsewhere)
+    if inplace:  # the dispatcher sends in-place calls only when no gradient is to be recorded
         return _rotate_into(x, prepared[dtype], pairing, out=x)
     return _RotateByTable.apply(x, pairing, *prepared[dtype])
 
 
-def apply_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str, inplace: bool = False):
-    """Rotate the first ``2n`` channels of ``x`` by half tables ``cos``/``sin`` ``[..., n]``.
+class TorchBackend:
+    name = "torch"
 
-    The tables broadcast against ``x[..., :n]``; the arithmetic runs in float32
-    (float64 for float64 inputs or tables) and the result is cast back to ``x.dtype``.
-    ``inplace`` writes into ``x`` (without recording a gradient) and returns it.
-    """
-    return _rotate(x, cos, sin, pairing, {}, inplace)
+    def supports(self, call: Call) -> str | None:
+        return None  # every device, dtype and gradient: plain PyTorch ops
+
+    def rotate_table(self, x, cos, sin, pairing, layout, *, inplace):
+        return _rotate(x, cos, sin, pairing, {}, inplace)
+
+    def rotate_qk(self, q, k, pos, freqs, scale, pairing, layout, *, inplace):
+        """Plane tables built once from ``pos @ freqs`` (float64 angles, q's compute dtype), applied to q and k."""
+        cos, sin = plane_cos_sin(pos, freqs, scale, compute_dtype(q))
+        cos, sin = table_for_layout(cos, layout), table_for_layout(sin, layout)
+        prepared = {}  # the eager kernel's tables per compute dtype, shared by q and k
+        q_out = _rotate(q, cos, sin, pairing, prepared, inplace)
+        return q_out, (None if k is None else _rotate(k, cos, sin, pairing, prepared, inplace))
+
+    def norm_rotate_qk(self, q, k, q_weight, k_weight, eps, pos, freqs, scale, pairing, layout):
+        # normalise in float32 and rotate the float32 result, so the output is rounded once
+        q32, k32 = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
+        q32, k32 = self.rotate_qk(q32, k32, pos, freqs, scale, pairing, layout, inplace=False)
+        return q32.to(q.dtype), k32.to(k.dtype)
 
 
-def rotate_qk(q, k, pos, freqs, scale, pairing, layout, inplace: bool = False):
-    """Rotate q (and k, if not None) by the angles ``pos @ freqs``; pos ``[B|1, S, n_axes]``."""
-    prepared = {}  # the eager kernel's tables per compute dtype, built once for q and k
-
-    def apply(x, cos, sin, pairing):
-        return _rotate(x, cos, sin, pairing, prepared, inplace)
-
-    return rotate_qk_by_tables(apply, q, k, pos, freqs, scale, pairing, layout, compute_dtype(q))
+BACKEND = TorchBackend()

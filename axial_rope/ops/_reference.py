@@ -1,0 +1,90 @@
+"""The readable specification of RoPE: each plane is a complex number, turned by multiplication.
+
+Slow and exact, and independent of the fast paths on purpose: it computes its own
+angles (float64 sums of ``pos[a] * F[a, j]``), its own RMSNorm, and rotates with
+complex128 arithmetic, casting to the input dtype once at the end. It shares only
+argument checks with the other backends, so a bug in their table or angle code
+cannot hide in the oracle every test compares them with. Never chosen automatically.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backend import Call
+
+
+def _planes(x: torch.Tensor, n: int, pairing: str) -> torch.Tensor:
+    """The first ``2n`` channels of x as ``n`` complex128 planes ``[..., n]``."""
+    if pairing == "interleaved":  # plane j = channels (2j, 2j + 1)
+        re, im = x[..., 0 : 2 * n : 2], x[..., 1 : 2 * n : 2]
+    else:  # "half": plane j = channels (j, j + n)
+        re, im = x[..., :n], x[..., n : 2 * n]
+    # copies, also from float64: torch.complex saves its inputs, which must not be views of an
+    # x that an in-place caller overwrites afterwards
+    return torch.complex(re.to(torch.float64, copy=True), im.to(torch.float64, copy=True))
+
+
+def _channels(z: torch.Tensor, pairing: str) -> torch.Tensor:
+    """Planes ``[..., n]`` back to the pairing's ``2n`` real channels (float64)."""
+    if pairing == "interleaved":
+        return torch.view_as_real(z).flatten(-2)
+    return torch.cat([z.real, z.imag], dim=-1)
+
+
+def _turn(x: torch.Tensor, turn: torch.Tensor, pairing: str) -> torch.Tensor:
+    """x with its planes multiplied by ``turn`` (complex, broadcastable to ``[..., n]``); the rest passes."""
+    n = turn.shape[-1]
+    rotated = _channels(_planes(x, n, pairing) * turn, pairing)
+    return torch.cat([rotated.to(x.dtype), x[..., 2 * n :]], dim=-1)
+
+
+def _turns(pos, freqs, scale, layout: str) -> torch.Tensor:
+    """``scale * exp(i angle)`` per token and plane, shaped to broadcast against q in ``layout``.
+
+    pos ``[B|1, S, A]``, freqs ``[A, n]`` or ``[H, A, n]`` -> ``[B|1, S, 1|H, n]`` (``bshd``)
+    or ``[B|1, 1|H, S, n]`` (``bhsd``).
+    """
+    pos = pos.double()[:, :, None, :, None]  # [B|1, S, 1, A, 1]
+    freqs = freqs.double()
+    freqs = freqs[None] if freqs.ndim == 2 else freqs  # [1|H, A, n]
+    angle = (pos * freqs).sum(-2)  # [B|1, S, 1|H, n]: for axial F, one exact product per plane
+    magnitude = torch.ones_like(angle) if scale is None else scale.double().expand_as(angle)
+    turn = torch.polar(magnitude, angle)
+    return turn if layout == "bshd" else turn.transpose(1, 2)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    x = x.double()
+    y = x / torch.sqrt(x.square().mean(-1, keepdim=True) + eps)
+    return y if weight is None else y * weight.double()
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def supports(self, call: Call) -> str | None:
+        if call.device.type == "mps":
+            return "MPS has no float64, which the reference computes in"
+        return None
+
+    def rotate_table(self, x, cos, sin, pairing, layout, *, inplace):
+        out = _turn(x, torch.complex(cos.double(), sin.double()), pairing)
+        return x.copy_(out) if inplace else out
+
+    def rotate_qk(self, q, k, pos, freqs, scale, pairing, layout, *, inplace):
+        turn = _turns(pos, freqs, scale, layout)
+        q_out = _turn(q, turn, pairing)
+        k_out = None if k is None else _turn(k, turn, pairing)
+        if inplace:
+            return q.copy_(q_out), (None if k is None else k.copy_(k_out))
+        return q_out, k_out
+
+    def norm_rotate_qk(self, q, k, q_weight, k_weight, eps, pos, freqs, scale, pairing, layout):
+        turn = _turns(pos, freqs, scale, layout)
+        q_out = _turn(_rms_norm(q, q_weight, eps), turn, pairing)
+        k_out = _turn(_rms_norm(k, k_weight, eps), turn, pairing)
+        return q_out.to(q.dtype), k_out.to(k.dtype)
+
+
+BACKEND = ReferenceBackend()
