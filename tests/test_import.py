@@ -1,4 +1,4 @@
-"""`import axial_rope` needs torch and einops only: optional packages are never imported eagerly."""
+"""`import axial_rope` needs torch only: optional packages are never imported eagerly."""
 
 from __future__ import annotations
 
@@ -6,7 +6,18 @@ import subprocess
 import sys
 import textwrap
 
-OPTIONAL = ["triton", "diffusers", "timm", "transformers", "safetensors", "tqdm", "matplotlib", "PIL", "accelerate"]
+OPTIONAL = [
+    "triton",
+    "diffusers",
+    "timm",
+    "transformers",
+    "safetensors",
+    "tqdm",
+    "matplotlib",
+    "PIL",
+    "accelerate",
+    "einops",
+]
 
 
 def test_import_works_with_optional_packages_blocked():
