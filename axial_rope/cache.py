@@ -48,6 +48,8 @@ class KVCache(nn.Module):
         # not persistent: a cache is runtime state, never part of a checkpoint
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        # which slots hold a key and value: attention never sees the others (decoding may skip positions)
+        self.register_buffer("filled", torch.zeros(max_seq_len, dtype=torch.bool, device=device), persistent=False)
 
     def _check(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         if input_pos.ndim != 1 or input_pos.dtype not in (torch.int32, torch.int64):
@@ -68,6 +70,8 @@ class KVCache(nn.Module):
                     f"KVCache overflow: input_pos spans [{lo}, {hi}], the cache holds positions "
                     f"0..{self.max_seq_len - 1} (max_seq_len={self.max_seq_len}); allocate a longer cache"
                 )
+            if input_pos.unique().numel() != input_pos.numel():
+                raise ValueError(f"input_pos writes one slot twice in one update: {input_pos.tolist()}")
 
     def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write new keys (rotated) and values at ``input_pos``; return the whole cache for the batch.
@@ -77,18 +81,21 @@ class KVCache(nn.Module):
             k, v: ``[B, H_kv, S, D]``.
 
         Returns:
-            ``k``, ``v`` ``[B, H_kv, S_max, D]`` (views of the cache; unwritten slots hold zeros).
+            ``k``, ``v`` ``[B, H_kv, S_max, D]`` (views of the cache; unwritten slots hold zeros and
+            are marked in :attr:`filled`, which attention uses as its mask).
         """
         self._check(input_pos, k, v)
         b = k.shape[0]
         self.k[:b].index_copy_(2, input_pos, k.to(self.k.dtype))
         self.v[:b].index_copy_(2, input_pos, v.to(self.v.dtype))
+        self.filled.index_fill_(0, input_pos, True)
         return self.k[:b], self.v[:b]
 
     def reset(self) -> None:
-        """Zero the cache (a new sequence can also simply overwrite it from position 0)."""
+        """Empty the cache: zero keys and values, no slot written."""
         self.k.zero_()
         self.v.zero_()
+        self.filled.zero_()
 
     def extra_repr(self) -> str:
         return f"shape={tuple(self.k.shape)}, dtype={self.k.dtype}"

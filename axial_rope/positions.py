@@ -40,9 +40,22 @@ def _check_sizes(sizes: Sequence[int]) -> None:
             raise ValueError(f"grid sizes must be positive ints, got {tuple(sizes)!r}")
 
 
-def _mesh(axes: list[torch.Tensor]) -> torch.Tensor:
-    # [n_0, ..., n_k] coordinates per axis -> [prod(n), n_axes], first axis slowest
-    return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(axes))
+def _cast(coords: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """float64 coordinates in ``dtype``, refusing a dtype that would change one.
+
+    An integer dtype would truncate fractional coordinates (``grid(4, dtype=torch.int64,
+    scale=0.5)``); float16 and bfloat16 round integers past 2048 / 256.
+    """
+    if dtype in (torch.float16, torch.bfloat16):
+        raise TypeError(f"dtype {dtype} rounds coordinates (257 becomes 256 in bfloat16); use float32 or float64")
+    if not dtype.is_floating_point and bool((coords != coords.round()).any()):
+        raise ValueError(f"dtype {dtype} would truncate fractional coordinates; use a float dtype")
+    return coords.to(dtype=dtype, device=device)
+
+
+def _mesh(axes: list[torch.Tensor], dtype: torch.dtype, device) -> torch.Tensor:
+    """float64 coordinates per axis ``[n_a]`` -> ``[prod(n), n_axes]`` in ``dtype``, first axis slowest."""
+    return _cast(torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(axes)), dtype, device)
 
 
 def grid(
@@ -88,7 +101,7 @@ def grid(
         if center:
             c = c - c.mean()
         axes.append(c * s + o)  # float64 until here, so scale and offset add no rounding
-    return _mesh(axes).to(dtype=dtype, device=device)
+    return _mesh(axes, dtype, device)
 
 
 def crop_grid(
@@ -122,7 +135,7 @@ def crop_grid(
             axes.append(torch.linspace(a, b * (n - 1) / n, n, dtype=torch.float32).double())
         else:
             axes.append(a + (b - a) * torch.arange(n, dtype=torch.float64) / n)
-    return _mesh(axes).to(dtype=dtype, device=device)
+    return _mesh(axes, dtype, device)
 
 
 def text_positions(
@@ -147,7 +160,7 @@ def text_positions(
     if not isinstance(n_axes, int) or n_axes <= 0:
         raise ValueError(f"n_axes must be a positive int, got {n_axes!r}")
     column = start + step * torch.arange(length, dtype=torch.float64)
-    return column[:, None].expand(length, n_axes).to(dtype=dtype, device=device).contiguous()
+    return _cast(column[:, None].expand(length, n_axes), dtype, device).contiguous()
 
 
 class SizedPositions(NamedTuple):
@@ -217,4 +230,4 @@ def positions_for_size(
         scaled = s > 1 and m in ("ntk", "yarn")
         scaling.append((NTK(s) if m == "ntk" else YaRN(s, t)) if scaled else None)
         axes.append(c)
-    return SizedPositions(_mesh(axes).to(dtype=dtype, device=device), tuple(scaling), factors)
+    return SizedPositions(_mesh(axes, dtype, device), tuple(scaling), factors)

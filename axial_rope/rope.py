@@ -19,7 +19,7 @@ from .ops import PAIRINGS, norm_rotate_qk, preload, rotate_qk
 from .ops.common import channel_table, check_choice, check_qk, check_tensor, plane_cos_sin, seq_dim
 from .scaling import Scaling, inv_freq
 
-__all__ = ["AxialRoPE", "SPECTRA"]
+__all__ = ["AxialRoPE", "SPECTRA", "check_positions"]
 
 SPECTRA = ("per_axis", "split", "cycled")
 
@@ -34,6 +34,51 @@ def _per_axis(name: str, value, n_axes: int, shared_only: bool) -> tuple:
     if len(value) != n_axes:
         raise ValueError(f"{name} has {len(value)} entries, expected one per axis ({n_axes})")
     return tuple(value)
+
+
+def _scaling_method(value) -> Scaling | None:
+    """A scaling method, ``None``, or its dict form (:meth:`Scaling.to_dict`, e.g. from a config)."""
+    if value is None or isinstance(value, Scaling):
+        return value
+    if isinstance(value, dict):
+        return scaling_methods.from_dict(value)
+    raise TypeError(f"scaling must be None, an axial_rope.scaling method or its dict form, got {value!r}")
+
+
+def check_positions(pos: torch.Tensor) -> None:
+    """Refuse coordinates that cannot be exact, and NaN or inf, without a host sync where it matters.
+
+    Position dtypes and their exact range: integer dtypes hold every integer they
+    represent; float32 holds integers up to ``2**24`` (and fractions on a coarser grid
+    as they grow: spacing ``2**-23 |p|``); float64 integers up to ``2**53``. float16
+    and bfloat16 are refused: they round integers past 2048 (float16) or 256
+    (bfloat16), e.g. 257 becomes 256.
+    Angles are float64 products, exact to ``|angle| * 2**-53`` radians (1e-7 rad at an
+    angle of 1e9), so float64 positions keep relative invariance far past any real length.
+
+    The NaN/inf check: eager CPU tensors raise ``ValueError`` here; compiled code and GPU
+    tensors use ``torch._assert_async`` (a ``RuntimeError`` when it fires), which keeps the
+    check inside compiled graphs and never waits for the GPU (no device-to-host sync; on
+    CUDA it is a device-side assert).
+    """
+    if pos.dtype in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"pos must be float32, float64 or an integer dtype, got {pos.dtype}, which rounds coordinates "
+            "(257 becomes 256 in bfloat16); build positions in float32 (ar.grid's default) or float64"
+        )
+    if (
+        pos.dtype == torch.bool
+        or pos.is_complex()
+        or not (pos.is_floating_point() or pos.dtype.is_signed or pos.dtype == torch.uint8)
+    ):
+        raise TypeError(f"pos must hold real float or int coordinates, got dtype {pos.dtype}")
+    if not pos.is_floating_point():
+        return
+    if pos.device.type == "cpu" and not torch.compiler.is_compiling():
+        if not bool(torch.isfinite(pos).all()):
+            raise ValueError("pos holds NaN or inf coordinates")
+    else:
+        torch._assert_async(torch.isfinite(pos).all(), "axial_rope: pos holds NaN or inf coordinates")
 
 
 def plane_axes(axes_dim: Sequence[int], spectrum: str) -> list[int]:
@@ -61,8 +106,9 @@ class AxialRoPE(nn.Module):
         axes_dim: rotary channels per axis, each even; ``(d,)`` or ``d`` for 1-D RoPE,
             ``(d_y, d_x)`` for images, ``(d_t, d_y, d_x)`` for video.
         theta: base of the spectrum; one for all axes or one per axis (``per_axis`` only).
-        scaling: a method of :mod:`axial_rope.scaling` (or ``None``); one for all axes or
-            a tuple with one per axis (``None`` = unscaled axis; ``per_axis`` only).
+        scaling: a method of :mod:`axial_rope.scaling` (or ``None``, or a method's dict form
+            ``{"rope_type": ..., ...}``); one for all axes or a tuple with one per axis
+            (``None`` = unscaled axis; ``per_axis`` only).
         pairing: ``"interleaved"``: planes are channels ``(2j, 2j+1)``; ``"half"``:
             ``(j, j + rot_dim / 2)``.
         spectrum: ``"per_axis"``: axis ``a`` owns ``axes_dim[a] / 2`` consecutive planes with
@@ -90,7 +136,7 @@ class AxialRoPE(nn.Module):
     ):
         super().__init__()
         preload()  # backends imported now, not inside a later torch.compile trace
-        axes_dim = (axes_dim,) if isinstance(axes_dim, int) else tuple(axes_dim)
+        axes_dim = tuple(axes_dim) if isinstance(axes_dim, (tuple, list)) else (axes_dim,)
         if not axes_dim or any(not isinstance(d, int) or isinstance(d, bool) or d <= 0 or d % 2 for d in axes_dim):
             raise ValueError(f"axes_dim must be positive even ints, one per axis, got {axes_dim!r}")
         check_choice("pairing", pairing, PAIRINGS)
@@ -100,10 +146,7 @@ class AxialRoPE(nn.Module):
         shared = spectrum != "per_axis"
         self.axes_dim, self.pairing, self.spectrum, self.backend = axes_dim, pairing, spectrum, backend
         self.theta = _per_axis("theta", theta, len(axes_dim), shared)
-        self.scaling = _per_axis("scaling", scaling, len(axes_dim), shared)
-        for method in set(self.scaling):
-            if method is not None and not isinstance(method, scaling_methods.Scaling):
-                raise TypeError(f"scaling must be None or an axial_rope.scaling method, got {method!r}")
+        self.scaling = tuple(_scaling_method(s) for s in _per_axis("scaling", scaling, len(axes_dim), shared))
         self.plane_axis = plane_axes(axes_dim, spectrum)
         self.length_dependent = any(s is not None and s.length_dependent for s in self.scaling)
         freqs, scale = self.frequencies()  # validates theta and every method against its axis
@@ -174,7 +217,7 @@ class AxialRoPE(nn.Module):
         """
         if self.learned_freqs is not None:
             raise ValueError("with_scaling needs fixed frequencies; this rope learns its own (learnable=True)")
-        per_axis = _per_axis("scaling", scaling, self.n_axes, self.spectrum != "per_axis")
+        per_axis = tuple(_scaling_method(s) for s in _per_axis("scaling", scaling, self.n_axes, self.spectrum != "per_axis"))
         if per_axis == self.scaling:
             return self
         theta = self.theta if self.spectrum == "per_axis" else self.theta[0]
@@ -197,15 +240,10 @@ class AxialRoPE(nn.Module):
     # -- positions -----------------------------------------------------------------
 
     def _positions(self, pos: torch.Tensor) -> torch.Tensor:
-        """Check ``pos`` and return it as ``[B|1, S, n_axes]``."""
+        """Check ``pos`` and return it as ``[B|1, S, n_axes]`` (see :func:`check_positions`)."""
         if not isinstance(pos, torch.Tensor):
             raise TypeError(f"pos must be a torch.Tensor, got {type(pos).__name__}")
-        if (
-            pos.dtype == torch.bool
-            or pos.is_complex()
-            or not (pos.is_floating_point() or pos.dtype.is_signed or pos.dtype == torch.uint8)
-        ):
-            raise TypeError(f"pos must hold real float or int coordinates, got dtype {pos.dtype}")
+        check_positions(pos)
         if pos.ndim == 1 and self.n_axes == 1:
             pos = pos[:, None]
         if pos.ndim not in (2, 3) or pos.shape[-1] != self.n_axes:
@@ -213,8 +251,6 @@ class AxialRoPE(nn.Module):
                 "[S], [S, 1] or [B, S, 1]" if self.n_axes == 1 else f"[S, {self.n_axes}] or [B, S, {self.n_axes}]"
             )
             raise ValueError(f"pos must be {expected} for {self.n_axes} axes, got shape {tuple(pos.shape)}")
-        if pos.is_floating_point() and not torch.compiler.is_compiling() and not bool(torch.isfinite(pos).all()):
-            raise ValueError("pos holds NaN or inf coordinates")
         return pos if pos.ndim == 3 else pos[None]
 
     def _freqs_for(self, pos: torch.Tensor, seq_len) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -127,6 +127,22 @@ def test_backend_inplace_equals_out_of_place(name, op):
         assert o is t and torch.equal(o, e)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("empty", ["tokens", "batch"])
+@pytest.mark.parametrize("name", CANDIDATES)
+def test_backend_returns_empty_results_for_empty_inputs(name, empty, layout):
+    _backend_or_skip(name, Call("rotate_table", torch.device("cpu"), torch.float32))
+    b, s = (2, 0) if empty == "tokens" else (0, 6)
+    shape = (b, s, 3, 8) if layout == "bshd" else (b, 3, s, 8)
+    x = torch.randn(shape)
+    rope = ar.AxialRoPE((4, 4))
+    pos = ar.grid(2, 3)[:s]
+    cos, sin = rope.cos_sin(pos)
+    assert ar.apply_rope(x, cos, sin, layout=layout, backend=name).shape == shape
+    assert rope(x, x.clone(), pos, layout, backend=name)[0].shape == shape
+    assert ar.apply_rope(x, cos, sin, layout=layout, backend=name, inplace=True) is x
+
+
 # -- the precision policy ------------------------------------------------------------------------
 
 ULP_BITS = {torch.bfloat16: 7, torch.float16: 10}  # explicit mantissa bits

@@ -87,7 +87,9 @@ def check_qk(q: torch.Tensor, k: torch.Tensor | None, layout: str) -> None:
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"q and k must have the same head_dim, got {q.shape[-1]} and {k.shape[-1]}")
     hq, hk = q.shape[head_axis], k.shape[head_axis]
-    if hq % hk:
+    if hk == 0 and hq > 0:
+        raise ValueError(f"k has 0 heads but q has {hq}: k's heads must divide q's (grouped-query attention)")
+    if hk and hq % hk:
         raise ValueError(f"k's {hk} heads must divide q's {hq} heads (grouped-query attention)")
     s = seq_dim(layout)
     if (q.shape[0], q.shape[s]) != (k.shape[0], k.shape[s]):

@@ -1,0 +1,144 @@
+"""Library inputs a careless or hostile caller passes: each case once gave a silent wrong answer or an unclear crash."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_close
+
+import axial_rope as ar
+from axial_rope.cache import KVCache
+from axial_rope.layers import Attention
+
+# -- positions -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_low_precision_positions_are_refused_not_rounded(dtype):
+    rope = ar.AxialRoPE(8)
+    x = torch.randn(1, 2, 1, 8)
+    with pytest.raises(TypeError, match="rounds coordinates"):
+        rope.apply(x, torch.tensor([256.0, 257.0]).to(dtype))  # bfloat16 holds 257 as 256
+    with pytest.raises(TypeError, match="rounds coordinates"):
+        ar.grid(300, dtype=dtype)
+
+
+def test_integer_grids_refuse_fractional_coordinates_instead_of_truncating():
+    assert torch.equal(ar.grid(3, dtype=torch.int64)[:, 0], torch.arange(3))
+    with pytest.raises(ValueError, match="truncate"):
+        ar.grid(4, dtype=torch.int64, scale=0.5)
+    with pytest.raises(ValueError, match="truncate"):
+        ar.text_positions(3, dtype=torch.int32, step=0.5)
+
+
+def test_integer_positions_equal_float_positions():
+    rope = ar.AxialRoPE((4, 4))
+    x = torch.randn(1, 6, 2, 8)
+    assert torch.equal(rope.apply(x, ar.grid(2, 3, dtype=torch.int64)), rope.apply(x, ar.grid(2, 3)))
+
+
+@pytest.mark.slow
+def test_nan_positions_are_caught_under_torch_compile():
+    rope = ar.AxialRoPE((4, 4), backend="torch")
+    fn = torch.compile(lambda x, pos: rope.apply(x, pos), fullgraph=True, backend="aot_eager")
+    x = torch.randn(1, 6, 2, 8)
+    assert_close(fn(x, ar.grid(2, 3)), rope.apply(x, ar.grid(2, 3), backend="reference"))
+    bad = ar.grid(2, 3)
+    bad[4, 1] = float("nan")
+    with pytest.raises(RuntimeError, match="NaN or inf"):
+        fn(x, bad)
+    with pytest.raises(ValueError, match="NaN or inf"):  # eager: the same check, as a ValueError
+        rope.apply(x, bad)
+
+
+# -- constructor arguments ------------------------------------------------------------------------
+
+
+def test_float_axes_dim_gets_a_clear_error():
+    with pytest.raises(ValueError, match=r"axes_dim must be positive even ints.*16\.0"):
+        ar.AxialRoPE(16.0)
+
+
+def test_scaling_as_a_dict_is_the_method_it_describes():
+    method = ar.scaling.YaRN(4.0, 64)
+    x = torch.randn(1, 5, 1, 16)
+    pos = torch.arange(5.0) * 40
+    from_dict = ar.AxialRoPE(16, scaling=method.to_dict())
+    assert from_dict.scaling == (method,)
+    assert torch.equal(from_dict.apply(x, pos), ar.AxialRoPE(16, scaling=method).apply(x, pos))
+    with pytest.raises(ValueError, match="rope_type"):
+        ar.AxialRoPE(16, scaling={"factor": 2.0})
+    with pytest.raises(TypeError, match="dict form"):
+        ar.AxialRoPE(16, scaling=2.0)
+
+
+# -- empty and degenerate shapes ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 16), (0, 6, 16)], ids=["no tokens", "no batch"])
+def test_attention_on_empty_inputs_returns_empty_outputs(shape):
+    attn = Attention(16, 2, ar.AxialRoPE((4, 4)))
+    x = torch.randn(*shape)
+    out = attn(x, ar.grid(2, 3)[: shape[1]])
+    assert out.shape == shape
+
+
+def test_k_with_zero_heads_is_a_clear_error():
+    rope = ar.AxialRoPE((4, 4))
+    with pytest.raises(ValueError, match="k has 0 heads"):
+        rope(torch.randn(1, 6, 2, 8), torch.randn(1, 6, 0, 8), ar.grid(2, 3))
+
+
+def test_reference_inplace_with_autograd_in_float64():
+    # torch.complex saves its inputs: they must not be views of the tensor overwritten in place
+    rope = ar.AxialRoPE((4, 4))
+    leaf = torch.randn(1, 6, 2, 8, dtype=torch.float64, requires_grad=True)
+    q = leaf * 1
+    out = rope.apply(q, ar.grid(2, 3), backend="reference", inplace=True)
+    out.square().sum().backward()
+    expected = torch.autograd.grad(rope.apply(leaf, ar.grid(2, 3), backend="reference").square().sum(), leaf)[0]
+    torch.testing.assert_close(leaf.grad, expected)
+
+
+# -- the KV cache ---------------------------------------------------------------------------------
+
+
+def _decoder(dtype=torch.float32):
+    torch.manual_seed(0)
+    return Attention(16, 2, ar.AxialRoPE(8, pairing="half"), causal=True).to(dtype).eval()
+
+
+def test_cache_never_attends_to_slots_that_were_never_written():
+    attn = _decoder()
+    x = torch.randn(1, 3, 16)
+    slots = torch.tensor([0, 1, 5])  # decoding skipped positions 2..4
+    cache = KVCache(1, 8, 2, 8)
+    with torch.no_grad():
+        for i in range(3):
+            out = attn(x[:, i : i + 1], cache=cache, input_pos=slots[i : i + 1])
+        # the same three tokens at the same positions, without a cache: only they are attended
+        full = attn(x, slots)
+    assert_close(out, full[:, -1:])
+    assert cache.filled.tolist() == [True, True, False, False, False, True, False, False]
+    cache.reset()
+    assert not cache.filled.any()
+
+
+def test_cache_refuses_one_slot_written_twice_in_one_update():
+    cache = KVCache(1, 8, 2, 4)
+    kv = torch.randn(1, 2, 2, 4)
+    with pytest.raises(ValueError, match="one slot twice"):
+        cache.update(torch.tensor([3, 3]), kv, kv)
+
+
+def test_cache_in_another_dtype_than_the_model():
+    attn = _decoder()
+    x = torch.randn(1, 4, 16)
+    outs = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        cache = KVCache(1, 8, 2, 8, dtype=dtype)
+        with torch.no_grad():
+            attn(x[:, :3], cache=cache, input_pos=torch.arange(3))
+            outs[dtype] = attn(x[:, 3:], cache=cache, input_pos=torch.tensor([3]))
+    assert outs[torch.bfloat16].dtype == torch.float32
+    torch.testing.assert_close(outs[torch.bfloat16], outs[torch.float32], atol=2e-2, rtol=2e-2)
