@@ -6,34 +6,26 @@ that multiplies cos and sin (so attention logits scale by its square). ``dim`` i
 the rotary width of the axis, so each axis of an :class:`~axial_rope.AxialRoPE`
 uses its own width in every exponent.
 
-The methods are frozen dataclasses whose field names follow the keys of
-transformers' ``rope_parameters``, so a config converts one-to-one; the rules
-follow ``transformers.modeling_rope_utils`` (checked in ``tests/test_scaling.py``).
+The methods are frozen dataclasses whose field names follow the keys of transformers'
+``rope_parameters``, so a config converts one-to-one; the rules follow
+``transformers.modeling_rope_utils`` (checked in ``tests/test_scaling.py``). Fields are
+checked on construction (:meth:`Scaling.__post_init__`); ``docs/scaling.md`` lists the rules.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+import operator
+import warnings
+from dataclasses import MISSING, dataclass, fields
 from typing import ClassVar
 
 import torch
 
 __all__ = [
-    "Linear",
-    "NTK",
-    "DynamicNTK",
-    "YaRN",
-    "Llama3",
-    "LongRoPE",
-    "RIFLEx",
-    "Scaling",
-    "REGISTRY",
-    "from_dict",
-    "base_inv_freq",
-    "inv_freq",
-    "from_rope_parameters",
-]
+    "Linear", "NTK", "DynamicNTK", "YaRN", "Llama3", "LongRoPE", "RIFLEx", "Scaling", "REGISTRY", "CONFIG_KEYS",
+    "from_dict", "base_inv_freq", "inv_freq", "from_rope_parameters",
+]  # fmt: skip
 
 
 def _check_positive(owner: str, name: str, value: float, *, strict: bool = True) -> None:
@@ -43,11 +35,30 @@ def _check_positive(owner: str, name: str, value: float, *, strict: bool = True)
         raise ValueError(f"{owner}: {name} must be {need}, got {value!r}")
 
 
-def _check_fields_positive(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if value is not None:
-            _check_positive(type(obj).__name__, name, value)
+def _as_int(owner: str, name: str, value: object, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``: ints (numpy's too) and integral floats (``4096.0``, in some JSON) pass."""
+    integral_float = isinstance(value, float) and value.is_integer()
+    if isinstance(value, bool) or not (integral_float or hasattr(value, "__index__")):
+        raise TypeError(f"{owner}: {name} must be an int, got {value!r}")
+    number = int(value) if integral_float else operator.index(value)
+    if number < minimum:
+        raise ValueError(f"{owner}: {name} must be an int >= {minimum}, got {value!r}")
+    return number
+
+
+def _as_floats(owner: str, name: str, value: object) -> tuple[float, ...]:
+    """A list (JSON) or tuple of numbers > 0 as a tuple of floats (hashable, so the method stays a dict key)."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{owner}: {name} must be a list of numbers, got {value!r}")
+    entries = tuple(value)  # once: an iterator would be spent by the check
+    for entry in entries:
+        _check_positive(owner, f"every entry of {name}", entry)
+    return tuple(float(entry) for entry in entries)
+
+
+def _check_theta_above_one(owner: str, theta: float, why: str) -> None:
+    if theta <= 1:  # theta = 1: log(theta) = 0 and a flat spectrum; theta < 1: frequencies rise with the pair
+        raise ValueError(f"{owner}: theta must be > 1 ({why}), got {theta!r}")
 
 
 class Scaling:
@@ -55,15 +66,48 @@ class Scaling:
 
     ``rope_type`` names the method in configs (transformers' name where it has one);
     ``length_dependent`` says whether the frequencies depend on the length processed.
-    Subclasses register themselves in :data:`REGISTRY` under their ``rope_type``.
+    Subclasses register themselves in :data:`REGISTRY` under their ``rope_type``; :meth:`to_dict`,
+    :func:`from_dict` and the field checks work from the fields, so adding a method is one class.
     """
 
     rope_type: ClassVar[str]
     length_dependent: ClassVar[bool] = False
+    # float fields where 0 is allowed (YaRN's mscale: 0 means unset, as in transformers); others must be > 0
+    zero_allowed: ClassVar[tuple[str, ...]] = ()
+    int_minimum: ClassVar[dict[str, int]] = {}  # int fields whose least value is not 1
+    # what a `factor` < 1 (a shorter context, not a longer one) does: "warn" where transformers only
+    # logs a warning and computes with it; "error" where no transformers rule accepts it
+    factor_below_one: ClassVar[str] = "warn"
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         REGISTRY[cls.rope_type] = cls
+
+    def __post_init__(self):
+        """Checks every field by its annotation: ``int`` (normalised, >= 1), ``bool``, ``float`` (finite, > 0),
+        ``tuple[float, ...]`` (lists become tuples); ``... | None`` fields may be ``None``."""
+        owner = type(self).__name__
+        for f in fields(self):
+            value, kind = getattr(self, f.name), str(f.type).split(" | ")[0]
+            if value is None and str(f.type).endswith("| None"):
+                continue
+            if kind == "int":
+                number = _as_int(owner, f.name, value, self.int_minimum.get(f.name, 1))
+                object.__setattr__(self, f.name, number)
+            elif kind == "bool" and not isinstance(value, bool):
+                raise TypeError(f"{owner}: {f.name} must be a bool (True or False), got {value!r}")
+            elif kind == "float":
+                _check_positive(owner, f.name, value, strict=f.name not in self.zero_allowed)
+            elif kind.startswith("tuple["):
+                object.__setattr__(self, f.name, _as_floats(owner, f.name, value))
+        factor = getattr(self, "factor", None)
+        if factor is not None and factor < 1:
+            message = f"{owner}: factor={factor!r} < 1 interpolates to a shorter context than the original"
+            if self.factor_below_one == "error":
+                raise ValueError(message)
+            # point at the caller: past this method, each subclass __post_init__ (they call super) and __init__
+            overrides = sum("__post_init__" in vars(c) for c in type(self).__mro__ if c is not Scaling)
+            warnings.warn(f"{message} (transformers accepts it with a warning)", UserWarning, stacklevel=3 + overrides)
 
     def __call__(self, dim: int, theta: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
         raise NotImplementedError
@@ -77,12 +121,25 @@ class Scaling:
 REGISTRY: dict[str, type[Scaling]] = {}
 
 
+def _build(cls: type[Scaling], values: dict, also_valid: frozenset[str] = frozenset()) -> Scaling:
+    """``cls(**values)``, with a ValueError naming unknown keys (and the valid ones) or missing required fields."""
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(values) - set(names) - also_valid)
+    if unknown:
+        valid = names + sorted(also_valid - set(names))
+        raise ValueError(f"{cls.__name__} ({cls.rope_type!r}): unknown key(s) {unknown}; valid keys are {valid}")
+    missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in values]
+    if missing:
+        raise ValueError(f"{cls.__name__} ({cls.rope_type!r}): missing required field(s) {missing}")
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
 def from_dict(config: dict) -> Scaling:
-    """The scaling method a :meth:`Scaling.to_dict` dict describes."""
+    """The scaling method a :meth:`Scaling.to_dict` dict describes (also after a JSON round trip)."""
     if not isinstance(config, dict) or config.get("rope_type") not in REGISTRY:
-        raise ValueError(f"a scaling dict needs 'rope_type' in {sorted(REGISTRY)}, got {config!r}")
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k != "rope_type"}
-    return REGISTRY[config["rope_type"]](**kwargs)
+        kind = config.get("rope_type") if isinstance(config, dict) else config
+        raise ValueError(f"a scaling dict needs 'rope_type' in {sorted(REGISTRY)}, got {kind!r}")
+    return _build(REGISTRY[config["rope_type"]], {k: v for k, v in config.items() if k != "rope_type"})
 
 
 def base_inv_freq(dim: int, theta: float = 10000.0) -> torch.Tensor:
@@ -102,11 +159,16 @@ class Linear(Scaling):
 
     factor: float
 
-    def __post_init__(self):
-        _check_fields_positive(self, "factor")
-
     def __call__(self, dim: int, theta: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
         return base_inv_freq(dim, theta) / self.factor, 1.0
+
+
+def _grown_theta(owner: str, dim: int, theta: float, growth: float, exponent: bool = True) -> float:
+    """NTK's base: ``theta * growth ** (dim / (dim - 2))`` (lowest frequency / growth), or ``theta * growth``."""
+    _check_theta_above_one(owner, theta, "NTK grows the base; a base <= 1 has no low frequencies to stretch")
+    if exponent and dim <= 2:
+        raise ValueError(f"{owner}: dim must be > 2 for the d/(d-2) exponent, got {dim}")
+    return theta * growth ** (dim / (dim - 2) if exponent else 1)
 
 
 @dataclass(frozen=True)
@@ -114,22 +176,18 @@ class NTK(Scaling):
     """NTK-aware base scaling: ``theta * factor ** (dim / (dim - 2))`` (transformers, FiT).
 
     ``exponent=False`` gives the plain ``theta * factor`` that diffusers (Lumina) calls NTK.
+    ``factor < 1`` is an error: transformers has no fixed NTK, and its ``dynamic`` rule never
+    shrinks the base.
     """
 
     rope_type = "ntk"
+    factor_below_one = "error"
 
     factor: float
     exponent: bool = True
 
-    def __post_init__(self):
-        _check_fields_positive(self, "factor")
-
     def scaled_theta(self, dim: int, theta: float) -> float:
-        if not self.exponent:
-            return theta * self.factor
-        if dim <= 2:
-            raise ValueError(f"NTK: dim must be > 2 for the d/(d-2) exponent, got {dim}")
-        return theta * self.factor ** (dim / (dim - 2))
+        return _grown_theta("NTK", dim, theta, self.factor, self.exponent)
 
     def __call__(self, dim: int, theta: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
         return base_inv_freq(dim, self.scaled_theta(dim, theta)), 1.0
@@ -139,8 +197,14 @@ class NTK(Scaling):
 class DynamicNTK(Scaling):
     """Dynamic NTK (transformers' ``dynamic``): the base grows with the length seen.
 
-    At ``seq_len <= max_position_embeddings`` (or ``None``) the spectrum is unscaled;
-    beyond, ``theta * (factor * L / L_max - (factor - 1)) ** (dim / (dim - 2))``.
+    Stateless: with ``L = max_position_embeddings``, the spectrum at ``seq_len`` is
+    ``f(max(seq_len, L))``, where ``f(l)`` uses ``theta * (factor * l / L - (factor - 1)) ** (dim / (dim - 2))``
+    (unscaled for ``l = L``; ``seq_len=None`` means ``L``). That is transformers'
+    ``rope_init_fn`` for ``dynamic``. Its rotary module adds state (``dynamic_rope_update``): it keeps
+    ``f(c)``, ``c`` the longest length seen since the last length below ``L``, and resets to ``f(L)``
+    when a length below ``L`` comes. Both give the same frequencies when ``seq_len < L`` or
+    ``seq_len >= c`` (e.g. every step of one generation, whose length only grows); they differ when
+    a length in ``[L, c)`` follows a longer one (transformers keeps ``f(c)``: pass ``seq_len=c`` to match).
     """
 
     rope_type = "dynamic"
@@ -149,16 +213,11 @@ class DynamicNTK(Scaling):
     factor: float
     max_position_embeddings: int
 
-    def __post_init__(self):
-        _check_fields_positive(self, "factor", "max_position_embeddings")
-
     def __call__(self, dim: int, theta: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
         max_len = self.max_position_embeddings
         length = max_len if seq_len is None else max(seq_len, max_len)
         growth = self.factor * length / max_len - (self.factor - 1)
-        if dim <= 2:
-            raise ValueError(f"DynamicNTK: dim must be > 2 for the d/(d-2) exponent, got {dim}")
-        return base_inv_freq(dim, theta * growth ** (dim / (dim - 2))), 1.0
+        return base_inv_freq(dim, _grown_theta("DynamicNTK", dim, theta, growth)), 1.0
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -174,10 +233,11 @@ class YaRN(Scaling):
     ``factor``; between, a ramp that is linear in the pair index. The correction
     range is floored/ceiled when ``truncate``. The attention factor is
     ``attention_factor`` if given, else ``mscale(factor, mscale) / mscale(factor,
-    mscale_all_dim)`` when both are set, else ``0.1 ln(factor) + 1``.
+    mscale_all_dim)`` when both are set (non-zero), else ``0.1 ln(factor) + 1``.
     """
 
     rope_type = "yarn"
+    zero_allowed = ("mscale", "mscale_all_dim")
 
     factor: float
     original_max_position_embeddings: int
@@ -189,9 +249,9 @@ class YaRN(Scaling):
     truncate: bool = True
 
     def __post_init__(self):
-        _check_fields_positive(
-            self, "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"
-        )
+        super().__post_init__()
+        if self.beta_fast < self.beta_slow:  # transformers only warns; the ramp would run backwards
+            raise ValueError(f"YaRN: beta_fast ({self.beta_fast}) must be >= beta_slow ({self.beta_slow})")
 
     def attention_scale(self) -> float:
         if self.attention_factor is not None:
@@ -202,6 +262,7 @@ class YaRN(Scaling):
 
     def __call__(self, dim: int, theta: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
         original = self.original_max_position_embeddings
+        _check_theta_above_one("YaRN", theta, "the ramp divides by log(theta)")
 
         def pair_index(turns: float) -> float:
             # the (fractional) pair whose wavelength fits `turns` times into the original length
@@ -237,9 +298,7 @@ class Llama3(Scaling):
     high_freq_factor: float = 4.0
 
     def __post_init__(self):
-        _check_fields_positive(
-            self, "factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"
-        )
+        super().__post_init__()
         if self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(
                 f"Llama3: high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor ({self.low_freq_factor})"
@@ -249,10 +308,8 @@ class Llama3(Scaling):
         base = base_inv_freq(dim, theta)
         length = self.original_max_position_embeddings
         wavelen = 2 * math.pi / base
-        smooth = ((length / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)).clamp(
-            0, 1
-        )
-        # smooth is 0 for wavelengths > L / low_freq_factor, 1 for those < L / high_freq_factor
+        smooth = (length / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+        smooth = smooth.clamp(0, 1)  # 0 for wavelengths > L / low_freq_factor, 1 for those < L / high_freq_factor
         inv = (1 - smooth) * base / self.factor + smooth * base
         return inv, 1.0
 
@@ -268,20 +325,13 @@ class LongRoPE(Scaling):
 
     rope_type = "longrope"
     length_dependent = True
+    int_minimum = {"original_max_position_embeddings": 2}  # the attention factor divides by log(L)
 
     short_factor: tuple[float, ...]
     long_factor: tuple[float, ...]
     original_max_position_embeddings: int
     factor: float | None = None
     attention_factor: float | None = None
-
-    def __post_init__(self):
-        object.__setattr__(self, "short_factor", tuple(float(f) for f in self.short_factor))
-        object.__setattr__(self, "long_factor", tuple(float(f) for f in self.long_factor))
-        for name in ("short_factor", "long_factor"):
-            for value in getattr(self, name):
-                _check_positive("LongRoPE", f"every entry of {name}", value)
-        _check_fields_positive(self, "original_max_position_embeddings", "factor", "attention_factor")
 
     def attention_scale(self) -> float:
         if self.attention_factor is not None:
@@ -296,9 +346,8 @@ class LongRoPE(Scaling):
         rescale = getattr(self, name)
         if len(rescale) != dim // 2:
             raise ValueError(f"LongRoPE: {name} has {len(rescale)} entries, the axis has dim // 2 = {dim // 2} pairs")
-        return base_inv_freq(dim, theta) / torch.tensor(
-            rescale, dtype=torch.float64, device="cpu"
-        ), self.attention_scale()
+        rescale = torch.tensor(rescale, dtype=torch.float64, device="cpu")  # [dim // 2]
+        return base_inv_freq(dim, theta) / rescale, self.attention_scale()
 
 
 @dataclass(frozen=True)
@@ -307,17 +356,13 @@ class RIFLEx(Scaling):
 
     Used on the temporal axis of a video model so that pair completes less than
     one period over the ``test_length`` frames (latent frames) generated.
+    ``k`` is the 1-based pair index.
     """
 
     rope_type = "riflex"
 
     k: int
     test_length: int
-
-    def __post_init__(self):
-        _check_fields_positive(self, "k", "test_length")
-        if not isinstance(self.k, int):
-            raise TypeError(f"RIFLEx: k must be an int (1-based pair index), got {self.k!r}")
 
     @staticmethod
     def intrinsic_k(dim: int, theta: float, train_length: int) -> int:
@@ -333,21 +378,14 @@ class RIFLEx(Scaling):
         return inv, 1.0
 
 
-
 def inv_freq(
     dim: int, theta: float = 10000.0, scaling: Scaling | None = None, *, seq_len: int | None = None
 ) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies of one rotary axis.
+    """Inverse frequencies of one rotary axis: float64 ``[dim // 2]`` and the attention factor (a float).
 
-    Args:
-        dim: rotary width of the axis (even); the spectrum has ``dim // 2`` pairs.
-        theta: the base (``rope_theta``).
-        scaling: one of the methods of :mod:`axial_rope.scaling`, or ``None``.
-        seq_len: the length being processed, used by :class:`DynamicNTK` and
-            :class:`LongRoPE` only.
-
-    Returns:
-        ``(inv_freq, attention_factor)``: float64 ``[dim // 2]`` and a python float.
+    ``dim`` is the rotary width of the axis (even), ``theta`` the base (``rope_theta``), ``scaling``
+    a method of :mod:`axial_rope.scaling` or ``None``; ``seq_len``, the length being processed,
+    is used by the length-dependent methods (:class:`DynamicNTK`, :class:`LongRoPE`) only.
     """
     if scaling is None:
         return base_inv_freq(dim, theta), 1.0
@@ -361,32 +399,5 @@ def inv_freq(
     return inv, float(factor)
 
 
-def from_rope_parameters(params: dict, *, max_position_embeddings: int | None = None) -> Scaling | None:
-    """Build a scaling method from a transformers ``rope_parameters`` (or ``rope_scaling``) dict.
-
-    ``rope_theta`` and ``partial_rotary_factor`` are ignored here (they are arguments
-    of :func:`inv_freq`); ``rope_type`` (or ``type``) picks the method.
-    ``max_position_embeddings`` is the config attribute transformers reads beside the
-    dict: ``dynamic`` needs it, and ``yarn`` / ``longrope`` without a ``factor`` take
-    ``max_position_embeddings / original_max_position_embeddings`` as theirs.
-    """
-    kind = params.get("rope_type", params.get("type", "default"))
-    classes = {"linear": Linear, "dynamic": DynamicNTK, "yarn": YaRN, "llama3": Llama3, "longrope": LongRoPE}
-    if kind == "default":
-        return None
-    if kind not in classes:
-        raise ValueError(f"rope_type {kind!r} is not supported; expected one of {['default', *classes]}")
-    cls = classes[kind]
-    names = {f.name for f in fields(cls)}
-    kwargs = {k: v for k, v in params.items() if k in names and v is not None}
-    if kind == "dynamic":
-        kwargs.setdefault("max_position_embeddings", max_position_embeddings)
-        if kwargs["max_position_embeddings"] is None:
-            raise ValueError("rope_type 'dynamic' needs max_position_embeddings (a config attribute): pass it")
-    if kind in ("yarn", "longrope") and "factor" not in kwargs:
-        original = kwargs.get("original_max_position_embeddings")
-        if max_position_embeddings is not None and original:
-            kwargs["factor"] = max_position_embeddings / original
-        elif kind == "yarn":
-            raise ValueError("rope_type 'yarn' without 'factor' needs max_position_embeddings to derive it: pass it")
-    return cls(**kwargs)
+# transformers configs -> methods: in hf_config.py (imported last: it builds on REGISTRY above)
+from .hf_config import CONFIG_KEYS, from_rope_parameters  # noqa: E402
