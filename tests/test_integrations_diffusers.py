@@ -410,3 +410,44 @@ def test_gradients_match_stock_through_fused_norm_and_rotation():
     set_rope_processors(model)
     for got, expected in zip(grads(), stock):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_gradient_checkpointing_recomputes_with_each_forwards_own_positions():
+    # two forwards with as many tokens but other positions, then backward of the first: with activation
+    # checkpointing the first forward's blocks are recomputed after the second forward ran
+    def first_grads(install: bool):
+        torch.manual_seed(0)
+        model, inputs = _flux()
+        model.enable_gradient_checkpointing()
+        if install:
+            set_rope_processors(model)
+        shifted = dict(inputs, img_ids=ar.grid(1, 4, 6, offset=(0.0, 7.0, 3.0)))
+        loss = model(**inputs)[0].square().sum()
+        model(**shifted)[0].square().sum()  # its graph is dropped; only its positions were recorded
+        loss.backward()
+        return model.transformer_blocks[0].attn.to_q.weight.grad
+
+    torch.testing.assert_close(first_grads(True), first_grads(False), atol=1e-5, rtol=1e-4)
+
+
+def test_fusing_projections_after_installing_is_refused_at_the_next_forward():
+    model, inputs = _cogvideox()
+    model.eval()
+    set_rope_processors(model, scaling=(ar.scaling.RIFLEx(1, 6), None, None))
+    model.fuse_qkv_projections()  # diffusers replaces every processor with its own fused one
+    with pytest.raises(RuntimeError, match="were replaced.*fuse_qkv_projections"):
+        _run(model, inputs)
+    set_rope_processors(model)  # installed after fusing: our processors run the fused projections
+    out = _run(model, inputs)
+    remove_rope_processors(model)
+    torch.testing.assert_close(out, _run(model, inputs), atol=1e-5, rtol=1e-4)
+
+
+def test_cogvideox_head_dim_not_divisible_by_16_is_a_clear_error():
+    model = diffusers.CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=24, in_channels=4, out_channels=4, time_embed_dim=2,
+        text_embed_dim=16, num_layers=1, sample_width=8, sample_height=8, sample_frames=9, patch_size=2,
+        temporal_compression_ratio=4, max_text_seq_length=5, use_rotary_positional_embeddings=True,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="attention_head_dim divisible by 16, got 24"):
+        set_rope_processors(model)

@@ -8,14 +8,18 @@ one), through diffusers' own ``set_attn_processor``. Unscaled, the output equals
 stock model's; with ``scaling`` (per axis), the frequencies are rescaled so the model
 can run beyond its training resolution or length.
 
-Positions are read, never patched in: a forward pre-hook on the model's rotary module
+Positions are read, never patched in: a forward hook on the model's rotary module
 (Flux: ``pos_embed``, whose input is the ids; HunyuanVideo, Wan: ``rope``, whose input is
-the latent video) or on the transformer (CogVideoX, whose tables come from the pipeline)
-records ``pos`` ``[S, 3]`` for the processors of that forward.
+the latent video) or a pre-hook on the transformer (CogVideoX, whose tables come from the
+pipeline) records ``pos`` ``[S, 3]`` against the tables of that forward, which the
+processors receive (so activation checkpointing recomputes with the right positions).
+A pre-hook on the transformer refuses to run when something (``fuse_qkv_projections()``,
+``set_attn_processor``) has replaced the installed processors since.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -64,41 +68,44 @@ def _video_grid(frames: int, height: int, width: int, patch: Sequence[int], devi
     return grid(-(-frames // p_t), height // p_h, width // p_w, device=device)
 
 
-def _flux_hook(model, state):
-    def hook(module, args):
-        state.set_positions(args[0].float())  # ids [S, 3], text rows first, as FluxPosEmbed reads them
+# Position hooks: each records the positions of one forward against the tables the stock model
+# computes in it (the output of its rotary module) and passes to every processor.
 
-    return model.pos_embed.register_forward_pre_hook(hook)
+
+def _flux_hook(model, state):
+    def hook(module, args, output):
+        state.record(output, args[0].float())  # ids [S, 3], text rows first, as FluxPosEmbed reads them
+
+    return model.pos_embed.register_forward_hook(hook)
+
+
+def _latent_video_hook(rope_module, patch, state):
+    def hook(module, args, output):
+        _, _, frames, height, width = args[0].shape  # latent video [B, C, F, H, W]
+        state.record(output, _video_grid(frames, height, width, patch, args[0].device))
+
+    return rope_module.register_forward_hook(hook)
 
 
 def _hunyuan_hook(model, state):
     patch = (model.config.patch_size_t, model.config.patch_size, model.config.patch_size)
-
-    def hook(module, args):
-        _, _, frames, height, width = args[0].shape  # latent video [B, C, F, H, W]
-        state.set_positions(_video_grid(frames, height, width, patch, args[0].device))
-
-    return model.rope.register_forward_pre_hook(hook)
+    return _latent_video_hook(model.rope, patch, state)
 
 
 def _wan_hook(model, state):
-    patch = tuple(model.rope.patch_size)
-
-    def hook(module, args):
-        _, _, frames, height, width = args[0].shape  # latent video [B, C, F, H, W]
-        state.set_positions(_video_grid(frames, height, width, patch, args[0].device))
-
-    return model.rope.register_forward_pre_hook(hook)
+    return _latent_video_hook(model.rope, tuple(model.rope.patch_size), state)
 
 
 def _cogvideox_hook(model, state):
     patch = (model.config.patch_size_t or 1, model.config.patch_size, model.config.patch_size)
+    signature = inspect.signature(model.forward)
 
     def hook(module, args, kwargs):
-        latent = args[0] if args else kwargs["hidden_states"]  # [B, F, C, H, W]
-        _, frames, _, height, width = latent.shape
+        call = signature.bind_partial(*args, **kwargs).arguments  # the tables come from the pipeline
+        _, frames, _, height, width = call["hidden_states"].shape  # [B, F, C, H, W]
         # the integer latent grid: CogVideoX 1.5's pipeline positions (and 1.0's at its base size)
-        state.set_positions(_video_grid(frames, height, width, patch, latent.device))
+        grid_pos = _video_grid(frames, height, width, patch, call["hidden_states"].device)
+        state.record(call.get("image_rotary_emb"), grid_pos)
 
     return model.register_forward_pre_hook(hook, with_kwargs=True)
 
@@ -109,7 +116,12 @@ def _wan_layout(model):
 
 
 def _cogvideox_layout(model):
-    d = model.config.attention_head_dim  # get_3d_rotary_pos_embed's split of a head
+    d = model.config.attention_head_dim  # get_3d_rotary_pos_embed's split of a head: t d/4, y and x 3d/8
+    if d % 16:
+        raise ValueError(
+            f"CogVideoX's rotary split (t: d/4, y and x: 3d/8 channels, each even) needs attention_head_dim "
+            f"divisible by 16, got {d}"
+        )
     return (d // 4, d // 8 * 3, d // 8 * 3), 10000.0
 
 
@@ -157,8 +169,8 @@ class RopeProcessors:
         names: the processor names (keys of ``transformer.attn_processors``) that were replaced.
     """
 
-    def __init__(self, transformer, state: RopeState, originals: dict, names: list[str], hook):
-        self.transformer, self.state, self._hook = transformer, state, hook
+    def __init__(self, transformer, state: RopeState, originals: dict, names: list[str], hooks: list):
+        self.transformer, self.state, self._hooks = transformer, state, hooks
         self.originals = originals  # every processor before installation, by name
         self.names = names
 
@@ -167,13 +179,14 @@ class RopeProcessors:
         return self.state.rope
 
     def remove(self) -> None:
-        """Put the original processors back and drop the position hook (idempotent)."""
+        """Put the original processors back and drop the hooks (idempotent)."""
         if getattr(self.transformer, _ATTR, None) is not self:
             return
         current = dict(self.transformer.attn_processors)
         current.update({name: self.originals[name] for name in self.names})
         self.transformer.set_attn_processor(current)
-        self._hook.remove()
+        for hook in self._hooks:
+            hook.remove()
         delattr(self.transformer, _ATTR)
 
 
@@ -237,9 +250,26 @@ def set_rope_processors(
         name: family.processor(state, originals[name]) if name in names else proc for name, proc in originals.items()
     }
     transformer.set_attn_processor(new)
-    handle = RopeProcessors(transformer, state, originals, names, family.hook(transformer, state))
+    hooks = [family.hook(transformer, state), _guard(transformer, names[0], family.processor)]
+    handle = RopeProcessors(transformer, state, originals, names, hooks)
     setattr(transformer, _ATTR, handle)
     return handle
+
+
+def _guard(transformer, name: str, processor: type):
+    """A pre-hook that raises when the processor ``name`` is no longer one of ours (replaced since)."""
+    attention = transformer.get_submodule(name.removesuffix(".processor"))
+
+    def hook(module, args, kwargs):
+        if not isinstance(attention.processor, processor):
+            raise RuntimeError(
+                f"the axial_rope processors of this {type(transformer).__name__} were replaced (now "
+                f"{type(attention.processor).__name__}), e.g. by fuse_qkv_projections() or set_attn_processor(), "
+                "which drops their positions and scaling; call set_rope_processors again after it (our processors "
+                "run fused projections too), or remove_rope_processors() first to go back to the stock ones"
+            )
+
+    return transformer.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def remove_rope_processors(transformer: torch.nn.Module) -> None:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..ops import apply_rope
 from ..rope import AxialRoPE
@@ -32,55 +33,67 @@ __all__ = [
 
 
 class RopeState:
-    """What the processors of one transformer share: the rotary layout and the current positions.
+    """What the processors of one transformer share: the rotary layout and the positions of each forward.
+
+    Positions are recorded against the very tables (``image_rotary_emb``) the stock model
+    computes for that forward and passes to every processor, and looked up by their
+    identity: activation checkpointing, which recomputes a block in backward after later
+    forwards have run, gets the positions of the forward it recomputes, not the latest ones.
 
     Args:
         rope: the :class:`~axial_rope.AxialRoPE` every processor rotates with.
         use_tables: rotate with the tables the model passes in (``image_rotary_emb``)
-            instead of ``pos``; only exact when ``rope`` is unscaled.
+            instead of positions; only exact when ``rope`` is unscaled.
     """
 
     def __init__(self, rope: AxialRoPE, *, use_tables: bool = False):
         self.rope = rope
         self.use_tables = use_tables
-        self.pos: torch.Tensor | None = None  # [S_rope, n_axes], see set_positions
+        # the tables' first tensor -> positions [S_rope, n_axes]; entries go when the tables are freed
+        self._positions = WeakIdKeyDictionary()
 
-    def set_positions(self, pos: torch.Tensor) -> None:
-        """Record the positions ``[S_rope, n_axes]`` of this forward (called by the position hook).
+    def record(self, tables, pos: torch.Tensor) -> None:
+        """Record the positions ``[S_rope, n_axes]`` of the forward that computed ``tables`` (the position hook).
 
         The processors are not submodules, so ``transformer.to(device)`` does not reach the
         rope's frequency buffers; they follow the positions' device here, once per move.
         """
         if self.rope.freqs.device != pos.device:
             self.rope.to(pos.device)
-        self.pos = pos
+        if tables is not None:
+            self._positions[_key(tables)] = pos
 
     @property
     def scaled(self) -> bool:
         return any(s is not None for s in self.rope.scaling)
 
     def rotation(self, tables, n_tokens: int, device: torch.device) -> Rotation | None:
-        """How to rotate ``n_tokens`` tokens: by ``pos`` (preferred) or by the model's own tables.
+        """How to rotate ``n_tokens`` tokens: by the positions recorded with ``tables``, or by the tables.
 
         ``tables`` is the stock ``(cos, sin)`` argument; ``None`` means the stock processor
         would not rotate in this call (e.g. Wan's cross-attention), so neither do we.
         """
         if tables is None:
             return None
-        pos = self.pos
-        if not self.use_tables and pos is not None and pos.shape[0] == n_tokens:
+        pos = None if self.use_tables else self._positions.get(_key(tables))
+        if pos is not None and pos.shape[0] == n_tokens:
             return Rotation(self.rope, pos=pos.to(device))
         if self.scaled:
+            found = "none" if pos is None else f"{pos.shape[0]}"
             raise RuntimeError(
-                f"axial_rope processors with scaling need the positions of the {n_tokens} rotated tokens, but the "
-                f"transformer's forward hook recorded {None if pos is None else pos.shape[0]}; call the transformer "
-                "itself (not its attention blocks alone), without activation checkpointing across calls of "
-                "different sizes"
+                f"axial_rope processors with scaling need the positions of the {n_tokens} rotated tokens, but "
+                f"{found} were recorded with the rotary tables passed in; call the transformer itself (not its "
+                "attention blocks alone), so that its position hook sees every forward"
             )
         cos, sin = tables
         # Flux/HunyuanVideo/CogVideoX: [S, D]; Wan: [1, S, 1, D]
         cos, sin = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
         return Rotation(self.rope, tables=(cos, sin))
+
+
+def _key(tables) -> torch.Tensor:
+    """The tensor that identifies one forward's tables: their first (cos, or Wan's complex table)."""
+    return tables[0] if isinstance(tables, (tuple, list)) else tables
 
 
 class Rotation:
