@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TOL, assert_close
+from helpers import assert_close
 
 import axial_rope as ar
 from axial_rope import ops
