@@ -125,9 +125,16 @@ class Attention(nn.Module):
             norm = nn.RMSNorm if qk_norm == "rms" else nn.LayerNorm
             self.q_norm, self.k_norm = norm(head_dim, eps=norm_eps), norm(head_dim, eps=norm_eps)
         self.proj = nn.Linear(q_width, dim, bias=out_bias)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """DiT's init of attention: xavier-uniform projections, zero biases; unit QK-norm weights."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 _xavier(module)
+        if self.qk_norm is not None:
+            self.q_norm.reset_parameters()
+            self.k_norm.reset_parameters()
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, S, _ = x.shape
@@ -174,7 +181,7 @@ class Attention(nn.Module):
             mask: SDPA mask broadcastable to ``[B, H, S, S_k]`` (bool: True = attend; or additive float).
             rope: replaces the module's rope for this call (e.g. a scaled one at inference).
             cache: a :class:`KVCache`; the new keys are rotated once, written at ``input_pos``, and
-                the queries attend to every filled slot (causal: to slots ``<= input_pos``).
+                the queries attend to every slot written so far (causal: those ``<= input_pos``).
             input_pos: int ``[S]``, cache slots of the new tokens (needed with ``cache``).
             seq_len: length per axis for length-dependent scaling (see :meth:`AxialRoPE.forward`).
 
@@ -197,11 +204,11 @@ class Attention(nn.Module):
         is_causal = False
         if cache is not None:
             k, v = cache.update(input_pos, k, v)  # [B, H_kv, S_max, D], keys rotated when written
-            slots = torch.arange(cache.max_seq_len, device=x.device)
+            k, v = k.to(q.dtype), v.to(q.dtype)  # a cache kept in another dtype is read in the model's
+            visible = cache.filled[None, :].expand(S, -1)  # [S, S_max]: never-written slots stay hidden
             if self.causal:
-                visible = slots[None, :] <= input_pos[:, None]  # [S, S_max]
-            else:  # every filled slot (slots are filled in order)
-                visible = (slots <= input_pos.max())[None, :].expand(S, -1)
+                slots = torch.arange(cache.max_seq_len, device=x.device)
+                visible = visible & (slots[None, :] <= input_pos[:, None])
             mask = _allow(mask, visible)
         elif self.causal and mask is None:
             is_causal = True
@@ -216,7 +223,7 @@ class Attention(nn.Module):
             scale=gain / math.sqrt(self.head_dim),
             enable_gqa=self.num_kv_heads != self.num_heads,
         )
-        return self.proj(out.transpose(1, 2).reshape(B, S, -1))
+        return self.proj(out.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
 
     def extra_repr(self) -> str:
         return (
@@ -235,6 +242,10 @@ class Mlp(nn.Module):
             nn.GELU("tanh"),
             nn.Linear(hidden_dim, dim, bias=bias),
         )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform weights, zero biases (DiT's init of its MLP)."""
         _xavier(self.fc1)
         _xavier(self.fc2)
 
@@ -274,7 +285,14 @@ class DiTBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
-        # adaLN-Zero: zero gates, so the residual branches start switched off
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """adaLN-Zero: zero modulation, so the gates are 0 and the block starts as the identity.
+
+        The block's own part of DiT's init; ``self.attn`` and ``self.mlp`` reset themselves
+        (their own ``reset_parameters``), as they did when they were built.
+        """
         nn.init.zeros_(self.adaLN_modulation[-1].weight)
         nn.init.zeros_(self.adaLN_modulation[-1].bias)
 
@@ -308,6 +326,10 @@ class FinalLayer(nn.Module):
         self.norm_final = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.linear = nn.Linear(dim, math.prod(patch) * out_channels)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Zero modulation and zero projection (DiT's init): an untrained model predicts zeros."""
         for layer in (self.linear, self.adaLN_modulation[-1]):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
@@ -334,8 +356,13 @@ class TimestepEmbedder(nn.Module):
         super().__init__()
         self.frequency_embedding_size = frequency_embedding_size
         self.mlp = nn.Sequential(nn.Linear(frequency_embedding_size, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.init_std = init_std
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """MLP weights from ``N(0, init_std)`` (DiT: 0.02), zero biases."""
         for layer in (self.mlp[0], self.mlp[2]):
-            nn.init.normal_(layer.weight, std=init_std)
+            nn.init.normal_(layer.weight, std=self.init_std)
             nn.init.zeros_(layer.bias)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
@@ -361,7 +388,12 @@ class LabelEmbedder(nn.Module):
             raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob!r}")
         self.num_classes, self.dropout_prob = num_classes, dropout_prob
         self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), dim)
-        nn.init.normal_(self.embedding_table.weight, std=init_std)
+        self.init_std = init_std
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The table from ``N(0, init_std)``, the null label's row included."""
+        nn.init.normal_(self.embedding_table.weight, std=self.init_std)
 
     @property
     def null_label(self) -> int:
@@ -407,8 +439,13 @@ class PatchEmbed(nn.Module):
         self.patch_size = _patch_tuple(patch_size, 2)
         conv = nn.Conv2d if len(self.patch_size) == 2 else nn.Conv3d
         self.proj = conv(in_channels, dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
-        nn.init.xavier_uniform_(self.proj.weight.view(dim, -1))  # as a linear layer, like DiT
-        if bias:
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform of the kernel seen as a linear map ``[dim, C * prod(patch)]`` (as DiT), zero bias."""
+        dim = self.proj.out_channels
+        nn.init.xavier_uniform_(self.proj.weight.view(dim, -1))
+        if self.proj.bias is not None:
             nn.init.zeros_(self.proj.bias)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:

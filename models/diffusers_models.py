@@ -8,13 +8,13 @@ as plain JSON values, ``save_pretrained`` / ``from_pretrained`` through safetens
 
 Timesteps follow the project's rectified flow (:mod:`models.flow`): ``t`` in [0, 1000],
 ``x_t = (1 - t/1000) x_0 + (t/1000) eps``, and the output's first ``in_channels`` channels
-are the velocity ``eps - x_0``.
+are the velocity ``eps - x_0``. A trainer run converts to these classes with
+``models/training/export.py``; nothing here reads the trainer's formats.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import torch
 from diffusers import ConfigMixin, ModelMixin
@@ -25,46 +25,16 @@ import axial_rope as ar
 
 from . import dit, video_dit
 
-__all__ = ["AxialDiT2DModel", "AxialDiT3DModel", "scaling_to_config", "scaling_from_config"]
-
-_SCALINGS = {
-    cls.__name__: cls
-    for cls in (
-        ar.scaling.Linear,
-        ar.scaling.NTK,
-        ar.scaling.DynamicNTK,
-        ar.scaling.YaRN,
-        ar.scaling.Llama3,
-        ar.scaling.LongRoPE,
-        ar.scaling.RIFLEx,
-    )
-}
+__all__ = ["AxialDiT2DModel", "AxialDiT3DModel"]
 
 
-def scaling_to_config(scaling: ar.scaling.Scaling | dict | None) -> dict | None:
-    """A scaling method as a JSON-able dict ``{"method": "RIFLEx", "k": 4, "test_length": 12}`` (``None`` kept)."""
-    if scaling is None:
-        return None
-    if isinstance(scaling, dict):
-        return scaling_to_config(scaling_from_config(scaling))  # validated and normalised
-    if type(scaling) not in _SCALINGS.values():
-        raise TypeError(
-            f"temporal_scaling must be None, a dict or one of axial_rope.scaling.{{{', '.join(_SCALINGS)}}}, "
-            f"got {scaling!r}"
-        )
-    values = {f.name: getattr(scaling, f.name) for f in dataclasses.fields(scaling)}
-    return {"method": type(scaling).__name__} | {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
-
-
-def scaling_from_config(config: dict | ar.scaling.Scaling | None) -> ar.scaling.Scaling | None:
-    """The inverse of :func:`scaling_to_config`; a scaling object or ``None`` passes through."""
-    if config is None or type(config) in _SCALINGS.values():
-        return config
-    if not isinstance(config, dict) or config.get("method") not in _SCALINGS:
-        raise ValueError(f"a scaling config needs 'method' in {sorted(_SCALINGS)}, got {config!r}")
-    # lists back to tuples: the scaling is hashed as a cache key of the model's ropes
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k != "method"}
-    return _SCALINGS[config["method"]](**kwargs)
+def _temporal_scaling(value: ar.scaling.Scaling | dict | None) -> ar.scaling.Scaling | None:
+    """A scaling method from itself, its ``to_dict()`` dict (``{"rope_type": "riflex", ...}``) or ``None``."""
+    if value is None or isinstance(value, ar.scaling.Scaling):
+        return value
+    if isinstance(value, dict):
+        return ar.scaling.from_dict(value)
+    raise TypeError(f"temporal_scaling must be None, a scaling dict or an axial_rope.scaling method, got {value!r}")
 
 
 def _timesteps(timestep: torch.Tensor | float, batch: int, device: torch.device) -> torch.Tensor:
@@ -75,16 +45,6 @@ def _timesteps(timestep: torch.Tensor | float, batch: int, device: torch.device)
     if t.shape != (batch,):
         raise ValueError(f"timestep must be a scalar or [B] = [{batch}], got shape {tuple(t.shape)}")
     return t
-
-
-def _read_training_checkpoint(path: str | Path, model: str, use_ema: bool) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The run settings and the weights (EMA parameters, persistent buffers from the model) of a trainer checkpoint."""
-    from .train import trained_weights  # the trainer's format, needed only here
-
-    run, weights = trained_weights(path, use_ema=use_ema)
-    if run.get("model") != model:
-        raise ValueError(f"{path} holds a {run.get('model')!r} run; this class converts {model!r} runs")
-    return run, weights
 
 
 class AxialDiT2DModel(ModelMixin, ConfigMixin):
@@ -132,21 +92,6 @@ class AxialDiT2DModel(ModelMixin, ConfigMixin):
         out.dit.load_state_dict(model.state_dict())
         return out.to(next(model.parameters()).device).train(model.training)
 
-    @classmethod
-    def from_training_checkpoint(cls, path: str | Path, *, use_ema: bool = True) -> AxialDiT2DModel:
-        """Convert the trainer's ``checkpoint.safetensors`` (a file or its run folder) of an image DiT run.
-
-        The config is the run's (``preset`` with ``input_size = resolution``); the weights are
-        the EMA ones unless ``use_ema=False``.
-        """
-        from .tasks import ImageTask
-
-        run, weights = _read_training_checkpoint(path, ImageTask.name, use_ema)
-        config = ImageTask(preset=run["preset"], resolution=run["resolution"], seed=run.get("seed", 0)).config
-        model = cls(**dataclasses.asdict(config))
-        model.dit.load_state_dict(weights)
-        return model.eval()
-
     @property
     def null_label(self) -> int | None:
         """The unconditional label for classifier-free guidance (``None``: trained without label dropout)."""
@@ -182,8 +127,9 @@ class AxialDiT3DModel(ModelMixin, ConfigMixin):
     """Video DiT with 3D (t, y, x) axial RoPE (:class:`models.video_dit.VideoDiT`) as a diffusers model.
 
     The arguments are :class:`models.video_dit.VideoDiTConfig`'s fields, plus
-    ``temporal_scaling``: the t axis' default scaling at inference, stored as a dict
-    (:func:`scaling_to_config`); a scaling object is accepted and converted.
+    ``temporal_scaling``: the t axis' default scaling at inference, stored as the library's
+    dict (``ar.scaling.Scaling.to_dict()``, e.g. ``{"rope_type": "riflex", "k": 4, "test_length": 12}``);
+    a scaling object is accepted and converted.
     """
 
     _supports_gradient_checkpointing = False
@@ -208,8 +154,9 @@ class AxialDiT3DModel(ModelMixin, ConfigMixin):
     ):
         args = dict(locals())
         super().__init__()
-        # the config holds plain values: a scaling object becomes its dict
-        self.register_to_config(temporal_scaling=scaling_to_config(temporal_scaling))
+        # the config holds plain values: a scaling object becomes its dict (a dict is checked and normalised)
+        scaling = _temporal_scaling(temporal_scaling)
+        self.register_to_config(temporal_scaling=None if scaling is None else scaling.to_dict())
         values = {f.name: args[f.name] for f in dataclasses.fields(video_dit.VideoDiTConfig)}
         values |= {k: tuple(values[k]) for k in ("patch_size", "axes_dim") if values[k] is not None}  # JSON lists
         self.dit = video_dit.VideoDiT(video_dit.VideoDiTConfig(**values))
@@ -229,17 +176,6 @@ class AxialDiT3DModel(ModelMixin, ConfigMixin):
         out = cls(**dataclasses.asdict(model.config))
         out.dit.load_state_dict(model.state_dict())
         return out.to(next(model.parameters()).device).train(model.training)
-
-    @classmethod
-    def from_training_checkpoint(cls, path: str | Path, *, use_ema: bool = True) -> AxialDiT3DModel:
-        """Convert the trainer's ``checkpoint.safetensors`` of a video DiT run (EMA weights by default)."""
-        from .tasks import VideoTask
-
-        run, weights = _read_training_checkpoint(path, VideoTask.name, use_ema)
-        config = VideoTask(preset=run["preset"], resolution=run["resolution"], seed=run.get("seed", 0)).config
-        model = cls(**dataclasses.asdict(config))
-        model.dit.load_state_dict(weights)
-        return model.eval()
 
     @property
     def null_label(self) -> int | None:
@@ -271,7 +207,7 @@ class AxialDiT3DModel(ModelMixin, ConfigMixin):
         Returns:
             ``sample [B, out_channels, T, H, W]``: the velocity in the first ``C`` channels.
         """
-        scaling = scaling_from_config(self.config.temporal_scaling if temporal_scaling is None else temporal_scaling)
+        scaling = _temporal_scaling(self.config.temporal_scaling if temporal_scaling is None else temporal_scaling)
         t = _timesteps(timestep, hidden_states.shape[0], hidden_states.device)
         out = self.dit(hidden_states, t, class_labels, cond, temporal_scaling=scaling, force_drop_ids=force_drop_ids)
         return Transformer2DModelOutput(sample=out) if return_dict else (out,)

@@ -4,13 +4,18 @@ Patches of the latent ``[B, C, H, W]`` become tokens at coordinates ``ar.grid(h,
 every block rotates q and k by those coordinates, so the model runs at any height,
 width and aspect ratio whose sides divide by the patch. How positions are scaled
 for a resolution not seen in training is ``pos_mode`` (a config field, or a
-``forward`` argument):
+``forward`` argument), one of ``ar.POSITION_MODES`` with the meaning
+:func:`axial_rope.positions_for_size` gives it (the factor of an axis is ``n / n_train``,
+and only axes longer than in training are scaled):
 
 - ``"none"``: integer coordinates, whatever the size (extrapolation);
 - ``"interpolate"``: coordinates of an axis longer than in training squeezed into the trained range;
-- ``"ntk"`` / ``"yarn"``: per-axis NTK-aware or YaRN frequency scaling by ``n / n_train``;
-- ``"normalize"``: cell centres in ``[-1, 1]`` (aspect kept), times ``n_train / 2`` so the
-  training size gets unit spacing.
+- ``"ntk"`` / ``"yarn"``: per-axis NTK-aware or YaRN frequency scaling by the factor;
+- ``"normalize"``: centred cell centres, the longest axis spanning the trained extent
+  (aspect kept), so the training size gets unit spacing.
+
+:func:`initialize_weights` is DiT's initialisation, written once for the image and the
+video DiT (``models/video_dit.py``).
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from torch import nn
 import axial_rope as ar
 from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
 
-__all__ = ["DiT", "DiTConfig", "PRESETS", "POS_MODES"]
+from .flow import classifier_free_guidance
 
-POS_MODES = ("none", "interpolate", "ntk", "yarn", "normalize")
+__all__ = ["DiT", "DiTConfig", "PRESETS", "POS_MODES", "initialize_weights"]
+
+POS_MODES = ar.POSITION_MODES  # the pos_mode values, as axial_rope.positions_for_size names them
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,7 @@ class DiTConfig:
     mlp_ratio: float = 4.0
     num_classes: int = 1000
     class_dropout_prob: float = 0.1
-    class_init_std: float = 0.02
+    class_init_std: float = 0.02  # std of the label table's N(0, std) init (DiT: 0.02)
     learn_sigma: bool = True  # output channels: 2 * in_channels (eps and variance), as DiT
     theta: float = 10000.0
     qk_norm: str | None = None  # None (as DiT), "rms" or "layer"
@@ -49,7 +56,9 @@ class DiTConfig:
 
 
 # The DiT paper's configurations (Table 1: S 33M, B 130M, L 458M, XL 675M parameters) and a CPU model
-# (32 px RGB, patch 4 -> 64 tokens, 4 shape classes; sized from CALIBRATION.md).
+# (32 px RGB, patch 4 -> 64 tokens, 4 shape classes, 1.28 M parameters: the default run of
+# scripts.train takes minutes on 2 CPU cores; docs/training.md). Its label table starts at std 1.0:
+# a model trained for a few minutes learns the classes faster from distinct class vectors.
 PRESETS: dict[str, DiTConfig] = {
     "DiT-S/2": DiTConfig(hidden_size=384, depth=12, num_heads=6),
     "DiT-B/2": DiTConfig(hidden_size=768, depth=12, num_heads=12),
@@ -85,8 +94,6 @@ class DiT(nn.Module):
         axis_dim = 2 * (head_dim // 4)
         self.rope = ar.AxialRoPE((axis_dim, axis_dim), theta=c.theta)
         self.train_grid = c.input_size // c.patch_size  # tokens per side in training
-        # inference ropes by (mode, factors, device): not state, so .to() leaves them; keyed by device instead
-        self._scaled_ropes: dict[tuple, ar.AxialRoPE] = {}
 
         self.x_embedder = PatchEmbed(c.patch_size, c.in_channels, c.hidden_size)
         self.t_embedder = TimestepEmbedder(c.hidden_size)
@@ -98,34 +105,21 @@ class DiT(nn.Module):
             ]
         )
         self.final_layer = FinalLayer(c.hidden_size, c.patch_size, self.out_channels)
-        # each layer initialises itself as DiT's initialize_weights does (xavier linears, N(0, 0.02)
-        # embedders, zero adaLN modulation and final layer)
+        initialize_weights(self)  # DiT's scheme, in one place (the layers drew defaults as they were built)
 
     def positions(
         self, h: int, w: int, pos_mode: str | None = None, *, device: torch.device | str | None = None
     ) -> tuple[torch.Tensor, ar.AxialRoPE]:
-        """Coordinates ``[h * w, 2]`` of an ``h x w`` token grid and the rope to use, under ``pos_mode``."""
+        """Coordinates ``[h * w, 2]`` of an ``h x w`` token grid and the rope to use, under ``pos_mode``.
+
+        The rope is built per call (``with_scaling`` is cheap and returns ``self.rope`` when
+        nothing is scaled), so no rope is cached or changed inside ``forward``.
+        """
         mode = self.config.pos_mode if pos_mode is None else pos_mode
         if mode not in POS_MODES:
             raise ValueError(f"pos_mode must be one of {POS_MODES}, got {mode!r}")
-        n0 = self.train_grid
-        factors = (max(h / n0, 1.0), max(w / n0, 1.0))  # only axes longer than in training are scaled
-        if mode == "interpolate":
-            return ar.grid(h, w, scale=tuple(1 / f for f in factors), device=device), self.rope
-        if mode == "normalize":
-            return ar.grid(h, w, normalize="max", scale=n0 / 2, device=device), self.rope
-        pos = ar.grid(h, w, device=device)
-        if mode == "none" or factors == (1.0, 1.0):
-            return pos, self.rope
-        key = (mode, factors, self.rope.freqs.device)
-        if key not in self._scaled_ropes:
-            if mode == "ntk":
-                methods = tuple(ar.scaling.NTK(f) if f > 1 else None for f in factors)
-            else:
-                methods = tuple(ar.scaling.YaRN(f, n0) if f > 1 else None for f in factors)
-            rope = ar.AxialRoPE(self.rope.axes_dim, theta=self.config.theta, scaling=methods)
-            self._scaled_ropes[key] = rope.to(self.rope.freqs.device)
-        return pos, self._scaled_ropes[key]
+        sized = ar.positions_for_size((h, w), self.train_grid, mode, device=device)
+        return sized.pos, self.rope.with_scaling(sized.scaling)
 
     def forward(
         self,
@@ -158,14 +152,41 @@ class DiT(nn.Module):
     def forward_with_cfg(
         self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float, **kwargs
     ) -> torch.Tensor:
-        """Classifier-free guidance: one batch of conditional and null-label passes, mixed by ``cfg_scale``.
+        """Classifier-free guidance (:func:`models.flow.classifier_free_guidance`) against the null label.
 
         Guidance applies to the first ``in_channels`` output channels (the prediction); a
         learned variance, if any, is taken from the conditional pass.
         """
-        null = torch.full_like(y, self.y_embedder.null_label)
-        out = self(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), **kwargs)
-        cond, uncond = out.chunk(2)
-        k = self.config.in_channels
-        guided = uncond[:, :k] + cfg_scale * (cond[:, :k] - uncond[:, :k])
-        return torch.cat([guided, cond[:, k:]], dim=1)
+        return classifier_free_guidance(self, x, t, y, self.y_embedder.null_label, cfg_scale, **kwargs)
+
+
+def initialize_weights(model: nn.Module) -> None:
+    """DiT's initialisation, for :class:`DiT` and :class:`~models.video_dit.VideoDiT`.
+
+    As ``initialize_weights`` of facebookresearch/DiT (``models.py``), in order:
+
+    1. patch embedding: xavier-uniform of the kernel viewed as a linear map
+       ``[hidden, C * prod(patch)]``, zero bias;
+    2. timestep embedder: MLP weights from ``N(0, 0.02)``, zero biases;
+    3. label table (if any): ``N(0, class_init_std)``, 0.02 as DiT (the tiny preset: 1.0);
+       the video DiT's vector conditioning MLP (if any): PyTorch's default ``Linear`` init;
+    4. each block: xavier-uniform attention and MLP linears with zero biases, unit QK-norm
+       weights, and adaLN-Zero: zero modulation, so every block starts as the identity;
+    5. final layer: zero modulation and zero projection, so the untrained model predicts 0.
+
+    Each step is the layer's own ``reset_parameters`` (``axial_rope/layers.py``), which its
+    constructor also calls: a layer built alone starts the same way.
+    """
+    model.x_embedder.reset_parameters()
+    model.t_embedder.reset_parameters()
+    if model.y_embedder is not None:
+        model.y_embedder.reset_parameters()
+    cond_embedder = getattr(model, "cond_embedder", None)  # video DiT: Linear, SiLU, Linear
+    if cond_embedder is not None:
+        cond_embedder[0].reset_parameters()
+        cond_embedder[2].reset_parameters()
+    for block in model.blocks:
+        block.attn.reset_parameters()
+        block.mlp.reset_parameters()
+        block.reset_parameters()
+    model.final_layer.reset_parameters()

@@ -1,8 +1,10 @@
-"""Rectified flow (Liu et al. 2022; as SD3 trains it): the objective and an Euler sampler.
+"""Rectified flow (Liu et al. 2022; as SD3 trains it): the objective, guidance and an Euler sampler.
 
 ``x_t = (1 - t) x_0 + t eps`` for data ``x_0`` and Gaussian ``eps``; the model predicts
 the velocity ``eps - x_0``. Sampling integrates ``dx/dt`` from ``t = 1`` (noise) to 0.
-Models take ``t`` scaled to [0, 1000], the range of DiT's timestep embedding.
+Models take ``t`` scaled to [0, T_SCALE = 1000], the range of DiT's timestep embedding.
+The trainer (``models/training``), the reference DiTs and the diffusers pipelines
+(``models/pipeline.py``) all take these definitions from here.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-T_SCALE = 1000.0
+T_SCALE = 1000.0  # model timestep = T_SCALE * t
 
 
 def logit_normal(n: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
@@ -35,6 +37,44 @@ def flow_loss(
     """Mean squared error of the predicted velocity at ``t [B]``; ``model(x_t, 1000 t, **kw)``."""
     pred = model(noisy(x0, t, noise), t * T_SCALE, **model_kwargs)
     return (pred[:, : x0.shape[1]].float() - (noise - x0).float()).square().mean()
+
+
+def classifier_free_guidance(
+    model: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    t: torch.Tensor,
+    labels: torch.Tensor | None,
+    null_label: int | None,
+    scale: float,
+    **model_kwargs,
+) -> torch.Tensor:
+    """Classifier-free guidance (Ho & Salimans 2022): ``uncond + scale * (cond - uncond)``.
+
+    One batch of ``2B``: the conditional pass on ``labels`` and the unconditional one on
+    ``null_label``; tensor keyword arguments (e.g. a conditioning vector ``cond [B, D]``)
+    are repeated for both halves. ``scale == 1`` runs the conditional pass alone.
+
+    Args:
+        model: ``model(x, t, labels, **model_kwargs)`` -> ``[B, C', ...]`` with ``C' >= C``.
+        x: ``[B, C, ...]``; t: ``[B]``; labels: ``[B]`` class labels.
+
+    Returns:
+        ``[B, C', ...]``: guided first ``C`` channels (the velocity); the remaining ones (a
+        learned variance) from the conditional pass, as DiT's ``forward_with_cfg``.
+    """
+    if scale == 1.0:
+        return model(x, t, labels, **model_kwargs)
+    if labels is None or null_label is None:
+        raise ValueError(
+            f"guidance_scale {scale} needs class labels and a model trained with label dropout "
+            "(a null label); pass guidance_scale=1.0 to sample without guidance"
+        )
+    both = torch.cat([labels, torch.full_like(labels, null_label)])
+    kwargs = {k: torch.cat([v, v]) if isinstance(v, torch.Tensor) else v for k, v in model_kwargs.items()}
+    cond, uncond = model(torch.cat([x, x]), torch.cat([t, t]), both, **kwargs).chunk(2)
+    c = x.shape[1]
+    guided = uncond[:, :c] + scale * (cond[:, :c] - uncond[:, :c])
+    return torch.cat([guided, cond[:, c:]], dim=1)
 
 
 @torch.no_grad()

@@ -54,7 +54,7 @@ class GPTConfig:
 
 
 PRESETS: dict[str, GPTConfig] = {
-    # the byte-level model of CALIBRATION.md (1.82 M parameters)
+    # the byte-level model of scripts.train --model gpt and the length experiment (1.82 M parameters)
     "tiny": GPTConfig(),
     "tiny-gqa": GPTConfig(num_kv_heads=2),
     "small": GPTConfig(vocab_size=50304, depth=12, num_heads=12, num_kv_heads=4, hidden_size=768, max_seq_len=1024),

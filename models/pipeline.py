@@ -28,11 +28,11 @@ from diffusers.video_processor import VideoProcessor
 import axial_rope as ar
 
 from .diffusers_models import AxialDiT2DModel, AxialDiT3DModel
+from .flow import T_SCALE, classifier_free_guidance
 
 __all__ = ["AxialDiTPipeline", "AxialVideoDiTPipeline", "AxialVideoDiTPipelineOutput"]
 
 OUTPUT_TYPES = ("pil", "np", "pt")
-T_SCALE = 1000.0  # the models' timestep range, as models.flow
 
 
 @dataclass
@@ -117,19 +117,30 @@ def guided(
     guidance_scale: float,
     **kwargs,
 ) -> torch.Tensor:
-    """The velocity ``[B, C, ...]`` with classifier-free guidance: one batch of conditional and null-label passes."""
-    c = x.shape[1]
-    if guidance_scale == 1.0:
-        return model(x, t, labels, **kwargs).sample[:, :c]
-    if labels is None or null is None:
-        raise ValueError(
-            f"guidance_scale {guidance_scale} needs class labels and a model trained with label dropout "
-            "(a null label); pass guidance_scale=1.0 to sample without guidance"
-        )
-    both = torch.cat([labels, torch.full_like(labels, null)])
-    kwargs = {k: torch.cat([v, v]) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    cond, uncond = model(torch.cat([x, x]), torch.cat([t, t]), both, **kwargs).sample[:, :c].chunk(2)
-    return uncond + guidance_scale * (cond - uncond)
+    """The velocity ``[B, C, ...]`` of a diffusers model with :func:`models.flow.classifier_free_guidance`."""
+
+    def prediction(*args, **kw) -> torch.Tensor:
+        return model(*args, **kw).sample
+
+    return classifier_free_guidance(prediction, x, t, labels, null, guidance_scale, **kwargs)[:, : x.shape[1]]
+
+
+def _video_conditioning(cfg, class_labels, cond: torch.Tensor | None, per_video: int, device):
+    """Checked labels ``[B]`` (or ``None``) and conditioning vectors ``[B, cond_dim]`` (or ``None``), each
+    repeated ``per_video`` times; ``cond`` holds one vector per label, or per video without labels."""
+    labels = None
+    if cfg.num_classes > 0:
+        if class_labels is None:
+            raise ValueError(f"class_labels is required: the model has num_classes={cfg.num_classes}")
+        labels = _labels(class_labels, per_video, cfg.num_classes, device)
+    elif class_labels is not None:
+        raise ValueError("class_labels is not used by this model (num_classes=0); pass cond")
+    if cond is not None:
+        n = len(labels) // per_video if labels is not None else len(cond)  # one per video
+        if cond.shape != (n, cfg.cond_dim):
+            raise ValueError(f"cond must have shape [{n}, cond_dim={cfg.cond_dim}], got {tuple(cond.shape)}")
+        cond = cond.to(device).repeat_interleave(per_video, dim=0)
+    return labels, cond
 
 
 class AxialDiTPipeline(DiffusionPipeline):
@@ -257,18 +268,7 @@ class AxialVideoDiTPipeline(DiffusionPipeline):
         sizes = {"num_frames": num_frames, "height": height, "width": width}
         _check_sizes("video", sizes, tuple(cfg.patch_size))
         device = self._execution_device
-        labels = None
-        if cfg.num_classes > 0:
-            if class_labels is None:
-                raise ValueError(f"class_labels is required: the model has num_classes={cfg.num_classes}")
-            labels = _labels(class_labels, num_videos_per_label, cfg.num_classes, device)
-        elif class_labels is not None:
-            raise ValueError("class_labels is not used by this model (num_classes=0); pass cond")
-        if cond is not None:
-            n = len(labels) // num_videos_per_label if labels is not None else len(cond)  # one per video
-            if cond.shape != (n, cfg.cond_dim):
-                raise ValueError(f"cond must have shape [{n}, cond_dim={cfg.cond_dim}], got {tuple(cond.shape)}")
-            cond = cond.to(device).repeat_interleave(num_videos_per_label, dim=0)
+        labels, cond = _video_conditioning(cfg, class_labels, cond, num_videos_per_label, device)
         batch = len(labels) if labels is not None else (len(cond) if cond is not None else num_videos_per_label)
         shape = (batch, cfg.in_channels, num_frames, height, width)
         if latents is None:

@@ -4,8 +4,9 @@ Each head's channels are split per axis (``axes_dim``, default Wan's rule: ``y``
 ``x`` get ``2 * (D // 6)`` each, ``t`` the rest), and tokens sit at ``ar.grid(t, h, w)``.
 Conditioning is a class label, a vector (e.g. a pooled text embedding), or both,
 added to the timestep embedding that drives adaLN-Zero. The temporal axis can be
-rescaled at inference (``temporal_scaling``: any method of :mod:`axial_rope.scaling`,
-RIFLEx included) to generate more frames than in training.
+rescaled at inference (``temporal_scaling``, per call: any method of
+:mod:`axial_rope.scaling`, RIFLEx included) to generate more frames than in training;
+space keeps integer coordinates. Weights start as DiT's (:func:`models.dit.initialize_weights`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from torch import nn
 
 import axial_rope as ar
 from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
+
+from .dit import initialize_weights
 
 __all__ = ["VideoDiT", "VideoDiTConfig", "PRESETS", "default_axes_dim"]
 
@@ -70,7 +73,6 @@ class VideoDiT(nn.Module):
             raise ValueError(f"axes_dim must be (d_t, d_y, d_x), got {axes_dim!r}")
         self.out_channels = c.in_channels * 2 if c.learn_sigma else c.in_channels
         self.rope = ar.AxialRoPE(axes_dim, theta=c.theta)
-        self._scaled_ropes: dict = {}  # inference ropes by (temporal scaling, device); not state
 
         self.x_embedder = PatchEmbed(c.patch_size, c.in_channels, c.hidden_size)
         self.t_embedder = TimestepEmbedder(c.hidden_size)
@@ -89,16 +91,14 @@ class VideoDiT(nn.Module):
             ]
         )
         self.final_layer = FinalLayer(c.hidden_size, c.patch_size, self.out_channels)
+        initialize_weights(self)  # DiT's scheme, in one place (the layers drew defaults as they were built)
 
     def rope_for(self, temporal_scaling: ar.scaling.Scaling | None) -> ar.AxialRoPE:
-        """The rope with ``temporal_scaling`` on the t axis (y and x unscaled); ``None``: the trained one."""
-        if temporal_scaling is None:
-            return self.rope
-        key = (temporal_scaling, self.rope.freqs.device)
-        if key not in self._scaled_ropes:
-            rope = ar.AxialRoPE(self.rope.axes_dim, theta=self.config.theta, scaling=(temporal_scaling, None, None))
-            self._scaled_ropes[key] = rope.to(self.rope.freqs.device)
-        return self._scaled_ropes[key]
+        """The rope with ``temporal_scaling`` on the t axis (y and x unscaled); ``None``: the trained one.
+
+        Built per call (cheap), never cached: ``forward`` changes no state.
+        """
+        return self.rope.with_scaling((temporal_scaling, None, None))
 
     def condition(self, t: torch.Tensor, y: torch.Tensor | None, cond: torch.Tensor | None, force_drop_ids=None):
         """The adaLN conditioning vector ``[B, C]``: timestep + class + vector embeddings."""

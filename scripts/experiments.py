@@ -1,8 +1,10 @@
 """Extrapolation experiments: ``python -m scripts.experiments resolution|length|frames [--smoke]``.
 
-Each trains its model once (reusing ``runs/<model>`` when its checkpoint is there) and
-writes a table and pictures to ``docs/experiments/NAME.md``. ``--smoke`` runs a
-seconds-long version into a scratch folder, to check that everything runs.
+Each trains its model's default run once into ``runs/<model>`` (``--run-dir`` elsewhere) and
+writes a table and pictures to ``docs/experiments/NAME.md``. A run folder is reused only
+when its saved ``config.json`` matches the run in every field that changes the weights;
+one holding another run is an error (remove it or pass ``--run-dir``). ``--smoke`` runs a
+seconds-long version into scratch folders, to check that everything runs.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from models.experiments import EXPERIMENTS
+from models.training.checkpoint import CheckpointError
+from models.training.experiments import EXPERIMENTS
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,9 +21,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("name", choices=sorted(EXPERIMENTS))
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds; results are meaningless")
     parser.add_argument("--out", default=None, help="default: docs/experiments (smoke: runs/experiments_smoke)")
+    parser.add_argument("--run-dir", default=None, help="the training run's folder; default runs/<model>[_smoke]")
     args = parser.parse_args(argv)
     out = Path(args.out or ("runs/experiments_smoke" if args.smoke else "docs/experiments"))
-    path = EXPERIMENTS[args.name](out, smoke=args.smoke)
+    try:
+        path = EXPERIMENTS[args.name](out, smoke=args.smoke, run_dir=args.run_dir)
+    except CheckpointError as err:  # a run folder holding another run: say which, and what to do
+        parser.exit(1, f"scripts.experiments: {err}\n")
     print(path.read_text())
 
 

@@ -1,8 +1,8 @@
 """Sample a trained DiT at any resolution with any position scaling.
 
 ``python -m scripts.sample --checkpoint runs/dit --resolution 64 --scaling interpolate``
-writes a grid of one row per class. ``--scaling`` is the DiT's position mode (none,
-interpolate, ntk, yarn, normalize); for a video DiT, ``--frames`` and
+writes a grid of one row per class. ``--scaling`` is the DiT's position mode (one of
+``ar.POSITION_MODES``: none, interpolate, ntk, yarn, normalize); for a video DiT, ``--frames`` and
 ``--scaling riflex`` (RIFLEx on the time axis). ``--pipeline`` samples through the
 diffusers pipeline instead of the project's own Euler loop (same images).
 """
@@ -13,9 +13,8 @@ import argparse
 from pathlib import Path
 
 import axial_rope as ar
-from models.dit import POS_MODES
-from models.pictures import save_gif, save_grid
-from models.train import load_trained
+from models.training.pictures import save_gif, save_grid
+from models.training.trainer import load_trained
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", required=True, help="a run folder or its checkpoint.safetensors")
     parser.add_argument("--resolution", type=int, default=None, help="default: the training resolution")
     parser.add_argument("--frames", type=int, default=None, help="video: default the training frame count")
-    parser.add_argument("--scaling", default="none", choices=[*POS_MODES, "riflex"])
+    parser.add_argument("--scaling", default="none", choices=[*ar.POSITION_MODES, "riflex"])
     parser.add_argument("--per-class", type=int, default=8)
     parser.add_argument("--cfg", type=float, default=3.0, help="classifier-free guidance scale")
     parser.add_argument("--steps", type=int, default=40, help="Euler steps")
@@ -75,11 +74,11 @@ def main(argv: list[str] | None = None) -> None:
 def _pipeline_images(args, resolution: int):
     import torch
 
-    from models.data import CLASSES
-    from models.diffusers_models import AxialDiT2DModel
     from models.pipeline import AxialDiTPipeline
+    from models.training.data import CLASSES
+    from models.training.export import dit_from_checkpoint
 
-    pipe = AxialDiTPipeline(transformer=AxialDiT2DModel.from_training_checkpoint(args.checkpoint))
+    pipe = AxialDiTPipeline(transformer=dit_from_checkpoint(args.checkpoint))
     labels = torch.arange(len(CLASSES)).repeat_interleave(args.per_class).tolist()
     out = pipe(
         labels,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from models.data import CLASSES, MovingShapes, Shapes, StdlibText
+from models.training.data import CLASSES, MovingShapes, Shapes, StdlibText
 
 
 def test_shapes_are_deterministic_per_seed_and_index():
@@ -83,7 +83,7 @@ def test_stdlib_bad_split():
 
 
 def test_counter_based_uniform_in_range_and_balanced():
-    from models.data import uniform
+    from models.training.data import uniform
 
     u = uniform(7, torch.arange(20_000), 4)
     assert u.min() >= 0 and u.max() < 1

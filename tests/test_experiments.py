@@ -1,4 +1,4 @@
-"""Each experiment and the sampling script run end to end in a seconds-long smoke size."""
+"""Each experiment and the sampling script run end to end in a seconds-long smoke size; the reuse rule of runs."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
-from models import experiments
-from models.train import TrainConfig, train
+from models.training import experiments
+from models.training.checkpoint import CheckpointError, metadata
+from models.training.config import RUN_DEFAULTS, WEIGHT_NEUTRAL
+from models.training.trainer import Run, TrainConfig, train
 from scripts import sample
 
 
@@ -45,3 +48,60 @@ def test_sample_script_any_resolution_and_scaling(tmp_path):
     train(video)
     sample.main(["--checkpoint", video.out, "--frames", "4", "--scaling", "riflex", "--steps", "2", "--per-class", "1"])
     assert (tmp_path / "video" / "sample_4f_riflex.gif").is_file()
+
+
+def test_experiments_train_the_default_runs_of_scripts_train():
+    from scripts.train import parse_args
+
+    for name, setup in experiments.SETUP.items():  # one table: the same run, into the same folder
+        assert experiments.run_for(name) == parse_args(["--model", setup["model"]]) == RUN_DEFAULTS[setup["model"]]
+    assert experiments.run_for("frames").resolution == 16 and experiments.run_for("frames").out == "runs/video_dit"
+    assert experiments.run_for("length", smoke=True).out == "runs/gpt_smoke"
+    assert experiments.run_for("resolution", run_dir="elsewhere").out == "elsewhere"
+
+
+def test_a_run_is_reused_only_when_its_whole_config_matches(tmp_path, monkeypatch):
+    cfg = TrainConfig(steps=2, batch_size=4, resolution=16, progress=False, report=False, out=str(tmp_path / "run"))
+    trained = []
+    monkeypatch.setattr(experiments, "train", lambda c: trained.append(c) or train(c))
+    task, model = experiments.trained_run(cfg)  # nothing there: trains
+    assert len(trained) == 1 and task.resolution == 16
+    # every weight-neutral field may differ: reused, not retrained
+    neutral = replace(cfg, progress=True, report=True, log_every=1, val_every=7, ckpt_every=7, sample_steps=3)
+    assert set(WEIGHT_NEUTRAL) >= {"out", "resume", "progress", "report", "log_every", "val_every", "ckpt_every"}
+    _, again = experiments.trained_run(neutral)
+    assert len(trained) == 1
+    for p, q in zip(model.parameters(), again.parameters()):
+        assert torch.equal(p, q)
+    # any other field: an error that names it and says what to do; the folder is left as it was
+    before = (tmp_path / "run" / "checkpoint.safetensors").read_bytes()
+    for change in ({"lr": 1e-3}, {"steps": 3}, {"seed": 1}, {"precision": "bf16"}):
+        with pytest.raises(CheckpointError, match=f"{next(iter(change))}: saved .* vs wanted .*remove .*--run-dir"):
+            experiments.trained_run(replace(cfg, **change))
+    assert len(trained) == 1 and (tmp_path / "run" / "checkpoint.safetensors").read_bytes() == before
+    from scripts import experiments as cli  # the script reports it and exits with status 1
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["resolution", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    assert stop.value.code == 1 and len(trained) == 1
+    (tmp_path / "run" / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="without config.json"):
+        experiments.trained_run(cfg)
+
+
+def test_a_matching_run_stopped_early_is_resumed(tmp_path, monkeypatch):
+    cfg = TrainConfig(steps=3, batch_size=4, resolution=16, progress=False, report=False, out=str(tmp_path / "run"))
+    original = Run.train_step
+
+    def interrupt_at_1(self):
+        if self.step == 1:
+            raise KeyboardInterrupt
+        return original(self)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Run, "train_step", interrupt_at_1)
+        train(cfg)  # Ctrl-C after one step: saved at step 1
+    assert metadata(tmp_path / "run")["step"] == 1
+    experiments.trained_run(cfg)
+    assert metadata(tmp_path / "run")["step"] == 3
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["resume"] is True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
@@ -53,15 +52,29 @@ def test_one_model_runs_at_224_and_320(rope_positions):
 
 
 def test_position_choices_give_the_documented_coordinates():
+    # rope_positions is a mode of ar.positions_for_size with the trained 14 x 14 patch grid: one meaning
+    # everywhere. (Before, "interpolate" also stretched smaller grids and "normalize" was DINOv3's
+    # [-1, 1] per axis times 2 pi; the assertions below pin the shared meaning instead.)
     none, interp, norm = (_model(rope_positions=p) for p in ("none", "interpolate", "normalize"))
     torch.testing.assert_close(none.positions(20, 20), ar.grid(20, 20))
     # interpolation: a 20 x 20 grid spread over the trained 14 x 14 range
     torch.testing.assert_close(interp.positions(20, 20), ar.grid(20, 20) * 14 / 20)
     assert interp.positions(20, 20).max().item() == pytest.approx(19 * 14 / 20)
     torch.testing.assert_close(interp.positions(14, 14), ar.grid(14, 14))
+    torch.testing.assert_close(interp.positions(10, 20), ar.grid(10, 20, scale=(1.0, 14 / 20)))  # no stretching
+    # normalize: centred cell centres, the longest axis spanning the trained extent (unit spacing at 14 x 14)
+    torch.testing.assert_close(norm.positions(14, 14), ar.grid(14, 14, center=True))
     pos = norm.positions(20, 20)
-    torch.testing.assert_close(pos, ar.grid(20, 20, normalize=True) * 2 * math.pi)
-    assert pos.abs().max().item() < 2 * math.pi
+    torch.testing.assert_close(pos, ar.grid(20, 20, center=True) * 14 / 20)
+    assert pos.abs().max().item() < 14 / 2
+    for mode in ar_timm.ROPE_POSITIONS:  # every mode is positions_for_size's
+        model = _model(rope_positions=mode)
+        expected = ar.positions_for_size((12, 20), (14, 14), mode)
+        torch.testing.assert_close(model.positions(12, 20), expected.pos)
+        scaled = mode in ("ntk", "yarn")
+        assert model.rope_for(12, 20).scaling == (expected.scaling if scaled else model.rope.scaling)
+    ntk = _model(rope_positions="ntk")
+    assert ntk.rope_for(14, 14) is ntk.rope and ntk.rope_for(12, 20).scaling == (None, ar.scaling.NTK(20 / 14))
 
 
 def test_interpolation_equals_plain_indices_at_the_trained_size_only():
@@ -70,6 +83,16 @@ def test_interpolation_equals_plain_indices_at_the_trained_size_only():
     interp.load_state_dict(none.state_dict())
     torch.testing.assert_close(_run(interp, 224), _run(none, 224))
     assert _run(interp, 320).sub(_run(none, 320)).abs().max() > 1e-5
+
+
+@pytest.mark.parametrize("mode", ["ntk", "yarn"])
+def test_frequency_modes_equal_plain_indices_at_the_trained_size_only(mode):
+    none = _model(rope_positions="none")
+    scaled = _model(rope_positions=mode)
+    scaled.load_state_dict(none.state_dict())
+    torch.testing.assert_close(_run(scaled, 224), _run(none, 224))
+    assert _run(scaled, 320).sub(_run(none, 320)).abs().max() > 1e-5
+    assert scaled.rope.scaling == (None, None)  # the scaled rope is built per call, never stored
 
 
 def test_only_relative_positions_matter():
@@ -150,6 +173,8 @@ def test_fixed_size_model_rejects_other_sizes():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="rope_positions"):
         _model(rope_positions="stretch")
+    with pytest.raises(ValueError, match="rope_scaling"):
+        _model(rope_positions="yarn", rope_scaling=ar.scaling.NTK(2.0))
     with pytest.raises(ValueError, match="head_dim"):
         _model(embed_dim=60, num_heads=2)
     with pytest.raises(RuntimeError, match="No pretrained weights"):

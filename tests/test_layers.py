@@ -221,6 +221,34 @@ def test_dit_block_is_identity_at_init_and_final_layer_zero(qk_norm):
     assert FinalLayer(64, 2, 3)(x, c).abs().max() == 0
 
 
+def test_reset_parameters_holds_each_layers_part_of_dits_init():
+    # a trained (here: perturbed) block is the identity again once its adaLN modulation is reset
+    block = _randomize(DiTBlock(64, 4, ar.AxialRoPE((8, 8)), qk_norm="rms"))
+    x, c = torch.randn(2, 15, 64), torch.randn(2, 64)
+    block.reset_parameters()
+    assert torch.equal(block(x, c, ar.grid(3, 5)), x)
+    final = _randomize(FinalLayer(64, 2, 3))
+    final.reset_parameters()
+    assert final(x, c).abs().max() == 0
+    # attention and MLP: xavier-uniform weights, zero biases, unit QK-norm weights
+    block.attn.reset_parameters()
+    block.mlp.reset_parameters()
+    for linear in (block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2):
+        fan_out, fan_in = linear.weight.shape
+        assert linear.weight.abs().max() <= math.sqrt(6 / (fan_in + fan_out)) and linear.bias.abs().max() == 0
+    assert torch.equal(block.attn.q_norm.weight, torch.ones(16))
+    # embedders: N(0, init_std), zero biases; the patch kernel as a linear map
+    labels = _randomize(LabelEmbedder(1000, 64, init_std=0.5))
+    labels.reset_parameters()
+    assert labels.embedding_table.weight.std().item() == pytest.approx(0.5, rel=0.05)
+    steps = _randomize(TimestepEmbedder(64))
+    steps.reset_parameters()
+    assert steps.mlp[0].weight.std().item() == pytest.approx(0.02, rel=0.1) and steps.mlp[2].bias.abs().max() == 0
+    patch = _randomize(PatchEmbed((1, 2, 2), 3, 64))
+    patch.reset_parameters()
+    assert patch.proj.weight.abs().max() <= math.sqrt(6 / (64 + 12)) and patch.proj.bias.abs().max() == 0
+
+
 def test_dit_block_gradients_reach_every_parameter():
     block = _randomize(DiTBlock(64, 4, ar.AxialRoPE((8, 8)), qk_norm="layer", num_kv_heads=2))
     final = _randomize(FinalLayer(64, (1, 2, 2), 3))

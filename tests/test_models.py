@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import math
 import os
 import re
 import sys
@@ -17,7 +19,7 @@ if str(ROOT) not in sys.path:  # models/ is not installed: import it from the re
 
 import axial_rope as ar  # noqa: E402
 from models.dit import PRESETS as DIT_PRESETS  # noqa: E402
-from models.dit import DiT, DiTConfig  # noqa: E402
+from models.dit import DiT, DiTConfig, initialize_weights  # noqa: E402
 from models.gpt import GPT, GPTConfig, sample  # noqa: E402
 from models.video_dit import VideoDiT, VideoDiTConfig, default_axes_dim  # noqa: E402
 
@@ -53,12 +55,12 @@ def test_dit_preset_parameter_count_matches_the_paper(name):
     assert abs(count / PAPER_PARAMS[name] - 1) < 0.02, f"{name}: {count:,} vs {PAPER_PARAMS[name]:,.0f}"
 
 
-def test_dit_xl_has_head_dim_72_and_tiny_matches_calibration():
+def test_dit_xl_has_head_dim_72_and_tiny_has_1_28m_parameters():
     xl = DIT_PRESETS["DiT-XL/2"]
     assert (xl.hidden_size, xl.depth, xl.num_heads, xl.hidden_size // xl.num_heads) == (1152, 28, 16, 72)
     tiny = DiT(DIT_PRESETS["tiny"])
     assert tiny.rope.axes_dim == (16, 16)
-    assert abs(_n_params(tiny) / 1.28e6 - 1) < 0.02  # CALIBRATION.md: 1.28 M parameters
+    assert abs(_n_params(tiny) / 1.28e6 - 1) < 0.02  # 1.28 M parameters, as docs/models.md says
 
 
 @pytest.mark.parametrize("size", [(8, 8), (6, 10), (14, 4), (2, 2)])
@@ -98,6 +100,59 @@ def test_dit_is_zero_at_init_and_gradients_reach_every_parameter():
             assert p.grad[[0, 3]].abs().sum() > 0
             continue
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_dit_positions_are_positions_for_size_with_a_per_call_rope():
+    model = DiT(TINY_DIT)  # trained grid 4 x 4 tokens
+    for mode in ar.POSITION_MODES:
+        pos, rope = model.positions(8, 3, mode)
+        expected = ar.positions_for_size((8, 3), (4, 4), mode)
+        torch.testing.assert_close(pos, expected.pos)
+        assert rope.scaling == expected.scaling
+    assert model.positions(4, 4, "yarn")[1] is model.rope  # nothing scaled: the trained rope itself
+    assert model.positions(8, 4, "ntk")[1] is not model.positions(8, 4, "ntk")[1]  # built per call, not cached
+    assert model.rope.scaling == (None, None) and not hasattr(model, "_scaled_ropes")
+
+
+def test_dit_initialisation_is_dits_scheme():
+    torch.manual_seed(0)
+    model = DiT(DIT_PRESETS["tiny"])  # class_init_std 1.0
+    params = dict(model.named_parameters())
+
+    def xavier_bound(w):
+        fan_out, fan_in = w.shape[0], w[0].numel()
+        return math.sqrt(6 / (fan_in + fan_out))
+
+    for name, p in params.items():
+        if name.endswith("bias") or "adaLN_modulation" in name or name.startswith("final_layer"):
+            assert p.abs().max() == 0, name  # zero biases, adaLN-Zero, zero final layer
+        elif name.startswith(("x_embedder", "blocks")):  # xavier-uniform, the patch kernel as a linear map
+            bound = xavier_bound(p)
+            assert p.abs().max() <= bound and p.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.1), name
+    for name in ("t_embedder.mlp.0.weight", "t_embedder.mlp.2.weight"):
+        assert params[name].std().item() == pytest.approx(0.02, rel=0.05), name
+    assert params["y_embedder.embedding_table.weight"].std().item() == pytest.approx(1.0, rel=0.2)
+    # initialize_weights draws every parameter: two differently perturbed models, re-initialised from
+    # one seed, are equal (and a model built from that seed is DiT's scheme again)
+    a, b = _randomize(DiT(TINY_DIT)), _randomize(DiT(TINY_DIT), std=1.0)
+    for m in (a, b):
+        torch.manual_seed(3)
+        initialize_weights(m)
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+def test_video_dit_initialisation_shares_the_scheme():
+    config = VideoDiTConfig(in_channels=3, hidden_size=48, depth=1, num_heads=2, num_classes=3, cond_dim=5)
+    a, b = _randomize(VideoDiT(config)), _randomize(VideoDiT(config), std=1.0)
+    for m in (a, b):
+        torch.manual_seed(3)
+        initialize_weights(m)
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), name
+    x = torch.randn(1, 3, 2, 4, 4)
+    assert a(x, torch.rand(1), torch.tensor([1]), torch.randn(1, 5)).abs().max() == 0
+    assert a.y_embedder.embedding_table.weight.std().item() == pytest.approx(0.02, rel=0.3)
 
 
 def test_dit_guidance_scale_one_is_the_conditional_prediction():
@@ -144,7 +199,9 @@ def test_video_dit_temporal_scaling_riflex_changes_only_time():
     out = model(x, t, cond=cond, temporal_scaling=riflex)
     assert (out - plain).abs().max() > 1e-4
     rope = model.rope_for(riflex)
-    assert rope.scaling == (riflex, None, None) and model.rope_for(riflex) is rope  # built once
+    # built per call from the trained rope (no cache, so forward changes no state); None: the trained one
+    assert rope.scaling == (riflex, None, None) and model.rope_for(None) is model.rope
+    assert model.rope.scaling == (None, None, None) and not hasattr(model, "_scaled_ropes")
     # one frame: every token has t = 0, so the temporal spectrum cannot matter
     x1 = x[:, :, :1]
     torch.testing.assert_close(model(x1, t, cond=cond, temporal_scaling=riflex), model(x1, t, cond=cond))
@@ -181,10 +238,10 @@ def test_greedy_decoding_with_cache_equals_full_recomputation(scaling, num_kv_he
     torch.testing.assert_close(full_logits[:, -1], plain, atol=tol, rtol=tol)
 
 
-def test_gpt_ties_embeddings_and_counts_calibration_size():
+def test_gpt_ties_embeddings_and_has_1_82m_parameters():
     model = GPT(GPTConfig())
     assert model.output.weight is model.tok_embeddings.weight
-    assert abs(_n_params(model) / 1.82e6 - 1) < 0.02  # CALIBRATION.md's byte model
+    assert abs(_n_params(model) / 1.82e6 - 1) < 0.02  # the byte model of docs/experiments.md (1.8 M)
     assert GPT(replace(TINY_GPT, tie_embeddings=False)).output.weight is not None
 
 
@@ -227,6 +284,42 @@ def test_one_decoding_step_compiles_fullgraph_on_cpu():
                 step(token, torch.tensor([i])), model(token, torch.tensor([i]), eager_caches), atol=1e-5, rtol=1e-5
             )
     torch.testing.assert_close(caches[0].k, eager_caches[0].k)
+
+
+# -- layout ----------------------------------------------------------------------------
+
+
+def _training_imports(source: str) -> list[int]:
+    """Line numbers of the imports of ``models.training`` (absolute or relative from ``models/``) in ``source``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):  # every import, those inside functions included
+        if isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            targets = [base] + [base + ("" if base.endswith(".") else ".") + a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        if any(t.startswith(("models.training", ".training")) for t in targets):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_model_files_import_nothing_from_training():
+    # models/ top level holds the models; models/training imports them, never the reverse
+    offenders = [
+        "from .training import x",
+        "from . import training",
+        "import models.training.export",
+        "def f():\n    from models.training.trainer import train",
+        "from models import training",
+    ]
+    assert all(_training_imports(source) for source in offenders)  # the check sees every spelling
+    assert not _training_imports("from . import dit\nfrom .flow import T_SCALE\nimport models.dit")
+    files = sorted((ROOT / "models").glob("*.py"))
+    assert {"dit.py", "flow.py", "pipeline.py", "diffusers_models.py"} <= {f.name for f in files}
+    for path in files:
+        assert not _training_imports(path.read_text()), f"{path.relative_to(ROOT)} imports from models.training"
 
 
 # -- docs ----------------------------------------------------------------------------

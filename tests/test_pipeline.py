@@ -1,4 +1,5 @@
-"""The reference DiTs as diffusers models and pipelines (models/diffusers_models.py, models/pipeline.py)."""
+"""The reference DiTs as diffusers models and pipelines (models/diffusers_models.py, models/pipeline.py),
+and trainer runs converted to them (models/training/export.py)."""
 
 from __future__ import annotations
 
@@ -19,14 +20,9 @@ if str(ROOT) not in sys.path:  # models/ is not installed: import it from the re
 diffusers = pytest.importorskip("diffusers")
 
 import axial_rope as ar  # noqa: E402
-from models.diffusers_models import (  # noqa: E402
-    AxialDiT2DModel,
-    AxialDiT3DModel,
-    scaling_from_config,
-    scaling_to_config,
-)
+from models.diffusers_models import AxialDiT2DModel, AxialDiT3DModel  # noqa: E402
 from models.dit import DiT, DiTConfig  # noqa: E402
-from models.flow import sample_euler  # noqa: E402
+from models.flow import T_SCALE, sample_euler  # noqa: E402
 from models.pipeline import AxialDiTPipeline, AxialVideoDiTPipeline  # noqa: E402
 from models.video_dit import VideoDiTConfig  # noqa: E402
 
@@ -115,7 +111,7 @@ def test_video_model_save_load_round_trip_with_temporal_scaling(video_model, tmp
     scaled.load_state_dict(video_model.state_dict())
     scaled.eval().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["temporal_scaling"] == {"method": "RIFLEx", "k": 2, "test_length": 6}
+    assert config["temporal_scaling"] == {"rope_type": "riflex", "k": 2, "test_length": 6}  # the library's to_dict
     assert config["patch_size"] == [1, 2, 2]
     loaded = AxialDiT3DModel.from_pretrained(tmp_path).eval()
     x, y = torch.randn(2, 3, 6, 8, 8), torch.tensor([0, 3])
@@ -127,22 +123,32 @@ def test_video_model_save_load_round_trip_with_temporal_scaling(video_model, tmp
 
 
 def test_scaling_config_round_trip():
+    # the model's config stores ar.scaling's own dict (Scaling.to_dict / ar.scaling.from_dict)
     for method in (
         ar.scaling.RIFLEx(3, 12),
         ar.scaling.YaRN(2.0, 16),
         ar.scaling.LongRoPE((1.0, 2.0), (2.0, 4.0), 16),
     ):
-        config = scaling_to_config(method)
-        assert scaling_from_config(json.loads(json.dumps(config))) == method
-    assert scaling_to_config(None) is None
-    with pytest.raises(ValueError, match="method"):
-        scaling_from_config({"method": "Rotary", "k": 1})
+        config = AxialDiT3DModel.from_preset("tiny", depth=1, temporal_scaling=method).config["temporal_scaling"]
+        assert config == method.to_dict() and ar.scaling.from_dict(json.loads(json.dumps(config))) == method
+        from_dict = AxialDiT3DModel.from_preset("tiny", depth=1, temporal_scaling=json.loads(json.dumps(config)))
+        assert from_dict.config["temporal_scaling"] == config  # a dict is accepted, checked and kept
+    assert AxialDiT3DModel.from_preset("tiny", depth=1).config["temporal_scaling"] is None
+    with pytest.raises(ValueError, match="rope_type"):
+        AxialDiT3DModel.from_preset("tiny", depth=1, temporal_scaling={"rope_type": "rotary", "k": 1})
     with pytest.raises(TypeError, match="temporal_scaling"):
-        scaling_to_config(2.0)
+        AxialDiT3DModel.from_preset("tiny", depth=1, temporal_scaling=2.0)
 
 
-def test_from_training_checkpoint_uses_ema_weights(tmp_path):
-    from models.train import Run, TrainConfig
+def test_flow_time_scale_is_defined_once():
+    import models.pipeline
+
+    assert models.pipeline.T_SCALE is T_SCALE == 1000.0  # imported from models.flow, not redefined
+
+
+def test_image_run_converts_with_its_ema_weights(tmp_path):
+    from models.training.export import dit_from_checkpoint, video_dit_from_checkpoint
+    from models.training.trainer import Run, TrainConfig
 
     run = Run(TrainConfig(resolution=16, out=str(tmp_path), progress=False))
     _perturb(run.model)  # stands in for training: raw weights and their EMA now differ, outputs non-zero
@@ -150,17 +156,37 @@ def test_from_training_checkpoint_uses_ema_weights(tmp_path):
         for e, p in zip(run.ema, run.model.parameters()):
             e.copy_(p + 0.02 * torch.randn_like(p))
     run.save()  # checkpoint.safetensors as the trainer writes it
-    model = AxialDiT2DModel.from_training_checkpoint(tmp_path)  # the run folder
+    model = dit_from_checkpoint(tmp_path)  # the run folder
     assert model.config.input_size == 16 and model.config.hidden_size == 128
     x, t, y = torch.randn(2, 3, 16, 16), torch.tensor([700.0, 200.0]), torch.tensor([0, 1])
     with torch.no_grad():
         ema = model(x, t, y).sample
         torch.testing.assert_close(ema, run.ema_model()(x, t, y), rtol=0, atol=0)
-        raw = AxialDiT2DModel.from_training_checkpoint(tmp_path / "checkpoint.safetensors", use_ema=False)
+        raw = dit_from_checkpoint(tmp_path / "checkpoint.safetensors", use_ema=False)
         torch.testing.assert_close(raw(x, t, y).sample, run.model.eval()(x, t, y), rtol=0, atol=0)
         assert (raw(x, t, y).sample - ema).abs().max() > 1e-3
+    assert isinstance(model, AxialDiT2DModel)
     with pytest.raises(ValueError, match="'dit' run"):
-        AxialDiT3DModel.from_training_checkpoint(tmp_path)
+        video_dit_from_checkpoint(tmp_path)
+
+
+def test_video_run_converts_with_its_preset_and_ema_weights(tmp_path):
+    from models.training.export import dit_from_checkpoint, video_dit_from_checkpoint
+    from models.training.trainer import Run, TrainConfig
+
+    run = Run(TrainConfig(model="video_dit", resolution=8, frames=2, out=str(tmp_path), progress=False))
+    _perturb(run.model)
+    with torch.no_grad():
+        for e, p in zip(run.ema, run.model.parameters()):
+            e.copy_(p + 0.02 * torch.randn_like(p))
+    run.save()
+    model = video_dit_from_checkpoint(tmp_path)
+    assert isinstance(model, AxialDiT3DModel) and model.config.hidden_size == 128
+    x, t, y = torch.randn(1, 3, 2, 8, 8), torch.tensor([400.0]), torch.tensor([2])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, t, y).sample, run.ema_model()(x, t, y), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="'video_dit' run"):
+        dit_from_checkpoint(tmp_path)
 
 
 # -- image pipeline -----------------------------------------------------------------------

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import checkpoint
-from models.train import Run, TrainConfig, train
+from models.training import checkpoint
+from models.training.config import RUN_DEFAULTS
+from models.training.trainer import Run, TrainConfig, train
 from scripts.train import parse_args
 
 TINY = TrainConfig(
@@ -101,5 +102,10 @@ def test_cli_defaults_and_unknown_names():
     assert (cfg.model, cfg.preset, cfg.resolution, cfg.out) == ("dit", "tiny", 32, "runs/dit")
     gpt = parse_args(["--model", "gpt", "--steps", "7"])
     assert (gpt.steps, gpt.batch_size, gpt.schedule, gpt.out) == (7, 32, "cosine", "runs/gpt")
+    video = parse_args(["--model", "video_dit", "--no-report"])  # the experiments' run: 16 px, 8 frames
+    assert (video.resolution, video.frames, video.steps, video.out) == (16, 8, 600, "runs/video_dit")
+    assert not video.report
+    for model, default in RUN_DEFAULTS.items():  # scripts.train starts from the one table of run defaults
+        assert parse_args(["--model", model]) == default
     with pytest.raises(ValueError, match="preset"):
         Run(replace(TINY, preset="DiT-H/2"))

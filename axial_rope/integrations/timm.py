@@ -8,18 +8,26 @@ them (no pretrained weights). The model is a plain pre-norm ViT made of timm's
 embeddings: the attention rotates the patch tokens' q and k by their ``(y, x)``
 patch coordinates with :class:`~axial_rope.AxialRoPE` (prefix tokens are not rotated).
 ``dynamic_img_size`` (on by default) lets one model run at any size the patch
-divides; ``rope_positions`` chooses the coordinates at a new size:
+divides; ``rope_positions`` chooses the positions and frequencies at a new size. It is
+a mode of :func:`axial_rope.positions_for_size` (any of ``POSITION_MODES``), applied with
+the model's trained patch grid ``img_size / patch_size``, so each name means what it means
+for the reference DiTs and everywhere else in the library:
 
 - ``"none"``: integer patch indices ``0 .. n - 1`` (larger images extrapolate);
-- ``"interpolate"``: indices scaled by ``trained / current`` grid size, so a larger
-  image covers the trained coordinate range (position interpolation);
-- ``"normalize"``: cell centres in ``[-1, 1]`` (``ar.grid(..., normalize=True)``),
-  times ``2 pi`` as DINOv3 does, so plane wavelengths run from 1 to ``rope_theta``.
+- ``"interpolate"`` (default): the indices of an axis longer than trained scaled by
+  ``trained / current``, into the trained coordinate range (position interpolation);
+  axes at or below the trained size keep integer indices;
+- ``"ntk"`` / ``"yarn"``: integer indices, NTK-aware or YaRN frequencies on longer axes;
+- ``"normalize"``: centred cell centres, the longest axis spanning the trained extent
+  (aspect kept): unit spacing at the trained size.
+
+Before this, ``"interpolate"`` also stretched grids smaller than the trained one, and
+``"normalize"`` was DINOv3's ``[-1, 1]`` per axis times ``2 pi``; for DINOv3's coordinates,
+override :meth:`AxialRoPEViT.positions` with ``ar.grid(h, w, normalize=True, scale=2 * math.pi)``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -30,13 +38,13 @@ from timm.models import build_model_with_cfg, checkpoint, generate_default_cfgs,
 from timm.models._features import feature_take_indices
 from torch import nn
 
-from ..positions import grid
+from ..positions import POSITION_MODES, positions_for_size
 from ..rope import AxialRoPE
 from ..scaling import Scaling
 
 __all__ = ["AxialRoPEViT", "ROPE_POSITIONS"]
 
-ROPE_POSITIONS = ("none", "interpolate", "normalize")
+ROPE_POSITIONS = POSITION_MODES  # the modes of axial_rope.positions_for_size
 
 
 class RopeAttention(nn.Module):
@@ -52,12 +60,16 @@ class RopeAttention(nn.Module):
         self.k_norm = LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, pos: torch.Tensor, num_prefix_tokens: int, rope: AxialRoPE | None = None
+    ) -> torch.Tensor:
+        """x ``[B, S, C]``, pos ``[S - prefix, 2]``; ``rope`` replaces ``self.rope`` for this call (a scaled one)."""
         B, S, C = x.shape
         q, k, v = self.qkv(x).reshape(B, S, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [B, H, S, D]
         q, k = self.q_norm(q), self.k_norm(k)
         n = num_prefix_tokens  # class/register tokens carry no position
-        q_rot, k_rot = self.rope(q[:, :, n:], k[:, :, n:], pos, "bhsd")  # pos [S - n, 2]
+        rope = self.rope if rope is None else rope
+        q_rot, k_rot = rope(q[:, :, n:], k[:, :, n:], pos, "bhsd")  # pos [S - n, 2]
         q, k = torch.cat([q[:, :, :n], q_rot], dim=2), torch.cat([k[:, :, :n], k_rot], dim=2)
         x = F.scaled_dot_product_attention(q, k, v)  # [B, H, S, D]
         return self.proj(x.transpose(1, 2).reshape(B, S, C))
@@ -87,9 +99,24 @@ class RopeBlock(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), pos, num_prefix_tokens)))
+    def forward(
+        self, x: torch.Tensor, pos: torch.Tensor, num_prefix_tokens: int, rope: AxialRoPE | None = None
+    ) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), pos, num_prefix_tokens, rope)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+def _check_arguments(rope_positions: str, rope_scaling, global_pool: str, class_token: bool, head_dim: int) -> None:
+    if rope_positions not in ROPE_POSITIONS:
+        raise ValueError(f"rope_positions must be one of {ROPE_POSITIONS}, got {rope_positions!r}")
+    if rope_positions in ("ntk", "yarn") and rope_scaling is not None:
+        raise ValueError(f"rope_positions={rope_positions!r} sets the frequency scaling: leave rope_scaling None")
+    if global_pool not in ("", "avg", "token"):
+        raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
+    if global_pool == "token" and not class_token:
+        raise ValueError("global_pool='token' needs class_token=True")
+    if head_dim % 4:
+        raise ValueError(f"head_dim = embed_dim / num_heads = {head_dim} must be divisible by 4 (two axes of planes)")
 
 
 class AxialRoPEViT(nn.Module):
@@ -102,8 +129,9 @@ class AxialRoPEViT(nn.Module):
         dynamic_img_size: accept any input size the patch divides (positions follow the grid).
         rope_theta: base of each axis' spectrum; a head's ``D`` channels are split ``(D/2, D/2)``
             between y and x.
-        rope_positions: ``"none"``, ``"interpolate"`` or ``"normalize"`` (see the module docstring).
-        rope_scaling: an :mod:`axial_rope.scaling` method, or one per axis ``(y, x)``, or ``None``.
+        rope_positions: one of ``POSITION_MODES`` (see the module docstring).
+        rope_scaling: an :mod:`axial_rope.scaling` method, or one per axis ``(y, x)``, or ``None``
+            (not with ``rope_positions`` ``"ntk"`` or ``"yarn"``, which choose the scaling themselves).
     """
 
     def __init__(
@@ -129,17 +157,8 @@ class AxialRoPEViT(nn.Module):
         rope_scaling: Scaling | None | Sequence[Scaling | None] = None,
     ):
         super().__init__()
-        if rope_positions not in ROPE_POSITIONS:
-            raise ValueError(f"rope_positions must be one of {ROPE_POSITIONS}, got {rope_positions!r}")
-        if global_pool not in ("", "avg", "token"):
-            raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
-        if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' needs class_token=True")
+        _check_arguments(rope_positions, rope_scaling, global_pool, class_token, embed_dim // num_heads)
         head_dim = embed_dim // num_heads
-        if head_dim % 4:
-            raise ValueError(
-                f"head_dim = embed_dim / num_heads = {head_dim} must be divisible by 4 (two axes of planes)"
-            )
         self.num_classes, self.global_pool, self.rope_positions = num_classes, global_pool, rope_positions
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1 if class_token else 0
@@ -206,15 +225,21 @@ class AxialRoPEViT(nn.Module):
 
     def positions(self, height: int, width: int, device=None) -> torch.Tensor:
         """Patch coordinates ``[height * width, 2]`` (y, x), row-major, for a ``height x width`` patch grid."""
-        if self.rope_positions == "normalize":
-            return grid(height, width, normalize=True, scale=2 * math.pi, device=device)
-        if self.rope_positions == "interpolate":
-            trained_h, trained_w = self.patch_embed.grid_size
-            return grid(height, width, scale=(trained_h / height, trained_w / width), device=device)
-        return grid(height, width, device=device)
+        sizes, trained = (height, width), tuple(self.patch_embed.grid_size)
+        return positions_for_size(sizes, trained, self.rope_positions, device=device).pos
 
-    def _tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images ``[B, C, H, W]`` -> tokens ``[B, prefix + h * w, C]`` and patch positions ``[h * w, 2]``."""
+    def rope_for(self, height: int, width: int) -> AxialRoPE:
+        """The rope of a ``height x width`` patch grid: ``self.rope``, or its NTK / YaRN scaling of longer axes.
+
+        Built per call (cheap); ``self.rope`` is never changed.
+        """
+        if self.rope_positions not in ("ntk", "yarn"):
+            return self.rope
+        sized = positions_for_size((height, width), tuple(self.patch_embed.grid_size), self.rope_positions)
+        return self.rope.with_scaling(sized.scaling)
+
+    def _tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AxialRoPE]:
+        """Images ``[B, C, H, W]`` -> tokens ``[B, prefix + h * w, C]``, patch positions ``[h * w, 2]``, rope."""
         x = self.patch_embed(x)
         if self.dynamic_img_size:  # [B, h, w, C]
             h, w = x.shape[1], x.shape[2]
@@ -223,18 +248,18 @@ class AxialRoPEViT(nn.Module):
             h, w = self.patch_embed.grid_size
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return x, self.positions(h, w, x.device)
+        return x, self.positions(h, w, x.device), self.rope_for(h, w)
 
-    def _block(self, block: RopeBlock, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _block(self, block: RopeBlock, x: torch.Tensor, pos: torch.Tensor, rope: AxialRoPE) -> torch.Tensor:
         if self.grad_checkpointing and not torch.jit.is_scripting():
-            return checkpoint(block, x, pos, self.num_prefix_tokens)
-        return block(x, pos, self.num_prefix_tokens)
+            return checkpoint(block, x, pos, self.num_prefix_tokens, rope)
+        return block(x, pos, self.num_prefix_tokens, rope)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images ``[B, C, H, W]`` -> normed tokens ``[B, prefix + h * w, embed_dim]``."""
-        x, pos = self._tokens(x)
+        x, pos, rope = self._tokens(x)
         for block in self.blocks:
-            x = self._block(block, x, pos)
+            x = self._block(block, x, pos, rope)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -267,11 +292,11 @@ class AxialRoPEViT(nn.Module):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         B, _, height, width = x.shape
-        x, pos = self._tokens(x)
+        x, pos, rope = self._tokens(x)
         blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
         intermediates = []
         for i, block in enumerate(blocks):
-            x = self._block(block, x, pos)
+            x = self._block(block, x, pos, rope)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
         n = self.num_prefix_tokens

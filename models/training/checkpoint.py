@@ -68,6 +68,32 @@ def save(
     return path
 
 
+def _open(path: str | Path) -> tuple[Path, dict]:
+    """The checkpoint file of ``path`` (a file, or the run folder holding ``checkpoint.safetensors``) and its metadata."""
+    from safetensors import SafetensorError
+    from safetensors.torch import safe_open
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "checkpoint.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        with safe_open(path, framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not a readable safetensors checkpoint ({err})") from err
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an axial_rope training checkpoint (format {meta.get('format')!r})")
+    return path, meta
+
+
+def metadata(path: str | Path) -> dict:
+    """``{"step", "run"}`` of a checkpoint (a file or its run folder), without reading its tensors."""
+    _, meta = _open(path)
+    return {"step": int(meta["step"]), "run": json.loads(meta["run"])}
+
+
 def load(path: str | Path, *, run: dict | None = None, keys: tuple[str, ...] = ()) -> dict:
     """Read a checkpoint (a file, or the run folder holding ``checkpoint.safetensors``) and check it.
 
@@ -78,21 +104,13 @@ def load(path: str | Path, *, run: dict | None = None, keys: tuple[str, ...] = (
         ``{"model", "ema", "optimizer", "step", "run"}`` (``run``: the settings it was trained with).
     """
     from safetensors import SafetensorError
-    from safetensors.torch import load_file, safe_open
+    from safetensors.torch import load_file
 
-    path = Path(path)
-    if path.is_dir():
-        path = path / "checkpoint.safetensors"
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
+    path, meta = _open(path)
     try:
-        with safe_open(path, framework="pt") as f:
-            meta = f.metadata() or {}
         tensors = load_file(path)
     except (SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint ({err})") from err
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an axial_rope training checkpoint (format {meta.get('format')!r})")
     saved = json.loads(meta["run"])
     diff = {k: (saved.get(k), run.get(k)) for k in keys if saved.get(k) != run.get(k)} if run else {}
     if diff:

@@ -1,15 +1,19 @@
 """Extrapolation experiments behind ``python -m scripts.experiments NAME``.
 
-Each experiment trains its model once (or reuses the run folder's checkpoint), then
-evaluates it, training-free, beyond what it was trained on:
+Each experiment trains its model once (the default run of :data:`~models.training.config.RUN_DEFAULTS`,
+the one ``python -m scripts.train --model MODEL`` trains), then evaluates it, training-free,
+beyond what it was trained on:
 
 - ``resolution``: an image DiT trained at one resolution, denoising loss on held-out
-  images at 1x, 1.5x and 2x with each position scaling, plus sample grids;
+  images at 1x, 1.5x and 2x with each position mode of ``ar.positions_for_size``, plus sample grids;
 - ``length``: the byte-level language model trained at one context, held-out loss at
-  1x-8x that context with each frequency scaling, on the same windows, plus a plot;
+  1x-8x that context with each scaling, on the same windows, plus a plot;
 - ``frames``: a video DiT trained on N frames, evaluated at 2N without and with RIFLEx.
 
-Results go to ``OUT/NAME.md`` (a table and pictures) and ``OUT/NAME.json``.
+Results go to ``OUT/NAME.md`` (a table and pictures) and ``OUT/NAME.json``. Reuse rule
+(:func:`trained_run`): a run folder's model is reused only when the folder's whole saved
+configuration (``config.json``) equals the requested one, the fields that do not change
+the weights aside (``WEIGHT_NEUTRAL``); a folder holding any other run is an error.
 """
 
 from __future__ import annotations
@@ -24,38 +28,61 @@ import torch
 
 import axial_rope as ar
 
-from .flow import flow_loss
+from ..flow import flow_loss
+from . import checkpoint
+from .config import RUN_DEFAULTS, TrainConfig, config_differences
 from .pictures import save_gif, save_grid
 from .tasks import step_generator
-from .train import TrainConfig, load_trained, train
+from .trainer import load_trained, train
 
-# (training steps, evaluation sizes) per experiment; --smoke shrinks both
-FULL = {
-    "resolution": {"train": TrainConfig(out="runs/dit"), "n": 256},  # the default run of scripts.train
-    "length": {
-        "train": TrainConfig(
-            model="gpt", steps=200, batch_size=32, lr=2e-3, schedule="cosine", ema=0.0, out="runs/gpt"
-        ),
-        "n": 16,
-        "lengths": (256, 512, 1024, 2048),
-    },
-    "frames": {
-        "train": TrainConfig(
-            model="video_dit", steps=600, batch_size=16, resolution=16, frames=8, out="runs/video_dit"
-        ),
-        "n": 64,
-    },
+# the run (a model of RUN_DEFAULTS) and the evaluation sizes of each experiment; --smoke shrinks both
+SETUP = {
+    "resolution": {"model": "dit", "n": 256},
+    "length": {"model": "gpt", "n": 16, "lengths": (256, 512, 1024, 2048)},
+    "frames": {"model": "video_dit", "n": 64},
 }
 
+# length: the table's methods in order; those with a positions_for_size mode use it (positions
+# and per-axis frequency scaling by s = L / L_train), the others are built from s explicitly
+LENGTH_MODES = {"none": "none", "Linear": "interpolate", "NTK": "ntk", "YaRN": "yarn"}
+LENGTH_METHODS = {
+    "DynamicNTK": lambda s, base: ar.scaling.DynamicNTK(2.0, base),  # grows with the length seen
+    "Llama3": lambda s, base: ar.scaling.Llama3(s, base),
+}
+LENGTH_ORDER = ("none", "Linear", "NTK", "DynamicNTK", "YaRN", "Llama3")
 
-def _trained(cfg: TrainConfig, smoke: bool):
-    cfg = replace(cfg, progress=not smoke, report=not smoke)
+
+def run_for(name: str, smoke: bool = False, run_dir: str | Path | None = None) -> TrainConfig:
+    """The training run of experiment ``name``: its model's default run; ``--smoke``: 2 steps into ``OUT_smoke``."""
+    cfg = replace(RUN_DEFAULTS[SETUP[name]["model"]], progress=not smoke, report=not smoke)
     if smoke:
-        cfg = replace(cfg, steps=2, batch_size=4, out=str(Path(cfg.out).with_name(Path(cfg.out).name + "_smoke")))
-    path = Path(cfg.out) / "checkpoint.safetensors"
-    if not path.is_file() or json.loads((Path(cfg.out) / "config.json").read_text())["steps"] != cfg.steps:
+        cfg = replace(cfg, steps=2, batch_size=4, out=cfg.out + "_smoke")
+    return cfg if run_dir is None else replace(cfg, out=str(run_dir))
+
+
+def trained_run(cfg: TrainConfig):
+    """``(task, model)`` of the run ``cfg``, trained into ``cfg.out`` unless that folder holds it already.
+
+    The folder's run is reused when its ``config.json`` equals ``cfg`` in every field but the
+    ``WEIGHT_NEUTRAL`` ones (a run of those settings stopped early, e.g. by Ctrl-C, is resumed
+    to ``cfg.steps``). A folder with a checkpoint of any other settings raises
+    :class:`~models.training.checkpoint.CheckpointError` naming the differences: it is never
+    overwritten; remove it or train elsewhere (``--run-dir`` of ``scripts.experiments``).
+    """
+    out = Path(cfg.out)
+    if not (out / "checkpoint.safetensors").is_file():
         train(cfg)
-    return load_trained(cfg.out)
+        return load_trained(out)
+    hint = f"remove {out} or pass another --run-dir"
+    if not (out / "config.json").is_file():
+        raise checkpoint.CheckpointError(f"{out} holds a checkpoint without config.json (settings unknown): {hint}")
+    diff = config_differences(json.loads((out / "config.json").read_text()), cfg)
+    if diff:
+        detail = ", ".join(f"{k}: saved {a!r} vs wanted {b!r}" for k, (a, b) in diff.items())
+        raise checkpoint.CheckpointError(f"{out} holds another run ({detail}): {hint}")
+    if checkpoint.metadata(out)["step"] < cfg.steps:
+        train(replace(cfg, resume=True))
+    return load_trained(out)
 
 
 def _machine() -> str:
@@ -71,11 +98,11 @@ def _write(out: Path, name: str, title: str, command: str, table: list[str], not
     return path
 
 
-def resolution(out: Path, smoke: bool = False) -> Path:
+def resolution(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
     """Image DiT trained at R, evaluated at R, 1.5R and 2R with every position mode."""
-    task, model = _trained(FULL["resolution"]["train"], smoke)
-    n = 8 if smoke else FULL["resolution"]["n"]
-    modes = ("none", "interpolate", "ntk", "yarn", "normalize")
+    task, model = trained_run(run_for("resolution", smoke, run_dir))
+    n = 8 if smoke else SETUP["resolution"]["n"]
+    modes = ar.POSITION_MODES
     sizes = [task.resolution * f // 2 for f in (2, 3, 4)]
     results = {}
     for size in sizes:
@@ -109,34 +136,41 @@ def resolution(out: Path, smoke: bool = False) -> Path:
     )
 
 
-def length(out: Path, smoke: bool = False) -> Path:
+def _at_length(model, base: int, length: int, method: str):
+    """The language model and its forward arguments at context ``length`` under ``method``, training-free."""
+    if method in LENGTH_MODES:
+        sized = ar.positions_for_size((length,), (base,), LENGTH_MODES[method])
+        scaling = sized.scaling[0]
+        kwargs = {"input_pos": sized.pos[:, 0].to(next(model.parameters()).device)}  # [L] positions
+    else:
+        scaling, kwargs = (LENGTH_METHODS[method](length / base, base) if length > base else None), {}
+    if scaling == model.config.scaling:
+        return model, kwargs
+    scaled = type(model)(replace(model.config, scaling=scaling))
+    scaled.load_state_dict(model.state_dict())  # rope buffers are not state: only the scaling differs
+    return scaled.to(next(model.parameters()).device).eval(), kwargs
+
+
+def length(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
     """Language model trained at context L, held-out loss up to 8L with each scaling, training-free."""
-    task, model = _trained(FULL["length"]["train"], smoke)
+    task, model = trained_run(run_for("length", smoke, run_dir))
     base = task.context
-    lengths = (base, 2 * base) if smoke else FULL["length"]["lengths"]
-    n = 2 if smoke else FULL["length"]["n"]
-    methods = {
-        "none": lambda s: None,
-        "Linear": lambda s: ar.scaling.Linear(s),
-        "NTK": lambda s: ar.scaling.NTK(s),
-        "DynamicNTK": lambda s: ar.scaling.DynamicNTK(2.0, base),
-        "YaRN": lambda s: ar.scaling.YaRN(s, base),
-        "Llama3": lambda s: ar.scaling.Llama3(s, base),
-    }
+    lengths = (base, 2 * base) if smoke else SETUP["length"]["lengths"]
+    n = 2 if smoke else SETUP["length"]["n"]
     results: dict[str, dict[int, float]] = {}
-    for name, make in methods.items():
+    for name in LENGTH_ORDER:
         results[name] = {}
         for L in lengths:
-            scaled = type(model)(replace(model.config, scaling=make(L / base) if L > base else None))
-            scaled.load_state_dict(model.state_dict())  # rope buffers are not state: only the scaling differs
-            results[name][L] = task.val_loss(scaled.eval(), n=n, context=L)[L]
+            scaled, kwargs = _at_length(model, base, L, name)
+            results[name][L] = task.val_loss(scaled, n=n, context=L, **kwargs)[L]
     table = ["| method | " + " | ".join(str(L) for L in lengths) + " |", "|---|" + "---|" * len(lengths)]
-    table += [f"| {m} | " + " | ".join(f"{results[m][L]:.3f}" for L in lengths) + " |" for m in methods]
+    table += [f"| {m} | " + " | ".join(f"{results[m][L]:.3f}" for L in lengths) + " |" for m in LENGTH_ORDER]
     plot = _plot_length(results, out / "img" / "length.png", base)
     notes = [
         f"Held-out loss in nats/byte on the same {n} windows of the standard library's held-out files, for the"
         f" byte-level model trained at context {base}; every method is applied training-free, with factor"
-        f" L / {base} (DynamicNTK: factor 2, growing with the length seen).",
+        f" L / {base} (DynamicNTK: factor 2, growing with the length seen). Linear is position"
+        f" interpolation (positions times {base} / L).",
         "",
         f"![length]({plot.relative_to(out).as_posix()})",
     ]
@@ -173,10 +207,10 @@ def _plot_length(results: dict, path: Path, base: int) -> Path:
     return path
 
 
-def frames(out: Path, smoke: bool = False) -> Path:
+def frames(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
     """Video DiT trained on N frames, evaluated at N and 2N frames without and with RIFLEx."""
-    task, model = _trained(FULL["frames"]["train"], smoke)
-    n = 4 if smoke else FULL["frames"]["n"]
+    task, model = trained_run(run_for("frames", smoke, run_dir))
+    n = 4 if smoke else SETUP["frames"]["n"]
     N = task.frames
     d_t = model.rope.axes_dim[0]
     k = ar.scaling.RIFLEx.intrinsic_k(d_t, model.config.theta, N)

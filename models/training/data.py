@@ -163,7 +163,7 @@ class StdlibText:
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         root = Path(root or sysconfig.get_paths()["stdlib"])
-        skip = {"site-packages", "test", "tests", "idlelib"}  # library code only, as CALIBRATION.md measured
+        skip = {"site-packages", "test", "tests", "idlelib"}  # library code only: no test suites, no third party
         files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
         if not files:
             raise FileNotFoundError(f"no .py files under {root}: cannot build the text corpus")

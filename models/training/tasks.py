@@ -2,20 +2,24 @@
 
 A task builds its model, draws the batch of a step (a pure function of the seed and
 the step, so training resumes exactly and ranks agree), computes the loss, a fixed
-validation loss, and a picture of what the model does now.
+validation loss, and a picture of what the model does now. Its constructor takes the
+run settings it uses and no others; ``from_run`` picks them from a run's settings
+(``asdict(TrainConfig)`` or a checkpoint's saved ``run``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from . import dit, gpt, video_dit
+from .. import dit, gpt, video_dit
+from ..flow import classifier_free_guidance, flow_loss, logit_normal, sample_euler
 from .data import CLASSES, MovingShapes, Shapes, StdlibText
-from .flow import flow_loss, logit_normal, sample_euler
+from .pictures import save_gif, save_grid
 
 
 def step_generator(seed: int, step: int, stream: str) -> torch.Generator:
@@ -32,15 +36,19 @@ def _shard(n: int, rank: int, world: int) -> slice:
 
 
 class ImageTask:
-    """Class-conditional image DiT on :class:`~models.data.Shapes`, rectified flow."""
+    """Class-conditional image DiT on :class:`~models.training.data.Shapes`, rectified flow."""
 
     name = "dit"
     presets = dit.PRESETS
 
-    def __init__(self, preset: str, resolution: int, seed: int, **_):
+    def __init__(self, preset: str, resolution: int, seed: int):
         self.config = replace(dit.PRESETS[preset], input_size=resolution)
         self.resolution, self.seed = resolution, seed
         self.data = Shapes(seed=seed)
+
+    @classmethod
+    def from_run(cls, run: Mapping) -> ImageTask:
+        return cls(run["preset"], run["resolution"], run["seed"])
 
     def build(self) -> torch.nn.Module:
         return dit.DiT(self.config)
@@ -117,21 +125,23 @@ class ImageTask:
         return out.clamp(-1, 1).cpu()
 
     def save_samples(self, model, path: Path, steps: int = 40) -> Path:
-        from .pictures import save_grid
-
         return save_grid(self.sample(model, steps=steps), path.with_suffix(".png"), nrow=8)
 
 
 class VideoTask(ImageTask):
-    """Class-conditional video DiT on :class:`~models.data.MovingShapes`."""
+    """Class-conditional video DiT on :class:`~models.training.data.MovingShapes`."""
 
     name = "video_dit"
     presets = video_dit.PRESETS
 
-    def __init__(self, preset: str, resolution: int, seed: int, frames: int = 8, **_):
+    def __init__(self, preset: str, resolution: int, frames: int, seed: int):
         self.config = video_dit.PRESETS[preset]
         self.resolution, self.frames, self.seed = resolution, frames, seed
         self.data = MovingShapes(seed=seed)
+
+    @classmethod
+    def from_run(cls, run: Mapping) -> VideoTask:
+        return cls(run["preset"], run["resolution"], run["frames"], run["seed"])
 
     def build(self) -> torch.nn.Module:
         return video_dit.VideoDiT(self.config)
@@ -163,17 +173,14 @@ class VideoTask(ImageTask):
         y = torch.arange(len(CLASSES)).repeat_interleave(per_class)
         shape = (len(y), 3, frames, self.resolution, self.resolution)
         noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+        null = model.y_embedder.null_label
 
         def velocity(x, t):
-            null = torch.full_like(y, model.y_embedder.null_label)
-            cond, uncond = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), **kw).chunk(2)
-            return uncond + cfg_scale * (cond - uncond)
+            return classifier_free_guidance(model, x, t, y, null, cfg_scale, **kw)
 
         return sample_euler(velocity, noise, steps).clamp(-1, 1)
 
     def save_samples(self, model, path: Path, steps: int = 30) -> Path:
-        from .pictures import save_gif
-
         return save_gif(self.sample(model, steps=steps), path.with_suffix(".gif"))
 
 
@@ -183,10 +190,14 @@ class TextTask:
     name = "gpt"
     presets = gpt.PRESETS
 
-    def __init__(self, preset: str, seed: int, context: int = 256, **_):
+    def __init__(self, preset: str, context: int, seed: int):
         self.config = replace(gpt.PRESETS[preset], max_seq_len=context)
         self.context, self.seed = context, seed
         self.train_data, self._val_data = StdlibText("train"), None
+
+    @classmethod
+    def from_run(cls, run: Mapping) -> TextTask:
+        return cls(run["preset"], run["context"], run["seed"])
 
     @property
     def val_data(self) -> StdlibText:

@@ -4,6 +4,8 @@ AdamW with warm-up, gradient clipping, EMA weights, bf16 autocast on GPUs that h
 it, a JSONL log, a loss curve, periodic validation and samples, and checkpoints that
 resume to the same loss curve (data and noise are pure functions of seed and step).
 Runs unchanged under ``torchrun``: DistributedDataParallel, or FSDP2 with ``fsdp``.
+The settings are :class:`~models.training.config.TrainConfig`; each run writes them to
+``OUT/config.json`` when it starts (or resumes), next to its checkpoint.
 """
 
 from __future__ import annotations
@@ -13,47 +15,18 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from . import checkpoint
+from .config import RUN_KEYS, TrainConfig
+from .pictures import plot_loss
 from .tasks import TASKS
 
-# settings a resumed run must share with its checkpoint (the model, the data order, the batch)
-RUN_KEYS = ("model", "preset", "resolution", "frames", "context", "seed", "batch_size")
-
-
-@dataclass
-class TrainConfig:
-    """Everything a run needs; the defaults train the tiny image DiT on CPU in minutes."""
-
-    model: str = "dit"
-    preset: str = "tiny"
-    steps: int = 2000
-    batch_size: int = 32  # tiny DiT, 64k images: held-out loss 0.063 (batch 64, 1000 steps: 0.072)
-    lr: float = 2e-3  # (1e-3: 0.081 with batch 64, 1000 steps)
-    warmup: int = 20
-    schedule: str = "constant"  # or "cosine" (to 10% of lr)
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    ema: float = 0.99
-    resolution: int = 32
-    frames: int = 8
-    context: int = 256
-    seed: int = 0
-    out: str = "runs/dit"
-    resume: bool = False
-    log_every: int = 10
-    val_every: int = 500  # validation loss, sample grid and loss curve every N steps
-    ckpt_every: int = 500
-    sample_steps: int = 40  # Euler steps of the sample grids (DiTs)
-    report: bool = True  # validation, samples and loss curve (periodic and at the end)
-    precision: str = "auto"  # "auto": bf16 autocast on GPUs with bf16, else float32
-    fsdp: bool = False
-    progress: bool = True
+__all__ = ["Run", "TrainConfig", "learning_rate", "load_trained", "train", "trained_weights"]
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -86,9 +59,7 @@ class Run:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
-        self.task = TASKS[cfg.model](
-            preset=cfg.preset, resolution=cfg.resolution, frames=cfg.frames, context=cfg.context, seed=cfg.seed
-        )
+        self.task = TASKS[cfg.model].from_run(asdict(cfg))
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = self.task.build().to(self.device)
         self.trained = self._wrap(self.model)
@@ -213,8 +184,6 @@ class Run:
             )
             name = "samples" if final else f"samples_{self.step:06d}"
             self.task.save_samples(model, self.out / name, steps=self.cfg.sample_steps)
-            from .pictures import plot_loss
-
             plot_loss(self.out / "log.jsonl", self.out / "loss.png")
 
     def train(self) -> dict:
@@ -225,6 +194,7 @@ class Run:
             self.restore()
         elif self.rank == 0:
             (self.out / "log.jsonl").unlink(missing_ok=True)
+        if self.rank == 0:  # the settings that trained the checkpoint from here on (resumes included)
             (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
         bar = None
         if cfg.progress and self.rank == 0:
@@ -276,7 +246,7 @@ def trained_weights(path: str | Path, *, use_ema: bool = True) -> tuple[dict, di
 def load_trained(path: str | Path, *, use_ema: bool = True, device: str | torch.device = "cpu"):
     """Rebuild a trained model from its checkpoint; returns ``(task, model)`` with the model in eval mode."""
     run, weights = trained_weights(path, use_ema=use_ema)
-    task = TASKS[run["model"]](**{k: run[k] for k in ("preset", "resolution", "frames", "context", "seed")})
+    task = TASKS[run["model"]].from_run(run)
     model = task.build()
     model.load_state_dict(weights)
     return task, model.to(device).eval()
