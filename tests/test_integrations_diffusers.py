@@ -451,3 +451,37 @@ def test_cogvideox_head_dim_not_divisible_by_16_is_a_clear_error():
     )  # fmt: skip
     with pytest.raises(ValueError, match="attention_head_dim divisible by 16, got 24"):
         set_rope_processors(model)
+
+
+def test_flux_mode_interpolate_equals_stock_at_interpolated_ids():
+    model, inputs = _flux()  # a 4 x 6 image grid
+    model.eval()
+    half = dict(inputs, img_ids=ar.grid(1, 4, 6, scale=(1.0, 0.5, 0.5)))
+    stock = _run(model, half)
+    set_rope_processors(model, mode="interpolate", train_size=(2, 3))  # 2x the training grid per axis
+    torch.testing.assert_close(_run(model, inputs), stock, atol=1e-5, rtol=1e-4)
+
+
+def test_video_mode_sizes_each_forward_like_the_explicit_scaling():
+    model, inputs = _wan()  # latent 3 x 4 x 6, patch (1, 2, 2): a 3 x 2 x 3 token grid
+    model.eval()
+    set_rope_processors(model, scaling=(None, ar.scaling.NTK(2.0), ar.scaling.NTK(3.0)))
+    explicit = _run(model, inputs)
+    set_rope_processors(model, mode=("none", "ntk", "ntk"), train_size=(3, 1, 1))
+    torch.testing.assert_close(_run(model, inputs), explicit, atol=1e-6, rtol=1e-5)
+    set_rope_processors(model, mode="yarn", train_size=(3, 2, 3))  # at the training grid: unscaled
+    sized = _run(model, inputs)
+    remove_rope_processors(model)
+    torch.testing.assert_close(sized, _run(model, inputs), atol=1e-5, rtol=1e-4)
+
+
+def test_mode_arguments_are_checked():
+    model, _ = _flux()
+    with pytest.raises(ValueError, match="not both"):
+        set_rope_processors(model, mode="ntk", train_size=(2, 3), scaling=ar.scaling.NTK(2.0))
+    with pytest.raises(ValueError, match="text ids"):
+        set_rope_processors(model, mode="normalize", train_size=(2, 3))
+    with pytest.raises(ValueError, match="train_size"):
+        set_rope_processors(model, mode="yarn")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        set_rope_processors(model, mode="stretch", train_size=(2, 3))

@@ -31,7 +31,7 @@ from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideo
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 from ..ops import BACKENDS
-from ..positions import grid
+from ..positions import POSITION_MODES
 from ..rope import AxialRoPE
 from ..scaling import Scaling
 from .diffusers_processors import (
@@ -62,10 +62,10 @@ class _Family:
     tables_when_unscaled: bool = False  # rotate with the model's own tables when unscaled (exact)
 
 
-def _video_grid(frames: int, height: int, width: int, patch: Sequence[int], device) -> torch.Tensor:
-    # latent [.., F, .., H, W] -> token coordinates (t, y, x) [F/p_t * H/p_h * W/p_w, 3], t slowest
+def _token_grid(frames: int, height: int, width: int, patch: Sequence[int]) -> tuple[int, int, int]:
+    # latent [.., F, .., H, W] -> the token grid (t, y, x), as the model's patch embedding cuts it
     p_t, p_h, p_w = patch
-    return grid(-(-frames // p_t), height // p_h, width // p_w, device=device)
+    return -(-frames // p_t), height // p_h, width // p_w
 
 
 # Position hooks: each records the positions of one forward against the tables the stock model
@@ -74,7 +74,7 @@ def _video_grid(frames: int, height: int, width: int, patch: Sequence[int], devi
 
 def _flux_hook(model, state):
     def hook(module, args, output):
-        state.record(output, args[0].float())  # ids [S, 3], text rows first, as FluxPosEmbed reads them
+        state.record_ids(output, args[0].float())  # ids [S, 3], text rows first, as FluxPosEmbed reads them
 
     return model.pos_embed.register_forward_hook(hook)
 
@@ -82,7 +82,7 @@ def _flux_hook(model, state):
 def _latent_video_hook(rope_module, patch, state):
     def hook(module, args, output):
         _, _, frames, height, width = args[0].shape  # latent video [B, C, F, H, W]
-        state.record(output, _video_grid(frames, height, width, patch, args[0].device))
+        state.record_grid(output, _token_grid(frames, height, width, patch), args[0].device)
 
     return rope_module.register_forward_hook(hook)
 
@@ -104,8 +104,8 @@ def _cogvideox_hook(model, state):
         call = signature.bind_partial(*args, **kwargs).arguments  # the tables come from the pipeline
         _, frames, _, height, width = call["hidden_states"].shape  # [B, F, C, H, W]
         # the integer latent grid: CogVideoX 1.5's pipeline positions (and 1.0's at its base size)
-        grid_pos = _video_grid(frames, height, width, patch, call["hidden_states"].device)
-        state.record(call.get("image_rotary_emb"), grid_pos)
+        sizes = _token_grid(frames, height, width, patch)
+        state.record_grid(call.get("image_rotary_emb"), sizes, call["hidden_states"].device)
 
     return model.register_forward_pre_hook(hook, with_kwargs=True)
 
@@ -204,6 +204,8 @@ def set_rope_processors(
     transformer: torch.nn.Module,
     *,
     scaling: Scaling | None | Sequence[Scaling | None] = None,
+    mode: str | Sequence[str] | None = None,
+    train_size: Sequence[int] | None = None,
     backend: str | None = None,
 ) -> RopeProcessors:
     """Install attention processors that run the transformer's RoPE through axial_rope.
@@ -215,6 +217,13 @@ def set_rope_processors(
             :mod:`axial_rope.scaling` for every axis, or a tuple with one per axis in the
             model's axis order (Flux: ``(text/reference index, y, x)``; video: ``(t, y, x)``),
             e.g. ``(RIFLEx(k=4, test_length=40), None, None)``.
+        mode: instead of a fixed ``scaling``, size every forward's token grid against the grid the
+            model was trained at (``train_size``): one of :data:`axial_rope.POSITION_MODES` (or one per
+            grid axis), applied by :func:`axial_rope.positions_for_size`, so a forward at twice the
+            training resolution gets, e.g., interpolated positions or per-axis YaRN. Grid axes:
+            video ``(t, y, x)``; Flux ``(y, x)`` of the image ids (``"normalize"`` is refused for Flux:
+            it would move the text ids off 0).
+        train_size: the training token grid, ``(t, y, x)`` (video) or ``(y, x)`` (Flux), with ``mode``.
         backend: axial_rope backend (``None`` automatic, ``"torch"``, ``"triton"``, ``"reference"``).
 
     Returns:
@@ -229,12 +238,14 @@ def set_rope_processors(
     family = _family(transformer)
     if backend not in (None, *BACKENDS):
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}")
+    sizing = _sizing(family, mode, train_size, scaling)
     axes_dim, theta = family.layout(transformer)
     rope = AxialRoPE(axes_dim, theta, scaling, pairing="interleaved", backend=backend)  # checks scaling
     previous = getattr(transformer, _ATTR, None)
     if previous is not None:  # re-install from the stock processors, not on top of ours
         previous.remove()
-    state = RopeState(rope, use_tables=family.tables_when_unscaled and not any(s is not None for s in rope.scaling))
+    unscaled = sizing is None and not any(s is not None for s in rope.scaling)
+    state = RopeState(rope, use_tables=family.tables_when_unscaled and unscaled, sizing=sizing)
 
     originals = dict(transformer.attn_processors)
     names = [name for name in originals if name.startswith(family.blocks)]
@@ -254,6 +265,25 @@ def set_rope_processors(
     handle = RopeProcessors(transformer, state, originals, names, hooks)
     setattr(transformer, _ATTR, handle)
     return handle
+
+
+def _sizing(family: _Family, mode, train_size, scaling) -> tuple | None:
+    """``(train_size, mode)`` for :class:`RopeState`, checked; ``None`` without ``mode``."""
+    if mode is None:
+        if train_size is not None:
+            raise ValueError("train_size goes with mode (how to size positions against it)")
+        return None
+    if scaling is not None:
+        raise ValueError("pass either scaling (fixed per-axis methods) or mode (sized per forward), not both")
+    n_axes = 2 if family.model is diffusers.FluxTransformer2DModel else 3
+    modes = (mode,) * n_axes if isinstance(mode, str) else tuple(mode)
+    if len(modes) != n_axes or any(m not in POSITION_MODES for m in modes):
+        raise ValueError(f"mode must be one of {POSITION_MODES} or one per grid axis ({n_axes}), got {mode!r}")
+    if n_axes == 2 and "normalize" in modes:
+        raise ValueError("mode 'normalize' moves Flux's text ids off 0; use 'interpolate', 'ntk' or 'yarn'")
+    if train_size is None or len(tuple(train_size)) != n_axes:
+        raise ValueError(f"mode needs train_size, the training token grid ({n_axes} sizes), got {train_size!r}")
+    return tuple(train_size), modes
 
 
 def _guard(transformer, name: str, processor: type):

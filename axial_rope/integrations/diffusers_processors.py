@@ -21,6 +21,7 @@ from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..ops import apply_rope
+from ..positions import grid, positions_for_size
 from ..rope import AxialRoPE
 
 __all__ = [
@@ -35,25 +36,27 @@ __all__ = [
 class RopeState:
     """What the processors of one transformer share: the rotary layout and the positions of each forward.
 
-    Positions are recorded against the very tables (``image_rotary_emb``) the stock model
-    computes for that forward and passes to every processor, and looked up by their
-    identity: activation checkpointing, which recomputes a block in backward after later
-    forwards have run, gets the positions of the forward it recomputes, not the latest ones.
+    Positions (and the rope for them) are recorded against the very tables
+    (``image_rotary_emb``) the stock model computes for that forward and passes to every
+    processor, and looked up by their identity: activation checkpointing, which recomputes
+    a block in backward after later forwards have run, gets the positions of the forward
+    it recomputes, not the latest ones.
 
     Args:
         rope: the :class:`~axial_rope.AxialRoPE` every processor rotates with.
         use_tables: rotate with the tables the model passes in (``image_rotary_emb``)
             instead of positions; only exact when ``rope`` is unscaled.
+        sizing: ``(train_sizes, mode)``: positions and scaling of each forward's token grid
+            come from :func:`axial_rope.positions_for_size` (grid axes only).
     """
 
-    def __init__(self, rope: AxialRoPE, *, use_tables: bool = False):
-        self.rope = rope
-        self.use_tables = use_tables
-        # the tables' first tensor -> positions [S_rope, n_axes]; entries go when the tables are freed
+    def __init__(self, rope: AxialRoPE, *, use_tables: bool = False, sizing: tuple | None = None):
+        self.rope, self.use_tables, self.sizing = rope, use_tables, sizing
+        # the tables' first tensor -> (positions [S_rope, n_axes], rope); entries go when the tables are freed
         self._positions = WeakIdKeyDictionary()
 
-    def record(self, tables, pos: torch.Tensor) -> None:
-        """Record the positions ``[S_rope, n_axes]`` of the forward that computed ``tables`` (the position hook).
+    def record(self, tables, pos: torch.Tensor, rope: AxialRoPE | None = None) -> None:
+        """Record the positions ``[S_rope, n_axes]`` (and rope) of the forward that computed ``tables``.
 
         The processors are not submodules, so ``transformer.to(device)`` does not reach the
         rope's frequency buffers; they follow the positions' device here, once per move.
@@ -61,11 +64,36 @@ class RopeState:
         if self.rope.freqs.device != pos.device:
             self.rope.to(pos.device)
         if tables is not None:
-            self._positions[_key(tables)] = pos
+            self._positions[_key(tables)] = (pos, self.rope if rope is None else rope)
+
+    def record_grid(self, tables, sizes: tuple[int, ...], device) -> None:
+        """Record a token grid ``sizes`` (t, y, x), sized by :attr:`sizing` when set."""
+        if self.sizing is None:
+            return self.record(tables, grid(*sizes, device=device))
+        sized = positions_for_size(sizes, *self.sizing, device=device)
+        self.record(tables, sized.pos, self.rope.with_scaling(sized.scaling))
+
+    def record_ids(self, tables, ids: torch.Tensor) -> None:
+        """Record Flux ids ``[S, 3]`` (index, y, x); with :attr:`sizing`, the y/x grid of the image is sized.
+
+        The image grid is ``max + 1`` of the integer y and x ids; each id ``i`` becomes the
+        coordinate :func:`~axial_rope.positions_for_size` gives grid index ``i`` (text ids, 0,
+        stay 0 in every mode allowed here).
+        """
+        if self.sizing is None:
+            return self.record(tables, ids)
+        yx = ids[:, 1:].round().long()
+        if bool((yx < 0).any()) or not torch.equal(yx.to(ids.dtype), ids[:, 1:]):
+            raise ValueError("sizing Flux positions needs integer y/x ids >= 0 (an image grid)")
+        h, w = (int(v) + 1 for v in yx.amax(0))
+        sized = positions_for_size((h, w), *self.sizing, dtype=ids.dtype, device=ids.device)
+        axes = sized.pos.view(h, w, 2)
+        pos = torch.stack([ids[:, 0], axes[:, 0, 0][yx[:, 0]], axes[0, :, 1][yx[:, 1]]], dim=-1)
+        self.record(tables, pos, self.rope.with_scaling((None, *sized.scaling)))
 
     @property
     def scaled(self) -> bool:
-        return any(s is not None for s in self.rope.scaling)
+        return self.sizing is not None or any(s is not None for s in self.rope.scaling)
 
     def rotation(self, tables, n_tokens: int, device: torch.device) -> Rotation | None:
         """How to rotate ``n_tokens`` tokens: by the positions recorded with ``tables``, or by the tables.
@@ -75,9 +103,9 @@ class RopeState:
         """
         if tables is None:
             return None
-        pos = None if self.use_tables else self._positions.get(_key(tables))
+        pos, rope = (None, None) if self.use_tables else self._positions.get(_key(tables), (None, None))
         if pos is not None and pos.shape[0] == n_tokens:
-            return Rotation(self.rope, pos=pos.to(device))
+            return Rotation(rope, pos=pos.to(device))
         if self.scaled:
             found = "none" if pos is None else f"{pos.shape[0]}"
             raise RuntimeError(
