@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import KVCache
+from .parallel import ContextParallel, sequence_parallel_attention
 from .rope import AxialRoPE
 
 __all__ = ["Attention", "QK_NORMS", "FACTOR_PLACEMENTS", "uniform_attention_factor", "xavier_linear"]
@@ -48,6 +49,22 @@ def _allow(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask & allowed
     return torch.where(allowed, mask, torch.full_like(mask, float("-inf")))
+
+
+def _check_context_parallel(mask, cache, rope: AxialRoPE | None, seq_len) -> None:
+    """What a sequence-parallel call cannot take, refused before any work (and any collective)."""
+    if cache is not None:
+        raise ValueError("context_parallel does not take a KV cache (decoding is not sequence-parallel)")
+    if mask is not None:
+        raise ValueError(
+            "context_parallel takes no mask: each rank holds only its shard of the keys; padding to a "
+            "multiple of the ranks is masked by the ContextParallel itself (cp.for_length(S))"
+        )
+    if rope is not None and rope.length_dependent and seq_len is None:
+        raise ValueError(
+            "a length-dependent scaling under context_parallel needs seq_len= (the global length): "
+            "each rank sees only its shard's positions and would pick a different frequency schedule"
+        )
 
 
 class Attention(nn.Module):
@@ -159,6 +176,7 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
         input_pos: torch.Tensor | None = None,
         seq_len: int | Sequence[int] | None = None,
+        context_parallel: ContextParallel | None = None,
     ) -> torch.Tensor:
         """Attend over the tokens of ``x`` (and, with a cache, over the cached ones).
 
@@ -172,9 +190,13 @@ class Attention(nn.Module):
                 the queries attend to every slot written so far (causal: those ``<= input_pos``).
             input_pos: int ``[S]``, cache slots of the new tokens (needed with ``cache``).
             seq_len: length per axis for length-dependent scaling (see :meth:`AxialRoPE.forward`).
+            context_parallel: a :class:`~axial_rope.parallel.ContextParallel`: ``x [B, L, C]`` and ``pos``
+                are this rank's shard (``cp.shard(x)``, ``cp.positions(pos)``: global coordinates) of a
+                sequence of ``cp.seq_len`` tokens, and attention spans the whole sequence across the
+                group (ring or Ulysses). Collective: every rank of the group calls it. No mask or cache.
 
         Returns:
-            ``[B, S, C]``.
+            ``[B, S, C]`` (with ``context_parallel``: ``[B, L, C]``, this rank's rows).
         """
         if x.ndim != 3:
             raise ValueError(f"x must be [B, S, C], got shape {tuple(x.shape)}")
@@ -186,9 +208,15 @@ class Attention(nn.Module):
             pos = input_pos
         if rope is not None and pos is None:
             raise ValueError("pos is required when the attention has a rope")
+        if context_parallel is not None:
+            _check_context_parallel(mask, cache, rope, seq_len)
         q, k, v = self._project(x)
         q, k, gain = self._norm_and_rotate(q, k, pos, rope, seq_len)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, D] for SDPA
+        if context_parallel is not None:  # S is this rank's L; rotation above used its global positions
+            scale = gain / math.sqrt(self.head_dim)
+            out = sequence_parallel_attention(q, k, v, context_parallel, causal=self.causal, scale=scale)
+            return self.proj(out.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
         is_causal = False
         if cache is not None:
             k, v = cache.update(input_pos, k, v)  # [B, H_kv, S_max, D], keys rotated when written

@@ -1,0 +1,231 @@
+"""Sequence parallelism: sharded attention on 2, 3 and 4 gloo processes equals one process.
+
+Each world size spawns its processes once and runs every case inside them: both methods,
+both layouts, causal or not, lengths that divide by the ranks and lengths that do not,
+raw q/k/v and the ``Attention`` layer with a video rope, with and without a text prefix.
+Attention outputs and the gradients of q, k, v and of the layer's input must match the
+single-process float32 result to 1e-6 (``max |a - b| <= 1e-6 * max(1, max |b|)``: absolute,
+the tensors are O(1)). The layer's parameter gradients are sums over every token, of
+magnitude 10 to 30, whose float32 rounding differs with the summation order: the
+one-process float32 gradient of the QK-norm weight is itself 9.5e-7 of its scale from the
+float64 one, so they are held to 2e-6 of their scale. Every rank must also send exactly
+the bytes of ``communication_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+import axial_rope as ar
+from axial_rope.layers import Attention
+from axial_rope.parallel import (
+    ContextParallel,
+    communication_bytes,
+    reset_sent_bytes,
+    ring,
+    sent_bytes,
+    sequence_parallel_attention,
+    split_groups,
+)
+from axial_rope.parallel.ring import block_pairs
+from axial_rope.parallel.ulysses import ulysses_kv_heads
+
+TOL, PARAM_TOL = 1e-6, 2e-6
+CASES = [(m, lay, c) for m in ("ring", "ulysses") for lay in ("contiguous", "zigzag") for c in (False, True)]
+
+
+class Check:
+    """Collects mismatches (never raises mid-collective, so no rank is left waiting) and the largest error."""
+
+    def __init__(self):
+        self.failures, self.max_err = [], {TOL: 0.0, PARAM_TOL: 0.0}
+
+    def close(self, name: str, actual: torch.Tensor, expected: torch.Tensor, tol: float = TOL) -> None:
+        err = (actual - expected).abs().max().item() / max(1.0, expected.abs().max().item())
+        self.max_err[tol] = max(self.max_err[tol], err)
+        if not err <= tol:
+            self.failures.append(f"{name}: error {err:.3g} of the tensor's scale")
+
+    def equal(self, name: str, actual, expected) -> None:
+        if actual != expected:
+            self.failures.append(f"{name}: {actual} != {expected}")
+
+
+def _function_case(check: Check, cp: ContextParallel, S: int, causal: bool) -> None:
+    """Raw q/k/v (GQA: 12 query heads, 6 kv heads): output, gradients and bytes sent."""
+    g = torch.Generator().manual_seed(S)
+    q, k, v = (torch.randn(2, h, S, 8, generator=g).requires_grad_() for h in (12, 6, 6))
+    w = torch.randn(2, 12, S, 8, generator=g)  # the loss' weights: a gradient that differs per element
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    ref_grads = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    cp = cp.for_length(S)
+    local = [cp.shard(t.detach(), dim=2).requires_grad_() for t in (q, k, v)]
+    valid, name = cp.valid(), f"{cp.method}/{cp.layout}/causal={causal}/S={S}"
+    reset_sent_bytes()
+    out = sequence_parallel_attention(*local, cp, causal=causal)
+    (out * cp.shard(w, dim=2))[:, :, valid].sum().backward()  # padding kept out of the loss
+    check.close(f"{name} out", out[:, :, valid], cp.shard(ref.detach(), 2)[:, :, valid])
+    for t, full, label in zip(local, ref_grads, "qkv"):
+        check.close(f"{name} d{label}", t.grad[:, :, valid], cp.shard(full, 2)[:, :, valid])
+    expected = communication_bytes(
+        cp.method, batch=2, seq_len=S, heads=12, kv_heads=6, head_dim=8, world=cp.world, layout=cp.layout, backward=True
+    )
+    check.equal(f"{name} bytes sent", sent_bytes(), expected)
+
+
+def _video_tokens(n_text: int):
+    """A 2x3x4 latent of video tokens after ``n_text`` text tokens (Flux-style joint attention)."""
+    image = ar.grid(2, 3, 4, offset=n_text)
+    return torch.cat([ar.text_positions(n_text, 3), image]) if n_text else image
+
+
+def _layer_case(check: Check, cp: ContextParallel, n_text: int, causal: bool) -> None:
+    """``Attention(context_parallel=...)``: output (through ``gather``), input and parameter gradients."""
+    torch.manual_seed(0)  # the same weights and data on every rank
+    rope = ar.AxialRoPE((2, 4, 2), theta=64.0)
+    attn = Attention(96, 12, rope, num_kv_heads=6, qk_norm="rms", causal=causal)
+    pos = _video_tokens(n_text)
+    S = pos.shape[0]
+    x, w = torch.randn(2, S, 96, requires_grad=True), torch.randn(2, S, 96)
+    ref = attn(x, pos)
+    (ref * w).sum().backward()
+    ref_grads = [p.grad.clone() for p in (x, *attn.parameters())]
+    attn.zero_grad()
+    cp = cp.for_length(S)
+    x_local = cp.shard(x.detach()).requires_grad_()
+    out = attn(x_local, cp.positions(pos), context_parallel=cp)
+    (out * cp.shard(w))[:, cp.valid()].sum().backward()
+    name = f"layer {cp.method}/{cp.layout}/causal={causal}/text={n_text}"
+    check.close(f"{name} gathered out", cp.gather(out.detach()), ref.detach())
+    full_x_grad = cp.gather(x_local.grad)  # each rank holds its own tokens' gradient
+    grads = [full_x_grad] + [p.grad for p in attn.parameters()]
+    for p in grads[1:]:
+        dist.all_reduce(p, group=cp.group)  # parameter gradients: the ranks' shares summed
+    check.close(f"{name} input grad", grads[0], ref_grads[0])
+    for (param, _), got, want in zip(attn.named_parameters(), grads[1:], ref_grads[1:]):
+        check.close(f"{name} grad {param}", got, want, PARAM_TOL)
+
+
+def _layout_case(check: Check, cp: ContextParallel, S: int) -> None:
+    """Every global token on exactly one rank, padding only at the end."""
+    slots = torch.cat([cp.indices(S, r) for r in range(cp.world)]).sort().values
+    check.equal(f"{cp.layout} S={S} slots", slots.tolist(), list(range(cp.padded_len(S))))
+
+
+def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    torch.set_num_threads(1)
+    ring.TILE = 5  # ring blocks in tiles of 5 x 5: chunks of 3 to 15 take 1 to 3 tiles a side
+    check = Check()
+    for method, layout, causal in CASES:
+        cp = ContextParallel(None, method, layout)
+        for S in (6 * world, 6 * world + 1):  # divisible by 2P (zigzag), and by no P here
+            _layout_case(check, cp, S)
+            _function_case(check, cp, S, causal)
+        for n_text in (0, 5):  # 24 video tokens (divisible), 29 with the text (not divisible)
+            _layer_case(check, cp, n_text, causal)
+    try:  # world + 1 query heads never divide: every rank refuses before any collective
+        q = torch.zeros(1, world + 1, 4, 8)
+        sequence_parallel_attention(q, q, q, ContextParallel(None, "ulysses"))
+        check.failures.append("Ulysses took heads that do not divide by the ranks")
+    except ValueError as err:
+        check.equal(
+            "Ulysses error message", f"{world + 1} query heads do not divide by {world} ranks" in str(err), True
+        )
+    if world == 4:  # 2 x 2: two context groups of 2 ranks, each sharding its own sequence
+        context_group, _ = split_groups(2)
+        for method in ("ring", "ulysses"):
+            _function_case(check, ContextParallel(context_group, method, "zigzag"), 13, True)
+    Path(out_dir, f"{rank}.json").write_text(
+        json.dumps({"failures": check.failures, "max_err": list(check.max_err.values())})
+    )
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_sharded_attention_equals_one_process(tmp_path, world):
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True)
+    results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
+    failures = [f"rank {r}: {f}" for r, res in enumerate(results) for f in res["failures"]]
+    assert not failures, "\n".join(failures[:20])
+    attention, params = (max(res["max_err"][i] for res in results) for i in (0, 1))
+    print(f"world {world}: largest error {attention:.2e} (attention), {params:.2e} (parameter gradients)")
+
+
+# -- one process: no process group needed --------------------------------------------------
+
+
+@pytest.mark.parametrize("method, layout, causal", CASES)
+@pytest.mark.parametrize("tile", [1024, 3])
+def test_one_rank_equals_sdpa(monkeypatch, method, layout, causal, tile):
+    monkeypatch.setattr(ring, "TILE", tile)
+    cp = ContextParallel(method=method, layout=layout)
+    check = Check()
+    _function_case(check, cp, 7, causal)  # zigzag pads 7 to 8 even on one rank
+    _function_case(check, cp, 16, causal)
+    assert not check.failures, check.failures
+
+
+def test_zigzag_balances_causal_work_and_contiguous_does_not():
+    def work(ids_of, P, S, causal=True):  # score entries each rank computes over the whole ring
+        c = S // (P * len(ids_of(0)))
+        return [
+            sum(
+                c * n * (0.5 if diag else 1.0)
+                for src in range(P)
+                for _, _, n, diag in block_pairs(ids_of(r), ids_of(src), c, S, causal)
+            )
+            for r in range(P)
+        ]
+
+    for P in (2, 3, 4):
+        zigzag = work(lambda r, P=P: (r, 2 * P - 1 - r), P, 8 * P)
+        contiguous = work(lambda r: (r,), P, 8 * P)
+        assert len(set(zigzag)) == 1 and sum(zigzag) == sum(contiguous)
+        assert contiguous == sorted(contiguous) and contiguous[-1] == (2 * P - 1) * contiguous[0]
+        assert sum(work(lambda r: (r,), P, 8 * P, causal=False)) == (8 * P) ** 2
+
+
+def test_ulysses_heads_must_divide_and_kv_heads_are_repeated_as_little_as_possible():
+    with pytest.raises(ValueError, match="6 query heads do not divide by 4 ranks"):
+        ulysses_kv_heads(6, 2, 4)
+    assert ulysses_kv_heads(12, 6, 4) == 12  # 6 kv heads repeated twice
+    assert ulysses_kv_heads(16, 2, 4) == 4  # 2 repeated twice, not to 16
+    assert ulysses_kv_heads(8, 8, 4) == 8
+
+
+def test_attention_refuses_what_context_parallel_cannot_take():
+    rope = ar.AxialRoPE(8, scaling=ar.scaling.DynamicNTK(2.0, 16))
+    attn = Attention(16, 2, rope, causal=True)
+    x, pos, cp = torch.randn(1, 4, 16), torch.arange(4), ContextParallel()
+    with pytest.raises(ValueError, match="length-dependent"):
+        attn(x, pos, context_parallel=cp)
+    with pytest.raises(ValueError, match="no mask"):
+        attn(x, pos, mask=torch.ones(4, 4, dtype=torch.bool), seq_len=4, context_parallel=cp)
+    with pytest.raises(ValueError, match="KV cache"):
+        attn(x, pos, cache=ar.KVCache(1, 8, 2, 8), input_pos=pos, seq_len=4, context_parallel=cp)
+    with pytest.raises(ValueError, match="tokens per rank"):
+        attn(x, pos, seq_len=4, context_parallel=cp.for_length(5))
+    with pytest.raises(ValueError, match="method must be one of"):
+        ContextParallel(method="tree")
+    torch.testing.assert_close(attn(x, pos, seq_len=4, context_parallel=cp), attn(x, pos, seq_len=4), atol=TOL, rtol=0)
+
+
+def test_distributed_page_examples_run_on_one_rank():
+    page = Path(__file__).resolve().parents[1] / "docs" / "distributed.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert len(blocks) == 2
+    namespace: dict = {}
+    for block in blocks:  # one reader's session: the second block uses the first one's names
+        exec(compile(block, "docs/distributed.md:example", "exec"), namespace)
