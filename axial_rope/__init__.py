@@ -3,11 +3,15 @@
 The public API (fixed; see the README and docs/): ``inv_freq`` and ``scaling`` for
 frequency schedules, ``grid`` and friends for positions, ``AxialRoPE`` for the rotary
 layout of a head, ``apply_rope`` for table-based rotation; ``layers`` and ``KVCache``
-for attention and DiT blocks built on them.
+for attention and DiT blocks built on them; ``frequencies`` (the general frequency model),
+``conventions`` (every production convention, pinned to its upstream code) and
+``rope_from_config`` (a transformers or diffusers config to its rope).
 """
 
-from . import cache, convert, layers, positions, scaling
+from . import cache, conventions, convert, frequencies, layers, positions, scaling
 from .cache import KVCache
+from .configs import rope_from_config
+from .frequencies import Frequencies, PositionTransform
 from .layers import Attention, DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
 from .ops import apply_rope
 from .positions import POSITION_MODES, crop_grid, grid, positions_for_size, text_positions
@@ -25,6 +29,11 @@ __all__ = [
     "TimestepEmbedder",
     "apply_rope",
     "cache",
+    "conventions",
+    "frequencies",
+    "Frequencies",
+    "PositionTransform",
+    "rope_from_config",
     "layers",
     "unpatchify",
     "convert",

@@ -1,7 +1,9 @@
 """Hugging Face configs -> axial_rope: a transformers ``rope_parameters`` dict to a scaling method.
 
 The rules follow ``transformers.modeling_rope_utils`` (checked in ``tests/test_scaling.py`` and
-``tests/test_scaling_faults.py``); the methods themselves live in :mod:`axial_rope.scaling`.
+``tests/test_scaling_faults.py``); the methods themselves live in :mod:`axial_rope.scaling`. A whole
+model config (head dim, M-RoPE sections, partial rotary, per-layer types, diffusers transformers) to
+its rope is :func:`rope_from_config` (:mod:`axial_rope.configs`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from dataclasses import fields
 
 from . import scaling
 
-__all__ = ["CONFIG_KEYS", "from_rope_parameters"]
+__all__ = ["CONFIG_KEYS", "from_rope_parameters", "rope_from_config"]
 
 # Keys transformers keeps in `rope_parameters` that are not fields of a method: the method's name, the
 # base and the rotary fraction (arguments of `inv_freq`), and what its model configs exempt from
@@ -70,3 +72,13 @@ def from_rope_parameters(params: dict | None, *, max_position_embeddings: int | 
     values = {k: v for k, v in values.items() if v is not None}
     _fill_lengths(kind, names, values, max_position_embeddings)
     return scaling._build(cls, values, also_valid=CONFIG_KEYS)
+
+
+def rope_from_config(config, **kwargs):
+    """The :class:`~axial_rope.AxialRoPE` of a transformers or diffusers config: :func:`axial_rope.configs.rope_from_config`.
+
+    (Imported when called: this module loads with :mod:`axial_rope.scaling`, before the rope exists.)
+    """
+    from .configs import rope_from_config as load  # noqa: PLC0415
+
+    return load(config, **kwargs)

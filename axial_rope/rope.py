@@ -1,10 +1,12 @@
 """``AxialRoPE``: the rotary layout of one attention head over 1, 2 or 3 coordinate axes.
 
-A head's first ``rot_dim = sum(axes_dim)`` channels form ``n_pairs = rot_dim / 2``
-planes. Plane ``j`` turns by ``sum_a pos[a] * F[a, j]``; ``F`` (``[n_axes, n_pairs]``)
-has one non-zero per column for axial RoPE, so each plane listens to one axis. The
-``spectrum`` decides which frequency and axis each plane gets, the ``pairing`` which
-two channels form a plane.
+A head's first ``rot_dim`` channels form ``n_pairs = rot_dim / 2`` planes. Plane ``j``
+turns by ``sum_a T_a(pos[a]) * F[a, j]``: the frequency model
+(:class:`~axial_rope.frequencies.Frequencies`) holds ``F`` (``[n_axes, n_pairs]``, or per
+head ``[H, n_axes, n_pairs]``), the attention factor per plane and the position map ``T``.
+The constructor's ``axes_dim``/``theta``/``scaling``/``spectrum`` build the axial ``F``
+(one non-zero per column, ``rot_dim = sum(axes_dim)``); :meth:`AxialRoPE.from_frequencies`
+takes any model. The ``pairing`` decides which two channels form a plane.
 """
 
 from __future__ import annotations
@@ -14,35 +16,14 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from . import scaling as scaling_methods
+from .frequencies import SPECTRA, Frequencies, plane_axes, spectrum_frequencies
+from .frequencies import per_axis as _per_axis
+from .frequencies import scaling_method as _scaling_method
 from .ops import PAIRINGS, norm_rotate_qk, preload, rotate_qk
 from .ops.common import channel_table, check_choice, check_qk, check_tensor, plane_cos_sin, seq_dim
-from .scaling import Scaling, inv_freq
+from .scaling import Scaling
 
-__all__ = ["AxialRoPE", "SPECTRA", "check_positions"]
-
-SPECTRA = ("per_axis", "split", "cycled")
-
-
-def _per_axis(name: str, value, n_axes: int, shared_only: bool) -> tuple:
-    if not isinstance(value, (tuple, list)):
-        return (value,) * n_axes
-    if shared_only:
-        raise ValueError(
-            f"{name} must be one value with spectrum 'split'/'cycled' (one shared spectrum), got {value!r}"
-        )
-    if len(value) != n_axes:
-        raise ValueError(f"{name} has {len(value)} entries, expected one per axis ({n_axes})")
-    return tuple(value)
-
-
-def _scaling_method(value) -> Scaling | None:
-    """A scaling method, ``None``, or its dict form (:meth:`Scaling.to_dict`, e.g. from a config)."""
-    if value is None or isinstance(value, Scaling):
-        return value
-    if isinstance(value, dict):
-        return scaling_methods.from_dict(value)
-    raise TypeError(f"scaling must be None, an axial_rope.scaling method or its dict form, got {value!r}")
+__all__ = ["AxialRoPE", "SPECTRA", "check_positions", "plane_axes"]
 
 
 def check_positions(pos: torch.Tensor) -> None:
@@ -81,30 +62,14 @@ def check_positions(pos: torch.Tensor) -> None:
         torch._assert_async(torch.isfinite(pos).all(), "axial_rope: pos holds NaN or inf coordinates")
 
 
-def plane_axes(axes_dim: Sequence[int], spectrum: str) -> list[int]:
-    """The axis of each plane: contiguous sections, or (``"cycled"``) round robin.
-
-    ``cycled`` deals planes to the axes in turn, skipping axes whose share
-    (``axes_dim[a] / 2`` planes) is used up: Qwen3-VL's interleaved M-RoPE.
-    """
-    shares = [d // 2 for d in axes_dim]
-    if spectrum != "cycled":
-        return [a for a, n in enumerate(shares) for _ in range(n)]
-    left, order = list(shares), []
-    while any(left):
-        for a in range(len(left)):
-            if left[a]:
-                order.append(a)
-                left[a] -= 1
-    return order
-
-
 class AxialRoPE(nn.Module):
     """Rotary position embedding over one or more coordinate axes.
 
     Args:
         axes_dim: rotary channels per axis, each even; ``(d,)`` or ``d`` for 1-D RoPE,
-            ``(d_y, d_x)`` for images, ``(d_t, d_y, d_x)`` for video.
+            ``(d_y, d_x)`` for images, ``(d_t, d_y, d_x)`` for video. Or a
+            :class:`~axial_rope.frequencies.Frequencies` model (then ``theta``, ``scaling`` and
+            ``spectrum`` stay at their defaults; :meth:`from_frequencies` says it by name).
         theta: base of the spectrum; one for all axes or one per axis (``per_axis`` only).
         scaling: a method of :mod:`axial_rope.scaling` (or ``None``, or a method's dict form
             ``{"rope_type": ..., ...}``); one for all axes or a tuple with one per axis
@@ -115,8 +80,8 @@ class AxialRoPE(nn.Module):
             its own spectrum ``theta_a ** (-2i / d_a)``; ``"split"``: one spectrum over
             ``rot_dim`` cut into consecutive per-axis sections (Qwen2-VL M-RoPE);
             ``"cycled"``: one spectrum whose successive planes cycle through the axes (Qwen3-VL).
-        learnable: hold ``F`` as a dense trainable parameter initialised from the axial
-            spectrum (RoPE-Mixed); with ``num_heads``, one ``F`` per head ``[H, n_axes, n_pairs]``.
+        learnable: hold ``F`` as a dense trainable parameter initialised from the model's
+            ``F`` (RoPE-Mixed); with ``num_heads``, one ``F`` per head ``[H, n_axes, n_pairs]``.
         backend: default backend for this module (see :func:`axial_rope.apply_rope`).
 
     Channels past ``rot_dim`` pass through unrotated.
@@ -124,7 +89,7 @@ class AxialRoPE(nn.Module):
 
     def __init__(
         self,
-        axes_dim: int | Sequence[int],
+        axes_dim: int | Sequence[int] | Frequencies,
         theta: float | Sequence[float] = 10000.0,
         scaling: Scaling | None | Sequence[Scaling | None] = None,
         pairing: str = "interleaved",
@@ -136,40 +101,82 @@ class AxialRoPE(nn.Module):
     ):
         super().__init__()
         preload()  # backends imported now, not inside a later torch.compile trace
+        check_choice("pairing", pairing, PAIRINGS)
+        if isinstance(axes_dim, Frequencies):
+            self._init_model(axes_dim, theta, scaling, spectrum)
+        else:
+            self._init_spectrum(axes_dim, theta, scaling, spectrum)
+        self.pairing, self.backend = pairing, backend
+        model = self.frequency_model
+        if num_heads is not None and (not learnable or not isinstance(num_heads, int) or num_heads <= 0):
+            raise ValueError(f"num_heads (per-head frequencies) needs learnable=True and an int > 0, got {num_heads!r}")
+        if num_heads is not None and model.num_heads not in (None, num_heads):
+            raise ValueError(f"num_heads={num_heads} differs from the model's {model.num_heads} per-head frequencies")
+        freqs, scale = model.freqs, model.scale
+        scale = torch.ones(model.n_pairs, dtype=torch.float64) if scale is None else scale
+        # copies: in-place edits of the buffers must not reach the (immutable) model
+        self.register_buffer("freqs", freqs.clone(), persistent=False)  # [n_axes, n] or [H, n_axes, n] float64
+        self.register_buffer("scale", scale.clone(), persistent=False)  # [n_pairs] float64
+        self.transform = model.transform  # position map (float64) before the angle, or None
+        self.scaled = bool((scale != 1).any())  # whether cos/sin carry an attention factor
+        self._factors = sorted(set(scale.tolist()))  # python floats: read later without a host sync
+        self.learned_freqs = None
+        if learnable:
+            init = freqs if num_heads is None or freqs.ndim == 3 else freqs.expand(num_heads, *freqs.shape)
+            self.learned_freqs = nn.Parameter(init.to(torch.float32).clone())
+
+    def _init_spectrum(self, axes_dim, theta, scaling, spectrum) -> None:
+        """``F`` from the axes and a spectrum, built as :meth:`Frequencies.from_spectrum` does."""
         axes_dim = tuple(axes_dim) if isinstance(axes_dim, (tuple, list)) else (axes_dim,)
         if not axes_dim or any(not isinstance(d, int) or isinstance(d, bool) or d <= 0 or d % 2 for d in axes_dim):
             raise ValueError(f"axes_dim must be positive even ints, one per axis, got {axes_dim!r}")
-        check_choice("pairing", pairing, PAIRINGS)
         check_choice("spectrum", spectrum, SPECTRA)
-        if num_heads is not None and (not learnable or not isinstance(num_heads, int) or num_heads <= 0):
-            raise ValueError(f"num_heads (per-head frequencies) needs learnable=True and an int > 0, got {num_heads!r}")
         shared = spectrum != "per_axis"
-        self.axes_dim, self.pairing, self.spectrum, self.backend = axes_dim, pairing, spectrum, backend
+        self.axes_dim, self.spectrum = axes_dim, spectrum
         self.theta = _per_axis("theta", theta, len(axes_dim), shared)
         self.scaling = tuple(_scaling_method(s) for s in _per_axis("scaling", scaling, len(axes_dim), shared))
         self.plane_axis = plane_axes(axes_dim, spectrum)
         self.length_dependent = any(s is not None and s.length_dependent for s in self.scaling)
         freqs, scale = self.frequencies()  # validates theta and every method against its axis
-        self.register_buffer("freqs", freqs, persistent=False)  # [n_axes, n_pairs] float64
-        self.register_buffer("scale", scale, persistent=False)  # [n_pairs] float64
-        self.scaled = bool((scale != 1).any())  # whether cos/sin carry an attention factor
-        self._factors = sorted(set(scale.tolist()))  # python floats: read later without a host sync
-        self.learned_freqs = None
-        if learnable:
-            init = freqs if num_heads is None else freqs.expand(num_heads, *freqs.shape)
-            self.learned_freqs = nn.Parameter(init.to(torch.float32).clone())
+        self.frequency_model = Frequencies(freqs, scale if bool((scale != 1).any()) else None)
+
+    def _init_model(self, model: Frequencies, theta, scaling, spectrum) -> None:
+        """A given frequency model: fixed ``F``, no spectrum and no scaling method."""
+        if theta != 10000.0 or scaling is not None or spectrum != "per_axis":
+            raise ValueError(
+                "AxialRoPE(frequencies) takes F from the model: leave theta, scaling and spectrum at their "
+                f"defaults (got theta={theta!r}, scaling={scaling!r}, spectrum={spectrum!r})"
+            )
+        self.frequency_model = model
+        self.axes_dim, self.spectrum = model.axes_dim, "custom"
+        self.theta, self.scaling = None, (None,) * model.n_axes
+        self.plane_axis = model.plane_axis
+        self.length_dependent = False
+
+    @classmethod
+    def from_frequencies(
+        cls, frequencies: Frequencies, pairing: str = "interleaved", *, learnable: bool = False, backend=None
+    ) -> AxialRoPE:
+        """A rope with the general frequency model ``frequencies``: any ``F`` (per head too), mask and position map.
+
+        Fixed (buffers, moved with the module) or, with ``learnable=True``, a trainable float32
+        parameter initialised from it. ``rot_dim`` is ``2 * frequencies.n_pairs``.
+        """
+        if not isinstance(frequencies, Frequencies):
+            raise TypeError(f"from_frequencies takes an axial_rope.frequencies.Frequencies, got {frequencies!r}")
+        return cls(frequencies, pairing=pairing, learnable=learnable, backend=backend)
 
     @property
     def n_axes(self) -> int:
-        return len(self.axes_dim)
+        return self.frequency_model.n_axes
 
     @property
     def rot_dim(self) -> int:
-        return sum(self.axes_dim)
+        return 2 * self.frequency_model.n_pairs
 
     @property
     def n_pairs(self) -> int:
-        return self.rot_dim // 2
+        return self.frequency_model.n_pairs
 
     @property
     def attention_factor(self) -> float:
@@ -179,34 +186,24 @@ class AxialRoPE(nn.Module):
         return self._factors[0]
 
     def frequencies(self, seq_len: int | Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The axial frequency matrix ``F`` and the attention factor per plane, for a length.
+        """The frequency matrix ``F`` and the attention factor per plane, for a length.
 
         Args:
             seq_len: length per axis (or one for all) seen by length-dependent methods
-                (:class:`~axial_rope.scaling.DynamicNTK`, :class:`~axial_rope.scaling.LongRoPE`).
+                (:class:`~axial_rope.scaling.DynamicNTK`, :class:`~axial_rope.scaling.LongRoPE`);
+                a rope built from a frequency model has none.
 
         Returns:
-            ``F`` float64 ``[n_axes, n_pairs]`` and ``scale`` float64 ``[n_pairs]``, on the CPU.
+            ``F`` float64 ``[n_axes, n_pairs]`` (per head ``[H, n_axes, n_pairs]``) and ``scale`` float64
+            ``[n_pairs]``, on the CPU.
         """
-        lengths = _per_axis("seq_len", seq_len, self.n_axes, False) if seq_len is not None else (None,) * self.n_axes
-        if self.spectrum == "per_axis":
-            spectra = [
-                inv_freq(d, t, s, seq_len=n) for d, t, s, n in zip(self.axes_dim, self.theta, self.scaling, lengths)
-            ]
-            values = torch.cat([inv for inv, _ in spectra])
-            scale = torch.cat(
-                [
-                    torch.full((d // 2,), af, dtype=torch.float64, device="cpu")
-                    for d, (_, af) in zip(self.axes_dim, spectra)
-                ]
-            )
-        else:  # one spectrum over rot_dim, planes dealt to the axes
-            longest = None if seq_len is None else max(lengths)
-            values, af = inv_freq(self.rot_dim, self.theta[0], self.scaling[0], seq_len=longest)
-            scale = torch.full((self.n_pairs,), af, dtype=torch.float64, device="cpu")
-        freqs = torch.zeros(self.n_axes, self.n_pairs, dtype=torch.float64, device="cpu")
-        freqs[self.plane_axis, torch.arange(self.n_pairs, device="cpu")] = values
-        return freqs, scale
+        if self.spectrum == "custom":  # copies: the buffers must not alias the (immutable) model
+            model = self.frequency_model
+            scale = model.scale if model.scale is not None else torch.ones(model.n_pairs, dtype=torch.float64)
+            return model.freqs.clone(), scale.clone()
+        n_axes = len(self.axes_dim)
+        lengths = _per_axis("seq_len", seq_len, n_axes, False) if seq_len is not None else (None,) * n_axes
+        return spectrum_frequencies(self.axes_dim, self.theta, self.scaling, self.spectrum, lengths)
 
     def with_scaling(self, scaling: Scaling | None | Sequence[Scaling | None]) -> AxialRoPE:
         """The same rotary layout with another ``scaling`` (one method or one per axis), on this rope's device.
@@ -220,6 +217,8 @@ class AxialRoPE(nn.Module):
         per_axis = tuple(_scaling_method(s) for s in _per_axis("scaling", scaling, self.n_axes, self.spectrum != "per_axis"))
         if per_axis == self.scaling:
             return self
+        if self.spectrum == "custom":
+            raise ValueError("with_scaling needs a spectrum (axes_dim, theta); this rope has a frequency model")
         theta = self.theta if self.spectrum == "per_axis" else self.theta[0]
         scaling = per_axis if self.spectrum == "per_axis" else per_axis[0]
         rope = AxialRoPE(self.axes_dim, theta, scaling, self.pairing, self.spectrum, backend=self.backend)
@@ -240,7 +239,7 @@ class AxialRoPE(nn.Module):
     # -- positions -----------------------------------------------------------------
 
     def _positions(self, pos: torch.Tensor) -> torch.Tensor:
-        """Check ``pos`` and return it as ``[B|1, S, n_axes]`` (see :func:`check_positions`)."""
+        """Check ``pos`` and return it as ``[B|1, S, n_axes]`` (see :func:`check_positions`), position map applied."""
         if not isinstance(pos, torch.Tensor):
             raise TypeError(f"pos must be a torch.Tensor, got {type(pos).__name__}")
         check_positions(pos)
@@ -251,7 +250,8 @@ class AxialRoPE(nn.Module):
                 "[S], [S, 1] or [B, S, 1]" if self.n_axes == 1 else f"[S, {self.n_axes}] or [B, S, {self.n_axes}]"
             )
             raise ValueError(f"pos must be {expected} for {self.n_axes} axes, got shape {tuple(pos.shape)}")
-        return pos if pos.ndim == 3 else pos[None]
+        pos = pos if pos.ndim == 3 else pos[None]
+        return pos if self.transform is None else self.transform(pos)  # float64 after the position map
 
     def _freqs_for(self, pos: torch.Tensor, seq_len) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.learned_freqs is not None:
@@ -290,7 +290,7 @@ class AxialRoPE(nn.Module):
         """Check q, k and pos together; returns pos ``[B|1, S, n_axes]``, F and the plane scale."""
         check_qk(q, k, layout)
         if q.shape[-1] < self.rot_dim:
-            raise ValueError(f"head_dim {q.shape[-1]} is smaller than rot_dim = sum(axes_dim) = {self.rot_dim}")
+            raise ValueError(f"head_dim {q.shape[-1]} is smaller than rot_dim = {self.rot_dim} (2 x the planes of F)")
         pos = self._positions(pos)
         s = seq_dim(layout)
         if pos.shape[1] != q.shape[s]:
@@ -377,9 +377,17 @@ class AxialRoPE(nn.Module):
         return self.forward(x, None, pos, layout, **kwargs)[0]
 
     def extra_repr(self) -> str:
+        learned = f", learnable={tuple(self.learned_freqs.shape)}" if self.learned_freqs is not None else ""
+        if self.spectrum == "custom":
+            model = self.frequency_model
+            heads = "" if model.num_heads is None else f", heads={model.num_heads}"
+            transform = "" if model.transform is None else f", transform={model.transform}"
+            return (
+                f"frequencies=[n_axes={model.n_axes}, n_pairs={model.n_pairs}{heads}, "
+                f"unrotated={int(model.unrotated.sum())}], pairing={self.pairing!r}{transform}{learned}"
+            )
         theta = self.theta[0] if len(set(self.theta)) == 1 else self.theta
         scaling = self.scaling[0] if len(set(self.scaling)) == 1 else self.scaling
-        learned = f", learnable={tuple(self.learned_freqs.shape)}" if self.learned_freqs is not None else ""
         return (
             f"axes_dim={self.axes_dim}, theta={theta}, scaling={scaling}, pairing={self.pairing!r}, "
             f"spectrum={self.spectrum!r}{learned}"

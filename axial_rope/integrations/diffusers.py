@@ -1,8 +1,8 @@
 """Run the RoPE of diffusers' video and image transformers through axial_rope.
 
 ``set_rope_processors(transformer)`` swaps the stock attention processors of a
-``FluxTransformer2DModel``, ``HunyuanVideoTransformer3DModel``, ``WanTransformer3DModel``
-or ``CogVideoXTransformer3DModel`` for processors that rotate q and k with
+``FluxTransformer2DModel``, ``HunyuanVideoTransformer3DModel``, ``WanTransformer3DModel``,
+``CogVideoXTransformer3DModel`` or ``LTXVideoTransformer3DModel`` for processors that rotate q and k with
 :class:`~axial_rope.AxialRoPE` (fusing QK-RMSNorm where the model has a per-head
 one), through diffusers' own ``set_attn_processor``. Unscaled, the output equals the
 stock model's; with ``scaling`` (per axis), the frequencies are rescaled so the model
@@ -28,12 +28,14 @@ import torch
 from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 from ..ops import BACKENDS
 from ..positions import POSITION_MODES
 from ..rope import AxialRoPE
 from ..scaling import Scaling
+from .diffusers_ltx import LTXVideoRopeProcessor, ltx_hook, ltx_rope
 from .diffusers_processors import (
     CogVideoXRopeProcessor,
     FluxRopeProcessor,
@@ -60,6 +62,8 @@ class _Family:
     # (e.g. HunyuanVideo's text refiner) is left alone
     blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
     tables_when_unscaled: bool = False  # rotate with the model's own tables when unscaled (exact)
+    # a fixed convention rope (no spectrum, so no scaling or mode), built from the model; else from `layout`
+    convention: Callable[[torch.nn.Module], AxialRoPE] | None = None
 
 
 def _token_grid(frames: int, height: int, width: int, patch: Sequence[int]) -> tuple[int, int, int]:
@@ -156,6 +160,15 @@ _FAMILIES = (
         hook=_cogvideox_hook,
         tables_when_unscaled=True,  # the pipeline's crop grids are not integer positions
     ),
+    _Family(
+        model=diffusers.LTXVideoTransformer3DModel,
+        stock=(LTXVideoAttnProcessor,),
+        processor=LTXVideoRopeProcessor,
+        layout=lambda m: ((), 0.0),  # unused: the rope is the per-head LTX-Video convention
+        hook=ltx_hook,
+        tables_when_unscaled=True,  # upstream's float32 angles (1e-3 rad at theta * pi / 2): rotate by its table
+        convention=ltx_rope,
+    ),
 )
 
 SUPPORTED = tuple(f.model.__name__ for f in _FAMILIES)
@@ -212,7 +225,8 @@ def set_rope_processors(
 
     Args:
         transformer: a ``FluxTransformer2DModel``, ``HunyuanVideoTransformer3DModel``,
-            ``WanTransformer3DModel`` or ``CogVideoXTransformer3DModel``.
+            ``WanTransformer3DModel``, ``CogVideoXTransformer3DModel`` or ``LTXVideoTransformer3DModel``
+            (LTX-Video: unscaled only, its rope is :func:`axial_rope.conventions.ltx_video`).
         scaling: ``None`` (output equals the stock model's), one method of
             :mod:`axial_rope.scaling` for every axis, or a tuple with one per axis in the
             model's axis order (Flux: ``(text/reference index, y, x)``; video: ``(t, y, x)``),
@@ -239,8 +253,17 @@ def set_rope_processors(
     if backend not in (None, *BACKENDS):
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}")
     sizing = _sizing(family, mode, train_size, scaling)
-    axes_dim, theta = family.layout(transformer)
-    rope = AxialRoPE(axes_dim, theta, scaling, pairing="interleaved", backend=backend)  # checks scaling
+    if family.convention is not None:
+        if scaling is not None or mode is not None:
+            raise ValueError(
+                f"{type(transformer).__name__}'s RoPE is a fixed per-head frequency model (axial_rope.conventions); "
+                "the scaling methods and modes need a spectrum per axis: leave scaling and mode unset"
+            )
+        rope = family.convention(transformer)
+        rope.backend = backend
+    else:
+        axes_dim, theta = family.layout(transformer)
+        rope = AxialRoPE(axes_dim, theta, scaling, pairing="interleaved", backend=backend)  # checks scaling
     previous = getattr(transformer, _ATTR, None)
     if previous is not None:  # re-install from the stock processors, not on top of ours
         previous.remove()

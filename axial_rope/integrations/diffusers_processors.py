@@ -1,4 +1,4 @@
-"""Attention processors for diffusers' Flux, HunyuanVideo, Wan and CogVideoX transformers.
+"""Attention processors for diffusers' Flux, HunyuanVideo, Wan and CogVideoX transformers (LTX-Video: ``diffusers_ltx``).
 
 Each processor reproduces the stock processor of its model family step for step
 (projections, QK-norm, attention, output projection) and hands the rotary step to
@@ -90,6 +90,10 @@ class RopeState:
         axes = sized.pos.view(h, w, 2)
         pos = torch.stack([ids[:, 0], axes[:, 0, 0][yx[:, 0]], axes[0, :, 1][yx[:, 1]]], dim=-1)
         self.record(tables, pos, self.rope.with_scaling((None, *sized.scaling)))
+
+    def recorded(self, tables) -> tuple[torch.Tensor | None, AxialRoPE | None]:
+        """The positions and rope recorded with ``tables`` (``(None, None)`` when none were)."""
+        return self._positions.get(_key(tables), (None, None))
 
     @property
     def scaled(self) -> bool:

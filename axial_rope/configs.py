@@ -1,0 +1,208 @@
+"""Model configs -> the identical :class:`~axial_rope.AxialRoPE`, in one call.
+
+:func:`rope_from_config` reads a Hugging Face transformers config (a ``PretrainedConfig`` or its
+``config.json`` dict: ``head_dim`` or ``hidden_size / num_attention_heads``, ``rope_parameters`` or
+``rope_theta`` + ``rope_scaling``, ``partial_rotary_factor``, ``mrope_section``) or a diffusers
+transformer config (``model.config`` or its dict, told apart by ``_class_name``) and builds the rope
+through the matching :mod:`axial_rope.conventions` constructor. Fields it does not know, and fields
+that contradict each other, raise ``ValueError`` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import conventions as conv
+from .conventions.per_layer import LayerRoPE
+from .rope import AxialRoPE
+
+__all__ = ["rope_from_config", "layers_from_config", "DIFFUSERS_CLASSES"]
+
+_MISSING = object()
+
+
+def _get(config, name: str, default=_MISSING):
+    """A field of a config object or dict (``default`` when absent, else ``ValueError`` naming it)."""
+    value = config.get(name, _MISSING) if isinstance(config, dict) else getattr(config, name, _MISSING)
+    if value is _MISSING or (value is None and default is not _MISSING):
+        if default is _MISSING:
+            kind = _get(config, "_class_name", None) or _get(config, "model_type", None) or type(config).__name__
+            raise ValueError(f"{kind} config has no field {name!r}, which its RoPE needs")
+        return default
+    return value
+
+
+def _axes_sum(config, field: str, head_field: str, heads_field: str | None = None) -> tuple[int, ...]:
+    """``config[field]`` as a tuple whose sum must be the head dim (``ValueError`` naming both fields otherwise)."""
+    axes = tuple(_get(config, field))
+    head = _get(config, head_field)
+    if heads_field is not None:
+        head = head // _get(config, heads_field)
+    if sum(axes) != head:
+        raise ValueError(f"{field} {list(axes)} sums to {sum(axes)} channels, but the head has {head} ({head_field})")
+    return axes
+
+
+# diffusers transformer class -> the rope of its config (the conventions' constructors, upstream defaults)
+DIFFUSERS_CLASSES: dict[str, Callable] = {
+    "FluxTransformer2DModel": lambda c: conv.flux(_axes_sum(c, "axes_dims_rope", "attention_head_dim")),
+    "HunyuanVideoTransformer3DModel": lambda c: conv.hunyuan_video(
+        _axes_sum(c, "rope_axes_dim", "attention_head_dim"), _get(c, "rope_theta")
+    ),
+    "HunyuanImageTransformer2DModel": lambda c: conv.hunyuan_image(
+        _axes_sum(c, "rope_axes_dim", "attention_head_dim"), _get(c, "rope_theta")
+    ),
+    "WanTransformer3DModel": lambda c: conv.wan(_get(c, "attention_head_dim")),
+    "CogVideoXTransformer3DModel": lambda c: _cogvideox(c),
+    "LTXVideoTransformer3DModel": lambda c: conv.ltx_video(
+        _get(c, "num_attention_heads"), _get(c, "attention_head_dim")
+    ),
+    "LTX2VideoTransformer3DModel": lambda c: conv.ltx2(
+        _get(c, "num_attention_heads"),
+        _get(c, "attention_head_dim"),
+        pos_embed_max_pos=_get(c, "pos_embed_max_pos"),
+        base_height=_get(c, "base_height"),
+        base_width=_get(c, "base_width"),
+        rope_theta=_get(c, "rope_theta"),
+        rope_double_precision=_get(c, "rope_double_precision"),
+        rope_type=_get(c, "rope_type"),
+    ),
+    "Lumina2Transformer2DModel": lambda c: conv.lumina2(
+        _axes_sum(c, "axes_dim_rope", "hidden_size", "num_attention_heads"), _get(c, "axes_lens")
+    ),
+    "MochiTransformer3DModel": lambda c: conv.mochi(_get(c, "num_attention_heads"), _get(c, "attention_head_dim")),
+    "HunyuanDiT2DModel": lambda c: conv.hunyuan_dit(_get(c, "attention_head_dim")),
+}
+
+
+def _cogvideox(config) -> AxialRoPE:
+    if not _get(config, "use_rotary_positional_embeddings", False):
+        raise ValueError("CogVideoXTransformer3DModel config: use_rotary_positional_embeddings is False (no RoPE)")
+    return conv.cogvideox(_get(config, "attention_head_dim"))
+
+
+def _text_config(config):
+    """The language model's config of a multimodal one (``text_config``), else the config itself."""
+    text = _get(config, "text_config", None)
+    has_rope = any(_get(config, k, None) is not None for k in ("rope_parameters", "rope_scaling", "rope_theta"))
+    return text if text is not None and not has_rope else config
+
+
+def _head_dim(config, layer_type: str | None) -> int:
+    head_dim = _get(config, "head_dim", None)
+    if layer_type == "full_attention" and _get(config, "global_head_dim", None) is not None:
+        head_dim = _get(config, "global_head_dim")  # Gemma 4's global layers
+    if head_dim is None:
+        hidden, heads = _get(config, "hidden_size"), _get(config, "num_attention_heads")
+        if hidden % heads:
+            raise ValueError(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}; give head_dim")
+        head_dim = hidden // heads
+    return head_dim
+
+
+def _rope_parameters(config, layer_type: str | None) -> dict:
+    """``rope_parameters`` (or ``rope_scaling`` + ``rope_theta`` + ``partial_rotary_factor``), for one layer type."""
+    params = _get(config, "rope_parameters", None)
+    if params is None:
+        params = dict(_get(config, "rope_scaling", None) or {})
+    params = dict(params)
+    per_type = {k: v for k, v in params.items() if k in conv.per_layer.LAYER_TYPES}
+    if per_type:
+        if layer_type is None:
+            raise ValueError(f"rope_parameters holds one entry per layer type {sorted(per_type)}: pass layer_type")
+        if layer_type not in per_type:
+            raise ValueError(f"layer_type {layer_type!r} is not in rope_parameters (has {sorted(per_type)})")
+        params = dict(per_type[layer_type] or {})
+    elif layer_type is not None and layer_type not in conv.per_layer.LAYER_TYPES:
+        raise ValueError(f"layer_type must be one of {conv.per_layer.LAYER_TYPES}, got {layer_type!r}")
+    for key, legacy in (("rope_theta", "rope_theta"), ("partial_rotary_factor", "partial_rotary_factor"),
+                        ("partial_rotary_factor", "rotary_pct")):  # fmt: skip
+        if key not in params and _get(config, legacy, None) is not None:
+            params[key] = _get(config, legacy)
+    return params
+
+
+def rope_from_config(
+    config, *, layer_type: str | None = None, modality: str = "video", class_name: str | None = None
+) -> AxialRoPE:
+    """The :class:`~axial_rope.AxialRoPE` of a transformers or diffusers model config.
+
+    Args:
+        config: a transformers ``PretrainedConfig`` (or ``config.json`` dict); a diffusers transformer's
+            ``config.json`` dict (its ``_class_name`` one of :data:`DIFFUSERS_CLASSES`), the model itself, or
+            its ``model.config`` with ``class_name``.
+        class_name: the diffusers class when ``config`` does not say it (``model.config`` has no ``_class_name``).
+        layer_type: for configs with per-layer-type RoPE (Gemma 3/4: ``"sliding_attention"``,
+            ``"full_attention"``); see :func:`layers_from_config` for every layer at once.
+        modality: LTX-2's ``"video"`` or ``"audio"`` rope (audio reads the ``audio_*`` fields).
+
+    transformers: head dim from ``head_dim`` (or ``hidden_size / num_attention_heads``), the spectrum and
+    scaling from ``rope_parameters``, half pairing except the interleaved models
+    (:data:`~axial_rope.conventions.INTERLEAVED_MODEL_TYPES`). A multimodal config's ``text_config`` is read.
+    Mochi's frequencies are weights, not config: its rope starts from zeros (pass ``pos_frequencies`` to
+    :func:`~axial_rope.conventions.mochi`).
+    """
+    if type(config).__name__ in DIFFUSERS_CLASSES and hasattr(config, "config"):  # a diffusers model
+        class_name, config = type(config).__name__, config.config
+    class_name = class_name or _get(config, "_class_name", None)
+    if class_name is not None:
+        if class_name not in DIFFUSERS_CLASSES:
+            raise ValueError(
+                f"_class_name {class_name!r} has no RoPE convention here; supported: {sorted(DIFFUSERS_CLASSES)}"
+            )
+        if class_name == "LTX2VideoTransformer3DModel" and modality == "audio":
+            return _ltx2_audio(config)
+        return DIFFUSERS_CLASSES[class_name](config)
+    text = _text_config(config)
+    model_type = _get(text, "model_type", None) or _get(config, "model_type", None) or ""
+    params = _rope_parameters(text, layer_type)
+    return conv.rope_for_parameters(
+        params,
+        _head_dim(text, layer_type),
+        max_position_embeddings=_get(text, "max_position_embeddings", None),
+        interleaved=model_type in conv.INTERLEAVED_MODEL_TYPES,
+        mrope_interleaved=model_type.startswith("qwen3_vl"),
+    )
+
+
+def _ltx2_audio(config) -> AxialRoPE:
+    return conv.ltx2(
+        _get(config, "audio_num_attention_heads"),
+        _get(config, "audio_attention_head_dim"),
+        pos_embed_max_pos=_get(config, "audio_pos_embed_max_pos"),
+        rope_theta=_get(config, "rope_theta"),
+        rope_double_precision=_get(config, "rope_double_precision"),
+        rope_type=_get(config, "rope_type"),
+        modality="audio",
+    )
+
+
+def layers_from_config(config) -> list[LayerRoPE]:
+    """Every layer's :class:`~axial_rope.conventions.LayerRoPE` of a per-layer transformers config.
+
+    Llama 4 (``no_rope_layers``, ``attention_chunk_size``, temperature tuning) and configs with
+    ``layer_types`` (Gemma 2/3/4: one rope per layer type, sliding windows); other configs give the
+    one rope on every layer (``num_hidden_layers``).
+    """
+    text = _text_config(config)
+    model_type = _get(text, "model_type", None) or ""
+    if model_type.startswith("llama4"):
+        return conv.llama4(
+            _get(text, "num_hidden_layers"),
+            _head_dim(text, None),
+            _rope_parameters(text, None),
+            no_rope_layers=_get(text, "no_rope_layers", None),
+            no_rope_layer_interval=_get(text, "no_rope_layer_interval", 4),
+            attention_chunk_size=_get(text, "attention_chunk_size", None),
+            attn_temperature_tuning=_get(text, "attn_temperature_tuning", True),
+            floor_scale=_get(text, "floor_scale", 8192),
+            attn_scale=_get(text, "attn_scale", 0.1),
+            max_position_embeddings=_get(text, "max_position_embeddings", None),
+        )
+    layer_types = _get(text, "layer_types", None)
+    if layer_types is None:
+        rope = rope_from_config(config)
+        return [LayerRoPE(rope) for _ in range(_get(text, "num_hidden_layers"))]
+    window = _get(text, "sliding_window", None)
+    ropes = {kind: rope_from_config(config, layer_type=kind) for kind in sorted(set(layer_types))}
+    return [LayerRoPE(ropes[k], k, window if k == "sliding_attention" else None) for k in layer_types]

@@ -1,0 +1,35 @@
+"""Production RoPE conventions, each one constructor of the general frequency model, pinned to its upstream code.
+
+``ar.conventions.<name>(<upstream config fields>)`` returns the :class:`~axial_rope.AxialRoPE`
+(per-layer conventions: a list of :class:`LayerRoPE`) whose tables and rotations equal the upstream
+implementation's; ``<name>_positions(...)`` (where the convention defines positions) builds the
+token coordinates it rotates by. :data:`REGISTRY` lists every convention with the upstream file and
+version its tests compare against (``tests/test_conventions_*.py``); :func:`table` renders it for
+``docs/conventions.md``.
+"""
+
+from ._registry import FAMILIES, REGISTRY, Convention, table
+from .cogvideox import cogvideox, cogvideox_positions
+from .dinov3 import dinov3
+from .flux import flux, flux_positions
+from .hunyuan import hunyuan_dit, hunyuan_dit_crop, hunyuan_dit_positions, hunyuan_image, hunyuan_video
+from .llm import INTERLEAVED_MODEL_TYPES, gpt_neox, llama, p_rope, rope_for_parameters
+from .ltx import ltx2, ltx2_audio_positions, ltx2_positions, ltx_video, ltx_video_positions
+from .lumina import lumina2, lumina2_positions
+from .mochi import mochi, mochi_positions
+from .per_layer import LayerRoPE, gemma, llama4
+from .qwen_vl import mrope_positions, qwen2_5_vl, qwen2_vl, qwen3_vl
+from .timm_vit import eva02, timm_cat, timm_mixed, timm_positions
+from .videorope import videorope, videorope_positions
+from .wan import video_grid_positions, wan, wan_axes_dim
+
+__all__ = [
+    "FAMILIES", "REGISTRY", "Convention", "LayerRoPE", "INTERLEAVED_MODEL_TYPES", "table", "rope_for_parameters",
+    "flux", "flux_positions", "hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions",
+    "hunyuan_dit_crop", "wan", "wan_axes_dim", "video_grid_positions", "cogvideox", "cogvideox_positions",
+    "ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions",
+    "lumina2", "lumina2_positions", "mochi", "mochi_positions",
+    "timm_cat", "timm_positions", "eva02", "timm_mixed", "dinov3",
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "mrope_positions", "videorope", "videorope_positions",
+    "llama", "gpt_neox", "p_rope", "gemma", "llama4",
+]  # fmt: skip

@@ -1,0 +1,47 @@
+"""Flux (diffusers ``FluxPosEmbed``): three per-axis spectra over text and image ids."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..positions import grid, text_positions
+from ..rope import AxialRoPE
+from ._registry import Convention, register
+
+__all__ = ["flux", "flux_positions"]
+
+SOURCE = "diffusers 0.42.1 `models/transformers/transformer_flux.py` `FluxPosEmbed`"
+
+
+def flux(axes_dims_rope: Sequence[int] = (16, 56, 56), theta: float = 10000.0) -> AxialRoPE:
+    """Flux's RoPE from its transformer config (``axes_dims_rope``; ``FluxPosEmbed``'s theta is 10000).
+
+    Each axis of the ids ``(index, y, x)`` gets ``axes_dims_rope[a]`` channels of its own spectrum
+    ``theta ** (-2i / d_a)``; interleaved planes; attention ``bshd``.
+    """
+    return AxialRoPE(tuple(axes_dims_rope), theta=theta, pairing="interleaved")
+
+
+def flux_positions(text_length: int, height: int, width: int, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Flux's ``cat([txt_ids, img_ids])``: text ids all zero, image ids ``(0, y, x)`` over the packed latent grid.
+
+    Returns:
+        ``[text_length + height * width, 3]``.
+    """
+    return torch.cat([text_positions(text_length, 3, step=0, dtype=dtype), grid(1, height, width, dtype=dtype)])
+
+
+register(
+    Convention(
+        name="flux",
+        family="flux",
+        source=SOURCE,
+        axes="(index, y, x): 16, 56, 56 channels, one spectrum each",
+        pairing="interleaved",
+        positions="integer ids; text (0, 0, 0), image (0, y, x)",
+        max_diff=0.0,
+        example=lambda: flux((4, 6, 6)),
+    )
+)

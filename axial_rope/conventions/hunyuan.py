@@ -1,0 +1,119 @@
+"""Tencent Hunyuan: HunyuanVideo, HunyuanImage (2.1) and Hunyuan-DiT, as diffusers implements them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..frequencies import Frequencies
+from ..positions import crop_grid
+from ..rope import AxialRoPE
+from ..scaling import base_inv_freq
+from ._registry import Convention, register
+
+__all__ = ["hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions", "hunyuan_dit_crop"]
+
+VIDEO_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_hunyuan_video.py` `HunyuanVideoRotaryPosEmbed`"
+IMAGE_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_hunyuanimage.py` `HunyuanImageRotaryPosEmbed`"
+DIT_SOURCE = (
+    "diffusers 0.42.1 `models/embeddings.py` `get_2d_rotary_pos_embed` with "
+    "`pipelines/hunyuandit/pipeline_hunyuandit.py` `get_resize_crop_region_for_grid`"
+)
+
+
+def hunyuan_video(rope_axes_dim: Sequence[int] = (16, 56, 56), rope_theta: float = 256.0) -> AxialRoPE:
+    """HunyuanVideo from its config: per-axis spectra over ``(t, y, x)``, interleaved, ``bshd``; text unrotated."""
+    return AxialRoPE(tuple(rope_axes_dim), theta=rope_theta, pairing="interleaved")
+
+
+def hunyuan_image(rope_axes_dim: Sequence[int] = (64, 64), rope_theta: float = 256.0) -> AxialRoPE:
+    """HunyuanImage 2.1 from its config: per-axis spectra over ``(y, x)`` (or ``(t, y, x)``), interleaved.
+
+    Positions are the integer token grid (:func:`axial_rope.grid`); the text tokens, appended after
+    the image tokens, are not rotated.
+    """
+    if len(tuple(rope_axes_dim)) not in (2, 3):
+        raise ValueError(f"hunyuan_image: rope_axes_dim must have 2 or 3 entries, got {rope_axes_dim!r}")
+    return AxialRoPE(tuple(rope_axes_dim), theta=rope_theta, pairing="interleaved")
+
+
+def hunyuan_dit(attention_head_dim: int = 88, theta: float = 10000.0) -> AxialRoPE:
+    """Hunyuan-DiT: a head of ``D`` channels, the first ``D / 2`` on x and the last ``D / 2`` on y.
+
+    ``get_2d_rotary_pos_embed`` meshes ``(grid_w, grid_h)`` with ``indexing="xy"``, so its first
+    half listens to the column coordinate; each half has its own spectrum ``theta ** (-2i / (D/2))``.
+    The positions stay ``(y, x)`` (as :func:`hunyuan_dit_positions` and :func:`axial_rope.crop_grid`
+    give them); the frequency model sends the first planes to axis 1.
+    """
+    if attention_head_dim % 4:
+        raise ValueError(f"hunyuan_dit: attention_head_dim must be divisible by 4, got {attention_head_dim!r}")
+    half = base_inv_freq(attention_head_dim // 2, theta)  # [D/4] per axis
+    n = half.shape[0]
+    model = Frequencies.axial([1] * n + [0] * n, torch.cat([half, half]), n_axes=2)
+    return AxialRoPE.from_frequencies(model, pairing="interleaved")
+
+
+def hunyuan_dit_crop(height: int, width: int, base_size: int = 32) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The pipeline's crop of a ``height x width`` token grid in the ``base_size`` square (aspect kept, centred).
+
+    ``get_resize_crop_region_for_grid`` of the Hunyuan-DiT pipeline: ``((top, left), (bottom, right))``.
+    """
+    ratio = height / width
+    if ratio > 1:
+        resize_h, resize_w = base_size, int(round(base_size / height * width))
+    else:
+        resize_w, resize_h = base_size, int(round(base_size / width * height))
+    top, left = int(round((base_size - resize_h) / 2.0)), int(round((base_size - resize_w) / 2.0))
+    return (top, left), (top + resize_h, left + resize_w)
+
+
+def hunyuan_dit_positions(
+    height: int, width: int, base_size: int = 32, *, diffusers_compat: bool = True, dtype=torch.float32
+) -> torch.Tensor:
+    """Hunyuan-DiT's token coordinates ``(y, x)``: the grid spread over the pipeline's crop.
+
+    ``base_size`` is ``512 // 8 // patch_size`` in the pipeline (32 for patch 2).
+    ``diffusers_compat=True`` is diffusers' torch linspace (see :func:`axial_rope.crop_grid`), which the
+    published checkpoints run with in diffusers.
+    """
+    start, stop = hunyuan_dit_crop(height, width, base_size)
+    return crop_grid(start, stop, (height, width), diffusers_compat=diffusers_compat, dtype=dtype)
+
+
+register(
+    Convention(
+        name="hunyuan_video",
+        family="hunyuan",
+        source=VIDEO_SOURCE,
+        axes="(t, y, x): 16, 56, 56",
+        pairing="interleaved",
+        positions="integer latent grid; text tokens unrotated",
+        max_diff=3e-07,
+        example=lambda: hunyuan_video((4, 6, 6)),
+    )
+)
+register(
+    Convention(
+        name="hunyuan_image",
+        family="hunyuan",
+        source=IMAGE_SOURCE,
+        axes="(y, x): 64, 64 (3-D: t, y, x)",
+        pairing="interleaved",
+        positions="integer latent grid; text tokens unrotated",
+        max_diff=6e-08,
+        example=lambda: hunyuan_image((8, 8)),
+    )
+)
+register(
+    Convention(
+        name="hunyuan_dit",
+        family="hunyuan",
+        source=DIT_SOURCE,
+        axes="(y, x) positions, planes x first: D/2 on x, then D/2 on y",
+        pairing="interleaved",
+        positions="crop grid of the base square (torch linspace), `hunyuan_dit_positions`",
+        max_diff=2e-06,
+        example=lambda: hunyuan_dit(16),
+    )
+)

@@ -1,0 +1,52 @@
+"""Wan (diffusers ``WanRotaryPosEmbed``): a head split as t = D - 2 (2 floor(D / 6)), h = w = 2 floor(D / 6)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..positions import grid
+from ..rope import AxialRoPE
+from ._registry import Convention, register
+
+__all__ = ["wan", "wan_axes_dim", "video_grid_positions"]
+
+SOURCE = "diffusers 0.42.1 `models/transformers/transformer_wan.py` `WanRotaryPosEmbed`"
+
+
+def wan_axes_dim(attention_head_dim: int) -> tuple[int, int, int]:
+    """Wan's split of a head: ``h = w = 2 * (D // 6)``, ``t = D - h - w`` (44, 42, 42 for D = 128)."""
+    if attention_head_dim % 2 or attention_head_dim < 6:
+        raise ValueError(f"wan: attention_head_dim must be even and >= 6, got {attention_head_dim!r}")
+    hw = 2 * (attention_head_dim // 6)
+    return attention_head_dim - 2 * hw, hw, hw
+
+
+def wan(attention_head_dim: int = 128, theta: float = 10000.0) -> AxialRoPE:
+    """Wan's RoPE from ``attention_head_dim``: per-axis spectra over ``(t, y, x)``, interleaved, ``bshd``."""
+    return AxialRoPE(wan_axes_dim(attention_head_dim), theta=theta, pairing="interleaved")
+
+
+def video_grid_positions(
+    frames: int, height: int, width: int, patch_size: tuple[int, int, int] = (1, 2, 2), *, dtype=torch.float32
+) -> torch.Tensor:
+    """The integer token grid ``(t, y, x)`` of a latent video ``[.., frames, height, width]`` cut into patches.
+
+    Returns:
+        ``[T * H * W, 3]`` with ``T, H, W = frames // p_t, height // p_h, width // p_w``, t slowest.
+    """
+    p_t, p_h, p_w = patch_size
+    return grid(frames // p_t, height // p_h, width // p_w, dtype=dtype)
+
+
+register(
+    Convention(
+        name="wan",
+        family="wan",
+        source=SOURCE,
+        axes="(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6) (44, 42, 42 at D = 128)",
+        pairing="interleaved",
+        positions="integer latent grid after the (1, 2, 2) patches",
+        max_diff=0.0,
+        example=lambda: wan(24),
+    )
+)

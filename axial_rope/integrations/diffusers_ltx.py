@@ -1,0 +1,125 @@
+"""LTX-Video (diffusers ``LTXVideoTransformer3DModel``) through axial_rope: its processor and position hook.
+
+LTX-Video builds one rotary table over the whole hidden size and rotates q and k before splitting
+the heads, so each head has its own frequencies: the rope is
+:func:`axial_rope.conventions.ltx_video` (per-head ``F``, interleaved, position map ``2 / base`` and
+``- 1``). The QK-norm is an RMSNorm across all heads, so norm and rotation are not fused.
+
+Unscaled (the only mode: the per-head schedule has no spectrum for the scaling methods), the
+processor rotates with the model's own table, as the stock processor does, through
+:func:`axial_rope.apply_rope` on the hidden size seen as one head; that is the stock result to
+float32 rounding, whereas positions would reproduce it only to upstream's float32 angle error
+(up to ``theta * pi / 2 * 2**-24`` rad). The hook still records each forward's positions
+(``video_coords``, or the grid times ``rope_interpolation_scale`` and the patch sizes), so the
+processor rotates by positions when the state is told to (``state.use_tables = False``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+from ..conventions import ltx_video
+from ..ops import apply_rope
+from .diffusers_processors import RopeState, _RopeProcessor
+
+__all__ = ["LTXVideoRopeProcessor", "ltx_rope", "ltx_hook", "ltx_positions"]
+
+
+def ltx_rope(model):
+    """The LTX-Video convention of ``model``'s config (heads and head dim; the base grid is fixed upstream)."""
+    rope = model.rope
+    return ltx_video(
+        model.config.num_attention_heads,
+        model.config.attention_head_dim,
+        base_num_frames=rope.base_num_frames,
+        base_height=rope.base_height,
+        base_width=rope.base_width,
+        theta=rope.theta,
+    )
+
+
+def ltx_positions(rope_module, call: dict, device) -> torch.Tensor:
+    """The positions ``[S, 3]`` (or per sample ``[B, S, 3]``) of one call of ``LTXVideoRotaryPosEmbed``.
+
+    ``video_coords`` ``[B, 3, S]`` as given; else the ``num_frames x height x width`` grid times
+    ``rope_interpolation_scale`` and the patch sizes, in float32 as upstream multiplies them.
+    """
+    coords = call.get("video_coords")
+    if coords is not None:
+        coords = coords.transpose(1, 2)  # [B, S, 3]
+        return coords[0] if bool((coords == coords[:1]).all()) else coords
+    scales = call.get("rope_interpolation_scale")
+    patches = (rope_module.patch_size_t, rope_module.patch_size, rope_module.patch_size)
+    axes = []
+    for a, n in enumerate((call["num_frames"], call["height"], call["width"])):
+        g = torch.arange(n, dtype=torch.float32, device=device)
+        if scales is not None:
+            scale = scales[a]
+            scale = scale.to(device) if isinstance(scale, torch.Tensor) else scale
+            g = g * scale * patches[a]
+        axes.append(g)
+    return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
+
+
+def ltx_hook(model, state: RopeState):
+    """A forward hook on ``model.rope`` recording each forward's positions against its tables."""
+    signature = inspect.signature(model.rope.forward)
+
+    def hook(module, args, kwargs, output):
+        call = signature.bind(*args, **kwargs).arguments
+        state.record(output, ltx_positions(module, call, call["hidden_states"].device))
+
+    return model.rope.register_forward_hook(hook, with_kwargs=True)
+
+
+class LTXVideoRopeProcessor(_RopeProcessor):
+    """LTX-Video self- and cross-attention: RMSNorm across heads, then rotation in self-attention; ``bshd``."""
+
+    def __call__(
+        self,
+        attn,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        batch, seq, _ = context.shape
+        if attention_mask is not None:
+            attention_mask = attn.prepare_attention_mask(attention_mask, seq, batch)
+            attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
+        q, k, v = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
+        q, k = attn.norm_q(q), attn.norm_k(k)  # RMSNorm over H * D channels
+        q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))  # [B, S, H, D]
+        if image_rotary_emb is not None:
+            q, k = self._rotate(q, k, image_rotary_emb)
+        out = dispatch_attention_fn(
+            q,
+            k,
+            v,
+            attn_mask=attention_mask,
+            dropout_p=0.0,
+            is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
+        out = out.flatten(2, 3).to(q.dtype)  # [B, S, H * D]
+        return attn.to_out[1](attn.to_out[0](out))
+
+    def _rotate(self, q: torch.Tensor, k: torch.Tensor, tables) -> tuple[torch.Tensor, torch.Tensor]:
+        state = self.state
+        if state.use_tables:  # the model's table [B, S, H * D]: the hidden size as one head of H * D channels
+            cos, sin = tables
+            backend = state.rope.backend
+            flat = [apply_rope(t.flatten(2)[:, :, None], cos, sin, "interleaved", "bshd", backend) for t in (q, k)]
+            return flat[0].view_as(q), flat[1].view_as(k)
+        pos, rope = state.recorded(tables)
+        if pos is None or pos.shape[-2] != q.shape[1]:
+            raise RuntimeError(
+                f"axial_rope LTX-Video processors found no positions for the {q.shape[1]} rotated tokens; call the "
+                "transformer itself (not its attention blocks alone), so that its position hook sees every forward"
+            )
+        return rope(q, k, pos.to(q.device), "bshd")

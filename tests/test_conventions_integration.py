@@ -1,0 +1,89 @@
+"""LTX-Video through ``set_rope_processors``: the same stock-equality checks as Flux and Wan, on a tiny
+random-initialised ``LTXVideoTransformer3DModel`` (diffusers 0.42.1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from axial_rope import conventions as conv
+
+diffusers = pytest.importorskip("diffusers")
+
+from axial_rope.integrations.diffusers import SUPPORTED, remove_rope_processors, set_rope_processors  # noqa: E402
+
+B, T, H, W = 2, 3, 4, 5
+
+
+def _ltx():
+    model = diffusers.LTXVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                                 attention_head_dim=16, cross_attention_dim=32, num_layers=1,
+                                                 caption_channels=8)  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    inputs = dict(
+        hidden_states=torch.randn(B, T * H * W, 4, generator=gen),
+        encoder_hidden_states=torch.randn(B, 6, 8, generator=gen),
+        timestep=torch.rand(B, generator=gen) * 1000,
+        encoder_attention_mask=torch.tensor([[1] * 6, [1] * 4 + [0] * 2]),
+        num_frames=T,
+        height=H,
+        width=W,
+        rope_interpolation_scale=(8 / 25, 32, 32),  # the pipeline's (vae_t / frame_rate, vae_s, vae_s)
+        return_dict=False,
+    )
+    return model.eval(), inputs
+
+
+def _run(model, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def test_ltx_video_processors_match_stock_output():
+    assert "LTXVideoTransformer3DModel" in SUPPORTED
+    model, inputs = _ltx()
+    stock = _run(model, inputs)
+    handle = set_rope_processors(model)
+    assert handle.names and all(
+        type(model.attn_processors[n]).__module__.startswith("axial_rope") for n in handle.names
+    )
+    torch.testing.assert_close(_run(model, inputs), stock, atol=1e-5, rtol=1e-5)
+    # the installed rope is the LTX-Video convention of the config (per-head F, position map)
+    assert torch.equal(handle.rope.freqs, conv.ltx_video(2, 16).freqs)
+    remove_rope_processors(model)
+    assert torch.equal(_run(model, inputs), stock)
+
+
+def test_ltx_video_positions_path_matches_stock():
+    # rotating by recorded positions (the convention, not the model's table): with float64 video_coords,
+    # upstream's angles are float64 too, and the two agree to float32 rounding of the outputs
+    model, inputs = _ltx()
+    coords = conv.ltx_video_positions(T, H, W, frame_rate=25.0).T[None].expand(B, 3, -1)
+    inputs = dict(inputs, video_coords=coords)
+    stock = _run(model, inputs)
+    handle = set_rope_processors(model)
+    handle.state.use_tables = False
+    torch.testing.assert_close(_run(model, inputs), stock, atol=1e-5, rtol=1e-5)
+    # the pipeline's float32 grid path: upstream's float32 angles (up to theta * pi / 2 * |2g - 1| rad) are
+    # ~1e-3 rad off at the top frequency; the outputs stay within 1e-4
+    del inputs["video_coords"]
+    stock32 = _run(model.eval(), inputs)
+    torch.testing.assert_close(_run(model, inputs), stock32, atol=1e-4, rtol=1e-4)
+
+
+def test_ltx_video_bfloat16_matches_stock_to_bf16_rounding():
+    model, inputs = _ltx()
+    model.to(torch.bfloat16)
+    inputs = {k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+              for k, v in inputs.items()}  # fmt: skip
+    stock = _run(model, inputs)
+    set_rope_processors(model)
+    out = _run(model, inputs)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), stock.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_ltx_video_refuses_scaling():
+    model, _ = _ltx()
+    with pytest.raises(ValueError, match="fixed per-head frequency model"):
+        set_rope_processors(model, scaling=None, mode="interpolate", train_size=(3, 4, 5))
