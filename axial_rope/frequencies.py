@@ -28,6 +28,7 @@ import torch
 
 from . import scaling as scaling_methods
 from .scaling import Scaling, inv_freq
+from .time_scaling import is_time_dependent, sampling_time
 
 __all__ = ["Frequencies", "PositionTransform", "SPECTRA", "NORMALIZE", "plane_axes", "spectrum_frequencies"]
 
@@ -81,27 +82,43 @@ def spectrum_frequencies(
     scaling: tuple[Scaling | None, ...],
     spectrum: str,
     seq_len: tuple[int | None, ...],
+    t: torch.Tensor | float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``F`` float64 ``[n_axes, n_pairs]`` and the attention factor per plane ``[n_pairs]`` of a spectrum.
 
     ``per_axis``: axis ``a`` owns ``axes_dim[a] / 2`` consecutive planes, ``inv_freq(d_a, theta_a,
     scaling_a)``; ``split`` / ``cycled``: one spectrum over ``sum(axes_dim)`` dealt to the axes
-    (``theta[0]``, ``scaling[0]``, the longest ``seq_len``). On the CPU.
+    (``theta[0]``, ``scaling[0]``, the longest ``seq_len``). On the CPU, or with a time-dependent
+    method (:mod:`axial_rope.time_scaling`), at sampling time ``t`` on ``t``'s device (torch ops on
+    ``t``: no host sync, so a compiled graph takes every ``t``).
     """
     n_axes, rot_dim = len(axes_dim), sum(axes_dim)
+    timed = any(is_time_dependent(s) for s in scaling)
+    if timed and t is None:
+        names = sorted({type(s).__name__ for s in scaling if is_time_dependent(s)})
+        raise ValueError(f"{', '.join(names)} depend(s) on the sampling time: pass t= (the noise level in [0, 1])")
+    t = sampling_time(t) if timed else None  # 0-d float64; numbers on the CPU
+    device = t.device if timed else torch.device("cpu")
+
+    def one(d: int, base: float, method, length) -> tuple[torch.Tensor, float]:  # [d // 2] on device
+        if is_time_dependent(method):
+            return method.inv_freq_at(d, float(base), t), method.attention_scale()
+        inv, factor = inv_freq(d, base, method, seq_len=length)
+        return inv.to(device), factor
+
     if spectrum == "per_axis":
-        spectra = [inv_freq(d, t, s, seq_len=n) for d, t, s, n in zip(axes_dim, theta, scaling, seq_len)]
-        values = torch.cat([inv for inv, _ in spectra])
-        scale = torch.cat(
-            [torch.full((d // 2,), af, dtype=torch.float64, device="cpu") for d, (_, af) in zip(axes_dim, spectra)]
-        )
+        spectra = [one(d, th, s, n) for d, th, s, n in zip(axes_dim, theta, scaling, seq_len)]
     else:  # one spectrum over rot_dim, planes dealt to the axes
         longest = None if all(n is None for n in seq_len) else max(seq_len)
-        values, af = inv_freq(rot_dim, theta[0], scaling[0], seq_len=longest)
-        scale = torch.full((rot_dim // 2,), af, dtype=torch.float64, device="cpu")
-    freqs = torch.zeros(n_axes, rot_dim // 2, dtype=torch.float64, device="cpu")
-    freqs[plane_axes(axes_dim, spectrum), torch.arange(rot_dim // 2, device="cpu")] = values
-    return freqs, scale
+        spectra = [one(rot_dim, theta[0], scaling[0], longest)]
+    widths = axes_dim if spectrum == "per_axis" else (rot_dim,)
+    values = torch.cat([inv for inv, _ in spectra])  # [n_pairs]
+    scale = torch.cat(
+        [torch.full((d // 2,), af, dtype=torch.float64, device=device) for d, (_, af) in zip(widths, spectra)]
+    )
+    placed = torch.zeros(n_axes, rot_dim // 2, dtype=torch.float64, device=device)  # one 1 per column
+    placed[plane_axes(axes_dim, spectrum), torch.arange(rot_dim // 2, device=device)] = 1.0
+    return placed * values, scale
 
 
 def _floats(name: str, value, n_axes: int | None) -> tuple[float, ...] | None:
@@ -261,15 +278,20 @@ class Frequencies:
         *,
         seq_len: int | Sequence[int] | None = None,
         transform: PositionTransform | None = None,
+        t: float | None = None,
     ) -> Frequencies:
-        """The axial ``F`` of :class:`~axial_rope.AxialRoPE`'s arguments (see :func:`spectrum_frequencies`)."""
+        """The axial ``F`` of :class:`~axial_rope.AxialRoPE`'s arguments (see :func:`spectrum_frequencies`).
+
+        ``t``: the sampling time (noise level in ``[0, 1]``) of time-dependent methods
+        (:mod:`axial_rope.time_scaling`).
+        """
         axes_dim = tuple(axes_dim) if isinstance(axes_dim, (tuple, list)) else (axes_dim,)
         shared = spectrum != "per_axis"
         thetas = per_axis("theta", theta, len(axes_dim), shared)
         methods = tuple(scaling_method(s) for s in per_axis("scaling", scaling, len(axes_dim), shared))
         lengths = per_axis("seq_len", seq_len, len(axes_dim)) if seq_len is not None else (None,) * len(axes_dim)
-        freqs, scale = spectrum_frequencies(axes_dim, thetas, methods, spectrum, lengths)
-        return cls(freqs, scale if bool((scale != 1).any()) else None, transform)
+        freqs, scale = spectrum_frequencies(axes_dim, thetas, methods, spectrum, lengths, t)
+        return cls(freqs.cpu(), scale.cpu() if bool((scale != 1).any()) else None, transform)
 
     @classmethod
     def axial(

@@ -21,45 +21,11 @@ from .frequencies import per_axis as _per_axis
 from .frequencies import scaling_method as _scaling_method
 from .ops import PAIRINGS, norm_rotate_qk, preload, rotate_qk
 from .ops.common import channel_table, check_choice, check_qk, check_tensor, plane_cos_sin, seq_dim
+from .position_checks import check_positions
 from .scaling import Scaling
+from .time_scaling import TimedRoPE, TimeFrequencies, frequencies_at, is_time_dependent
 
 __all__ = ["AxialRoPE", "SPECTRA", "check_positions", "plane_axes"]
-
-
-def check_positions(pos: torch.Tensor) -> None:
-    """Refuse coordinates that cannot be exact, and NaN or inf, without a host sync where it matters.
-
-    Position dtypes and their exact range: integer dtypes hold every integer they
-    represent; float32 holds integers up to ``2**24`` (and fractions on a coarser grid
-    as they grow: spacing ``2**-23 |p|``); float64 integers up to ``2**53``. float16
-    and bfloat16 are refused: they round integers past 2048 (float16) or 256
-    (bfloat16), e.g. 257 becomes 256.
-    Angles are float64 products, exact to ``|angle| * 2**-53`` radians (1e-7 rad at an
-    angle of 1e9), so float64 positions keep relative invariance far past any real length.
-
-    The NaN/inf check: eager CPU tensors raise ``ValueError`` here; compiled code and GPU
-    tensors use ``torch._assert_async`` (a ``RuntimeError`` when it fires), which keeps the
-    check inside compiled graphs and never waits for the GPU (no device-to-host sync; on
-    CUDA it is a device-side assert).
-    """
-    if pos.dtype in (torch.float16, torch.bfloat16):
-        raise TypeError(
-            f"pos must be float32, float64 or an integer dtype, got {pos.dtype}, which rounds coordinates "
-            "(257 becomes 256 in bfloat16); build positions in float32 (ar.grid's default) or float64"
-        )
-    if (
-        pos.dtype == torch.bool
-        or pos.is_complex()
-        or not (pos.is_floating_point() or pos.dtype.is_signed or pos.dtype == torch.uint8)
-    ):
-        raise TypeError(f"pos must hold real float or int coordinates, got dtype {pos.dtype}")
-    if not pos.is_floating_point():
-        return
-    if pos.device.type == "cpu" and not torch.compiler.is_compiling():
-        if not bool(torch.isfinite(pos).all()):
-            raise ValueError("pos holds NaN or inf coordinates")
-    else:
-        torch._assert_async(torch.isfinite(pos).all(), "axial_rope: pos holds NaN or inf coordinates")
 
 
 class AxialRoPE(nn.Module):
@@ -84,7 +50,9 @@ class AxialRoPE(nn.Module):
             ``F`` (RoPE-Mixed); with ``num_heads``, one ``F`` per head ``[H, n_axes, n_pairs]``.
         backend: default backend for this module (see :func:`axial_rope.apply_rope`).
 
-    Channels past ``rot_dim`` pass through unrotated.
+    Channels past ``rot_dim`` pass through unrotated. A time-dependent ``scaling``
+    (:mod:`axial_rope.time_scaling`: DyPE, Lumina-Next) needs the sampling time per call: ``t=`` on
+    each call, or ``rope.at_time(t)`` once per step; its ``freqs`` buffer holds ``F`` at ``t = 1``.
     """
 
     def __init__(
@@ -108,6 +76,8 @@ class AxialRoPE(nn.Module):
             self._init_spectrum(axes_dim, theta, scaling, spectrum)
         self.pairing, self.backend = pairing, backend
         model = self.frequency_model
+        if learnable and self.time_dependent:
+            raise ValueError("learnable=True takes F as a parameter; a time-dependent scaling computes F from t")
         if num_heads is not None and (not learnable or not isinstance(num_heads, int) or num_heads <= 0):
             raise ValueError(f"num_heads (per-head frequencies) needs learnable=True and an int > 0, got {num_heads!r}")
         if num_heads is not None and model.num_heads not in (None, num_heads):
@@ -137,7 +107,9 @@ class AxialRoPE(nn.Module):
         self.scaling = tuple(_scaling_method(s) for s in _per_axis("scaling", scaling, len(axes_dim), shared))
         self.plane_axis = plane_axes(axes_dim, spectrum)
         self.length_dependent = any(s is not None and s.length_dependent for s in self.scaling)
-        freqs, scale = self.frequencies()  # validates theta and every method against its axis
+        self.time_dependent = any(is_time_dependent(s) for s in self.scaling)
+        # validates theta and every method against its axis; a time-dependent rope's buffers hold F(t = 1)
+        freqs, scale = self.frequencies(t=1.0 if self.time_dependent else None)
         self.frequency_model = Frequencies(freqs, scale if bool((scale != 1).any()) else None)
 
     def _init_model(self, model: Frequencies, theta, scaling, spectrum) -> None:
@@ -151,7 +123,7 @@ class AxialRoPE(nn.Module):
         self.axes_dim, self.spectrum = model.axes_dim, "custom"
         self.theta, self.scaling = None, (None,) * model.n_axes
         self.plane_axis = model.plane_axis
-        self.length_dependent = False
+        self.length_dependent = self.time_dependent = False
 
     @classmethod
     def from_frequencies(
@@ -185,17 +157,21 @@ class AxialRoPE(nn.Module):
             raise ValueError(f"the axes have different attention factors {self._factors}")
         return self._factors[0]
 
-    def frequencies(self, seq_len: int | Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The frequency matrix ``F`` and the attention factor per plane, for a length.
+    def frequencies(
+        self, seq_len: int | Sequence[int] | None = None, *, t: float | torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frequency matrix ``F`` and the attention factor per plane, for a length (and a time).
 
         Args:
             seq_len: length per axis (or one for all) seen by length-dependent methods
                 (:class:`~axial_rope.scaling.DynamicNTK`, :class:`~axial_rope.scaling.LongRoPE`);
                 a rope built from a frequency model has none.
+            t: sampling time (noise level in ``[0, 1]``), needed by time-dependent methods
+                (:mod:`axial_rope.time_scaling`), ignored by the others.
 
         Returns:
             ``F`` float64 ``[n_axes, n_pairs]`` (per head ``[H, n_axes, n_pairs]``) and ``scale`` float64
-            ``[n_pairs]``, on the CPU.
+            ``[n_pairs]``, on the CPU (with a time-dependent method, on ``t``'s device).
         """
         if self.spectrum == "custom":  # copies: the buffers must not alias the (immutable) model
             model = self.frequency_model
@@ -203,7 +179,7 @@ class AxialRoPE(nn.Module):
             return model.freqs.clone(), scale.clone()
         n_axes = len(self.axes_dim)
         lengths = _per_axis("seq_len", seq_len, n_axes, False) if seq_len is not None else (None,) * n_axes
-        return spectrum_frequencies(self.axes_dim, self.theta, self.scaling, self.spectrum, lengths)
+        return spectrum_frequencies(self.axes_dim, self.theta, self.scaling, self.spectrum, lengths, t)
 
     def with_scaling(self, scaling: Scaling | None | Sequence[Scaling | None]) -> AxialRoPE:
         """The same rotary layout with another ``scaling`` (one method or one per axis), on this rope's device.
@@ -229,7 +205,7 @@ class AxialRoPE(nn.Module):
         # rebuilt on the new device and a learned F keeps its float32 values.
         learned = None if self.learned_freqs is None else self.learned_freqs.data
         super()._apply(fn, recurse)
-        freqs, scale = self.frequencies()
+        freqs, scale = self.frequencies(t=1.0 if self.time_dependent else None)
         device = self.freqs.device
         self.freqs, self.scale = freqs.to(device), scale.to(device)
         if learned is not None and self.learned_freqs.dtype != learned.dtype:
@@ -253,20 +229,34 @@ class AxialRoPE(nn.Module):
         pos = pos if pos.ndim == 3 else pos[None]
         return pos if self.transform is None else self.transform(pos)  # float64 after the position map
 
-    def _freqs_for(self, pos: torch.Tensor, seq_len) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def at_time(self, t: float | torch.Tensor) -> AxialRoPE | TimedRoPE:
+        """This rope at sampling time ``t``, ``F(t)`` computed once: it takes a rope's calls without ``t`` (``rope=``
+        of :class:`~axial_rope.Attention`, ``DiTBlock``). A rope without a time-dependent method returns itself."""
+        return TimedRoPE(self, t) if self.time_dependent else self
+
+    def _freqs_for(self, pos: torch.Tensor, seq_len, t=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.learned_freqs is not None:
             return self.learned_freqs, (self.scale if self.scaled else None)
-        if not self.length_dependent:
+        if isinstance(t, TimeFrequencies):  # bound by at_time(t): computed once per step
+            return t
+        if not self.length_dependent and not self.time_dependent:
             return self.freqs, (self.scale if self.scaled else None)
-        if seq_len is None:  # the length seen, per axis (a host sync: pass seq_len to avoid it)
+        if self.length_dependent and seq_len is None:  # the length seen, per axis (a host sync: pass seq_len)
             seq_len = tuple(int(v) + 1 for v in pos.flatten(0, -2).amax(0).tolist())
+        if self.time_dependent:  # torch ops on t: one compiled graph for every step
+            return frequencies_at(self, t, seq_len)
         freqs, scale = self.frequencies(seq_len)
         return freqs.to(pos.device), (scale.to(pos.device) if bool((scale != 1).any()) else None)
 
     # -- tables and rotation -------------------------------------------------------
 
     def cos_sin(
-        self, pos: torch.Tensor, *, seq_len: int | Sequence[int] | None = None, with_attention_factor: bool = True
+        self,
+        pos: torch.Tensor,
+        *,
+        seq_len: int | Sequence[int] | None = None,
+        with_attention_factor: bool = True,
+        t: float | torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin tables in the pairing's channel layout, attention factor multiplied in.
 
@@ -274,6 +264,7 @@ class AxialRoPE(nn.Module):
             pos: ``[S, n_axes]`` or ``[B, S, n_axes]`` (1-D RoPE: ``[S]`` too).
             with_attention_factor: multiply the scaling's attention factor in (``False``: unit rotation,
                 for callers that put the factor into the softmax scale instead).
+            t: sampling time for a time-dependent scaling (see :meth:`forward`).
 
         Returns:
             float32 ``cos``, ``sin`` of shape ``[..., S, rot_dim]`` (``pos``'s leading dims);
@@ -281,12 +272,12 @@ class AxialRoPE(nn.Module):
         """
         batched = isinstance(pos, torch.Tensor) and pos.ndim == 3
         pos3 = self._positions(pos)
-        freqs, scale = self._freqs_for(pos3, seq_len)
+        freqs, scale = self._freqs_for(pos3, seq_len, t)
         cos, sin = plane_cos_sin(pos3, freqs, scale if with_attention_factor else None, torch.float32)
         cos, sin = channel_table(cos, self.pairing), channel_table(sin, self.pairing)
         return (cos, sin) if batched else (cos[0], sin[0])
 
-    def _prepare(self, q, k, pos, layout, seq_len, with_attention_factor):
+    def _prepare(self, q, k, pos, layout, seq_len, with_attention_factor, t):
         """Check q, k and pos together; returns pos ``[B|1, S, n_axes]``, F and the plane scale."""
         check_qk(q, k, layout)
         if q.shape[-1] < self.rot_dim:
@@ -297,7 +288,7 @@ class AxialRoPE(nn.Module):
             raise ValueError(f"pos has {pos.shape[1]} positions, q has S={q.shape[s]} tokens (layout={layout!r})")
         if pos.shape[0] not in (1, q.shape[0]):
             raise ValueError(f"pos batch {pos.shape[0]} must be 1 or q's batch {q.shape[0]}")
-        freqs, scale = self._freqs_for(pos, seq_len)
+        freqs, scale = self._freqs_for(pos, seq_len, t)
         if freqs.ndim == 3:
             heads = [t.shape[3 - s] for t in (q, k) if t is not None]
             if any(h != freqs.shape[0] for h in heads):
@@ -315,6 +306,7 @@ class AxialRoPE(nn.Module):
         backend: str | None = None,
         with_attention_factor: bool = True,
         inplace: bool = False,
+        t: float | torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rotate queries and keys.
 
@@ -327,11 +319,14 @@ class AxialRoPE(nn.Module):
             with_attention_factor: ``False`` rotates without the scaling's attention factor.
             inplace: write the results into ``q`` and ``k`` (no output allocation when no
                 gradient is recorded; see :func:`axial_rope.ops.rotate_qk`).
+            t: sampling time of a time-dependent scaling (:mod:`axial_rope.time_scaling`): the noise
+                level in ``[0, 1]`` (1 = pure noise), a number, a 0-d tensor or ``[B]`` equal entries;
+                a tensor under ``torch.compile`` (no recompilation per step). Ignored by other ropes.
 
         Returns:
             ``(q, k)`` rotated, same shapes and dtypes.
         """
-        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len, with_attention_factor)
+        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len, with_attention_factor, t)
         return rotate_qk(q, k, pos, freqs, scale, self.pairing, layout, backend or self.backend, inplace)
 
     def norm_and_rotate(
@@ -347,13 +342,14 @@ class AxialRoPE(nn.Module):
         seq_len: int | Sequence[int] | None = None,
         backend: str | None = None,
         with_attention_factor: bool = True,
+        t: float | torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head QK-RMSNorm (weights ``[D]``, or ``None``) then rotation; one fused launch on Triton.
 
         Same arguments as :meth:`forward`; the norm runs over the whole head (``D``
         channels) in float32 and the result is rounded to the input dtype once.
         """
-        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len, with_attention_factor)
+        pos, freqs, scale = self._prepare(q, k, pos, layout, seq_len, with_attention_factor, t)
         if k is None:
             raise ValueError("norm_and_rotate needs k; use forward() for q alone")
         for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):

@@ -15,6 +15,14 @@ pipeline) records ``pos`` ``[S, 3]`` against the tables of that forward, which t
 processors receive (so activation checkpointing recomputes with the right positions).
 A pre-hook on the transformer refuses to run when something (``fuse_qkv_projections()``,
 ``set_attn_processor``) has replaced the installed processors since.
+
+A time-dependent scaling (:mod:`axial_rope.time_scaling`: ``DyPE``, ``TimeAwareNTK``) reads the
+sampling time from the transformer's own ``timestep`` argument, in a pre-hook, so the pipeline
+needs no extra call per step: ``t = max(timestep) / noise_timestep``, where ``noise_timestep`` is the
+timestep of pure noise. Flux: 1 (``FluxPipeline`` passes ``timestep = sigma``, the transformer
+multiplies by 1000 itself); HunyuanVideo, Wan: 1000 (flow-match ``timesteps = 1000 sigma``; Wan 2.2's
+per-token timesteps give their maximum, the noised tokens'); CogVideoX: 1000 (its DDIM/DPM step
+index over ``num_train_timesteps``: a time fraction, not a flow sigma).
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ class _Family:
     # (e.g. HunyuanVideo's text refiner) is left alone
     blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
     tables_when_unscaled: bool = False  # rotate with the model's own tables when unscaled (exact)
+    noise_timestep: float = 1000.0  # the transformer's `timestep` at pure noise (t = 1)
     # a fixed convention rope (no spectrum, so no scaling or mode), built from the model; else from `layout`
     convention: Callable[[torch.nn.Module], AxialRoPE] | None = None
 
@@ -114,6 +123,22 @@ def _cogvideox_hook(model, state):
     return model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
+def _time_hook(model, state: RopeState, noise_timestep: float):
+    """A pre-hook that sets ``state.time`` from the forward's ``timestep``: ``max(timestep) / noise_timestep``."""
+    signature = inspect.signature(model.forward)
+
+    def hook(module, args, kwargs):
+        timestep = signature.bind_partial(*args, **kwargs).arguments.get("timestep")
+        if timestep is None:
+            state.time = None
+            return
+        # one time per forward ([] float64, on the timestep's device: no host sync); the batch (CFG
+        # halves) shares the step's time, per-token timesteps (Wan 2.2) give the noised tokens' maximum
+        state.time = torch.as_tensor(timestep).detach().to(torch.float64).amax() / noise_timestep
+
+    return model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 def _wan_layout(model):
     rope = model.rope
     return (rope.t_dim, rope.h_dim, rope.w_dim), 10000.0  # WanRotaryPosEmbed's fixed theta
@@ -136,6 +161,7 @@ _FAMILIES = (
         processor=FluxRopeProcessor,
         layout=lambda m: (tuple(m.pos_embed.axes_dim), float(m.pos_embed.theta)),
         hook=_flux_hook,
+        noise_timestep=1.0,  # FluxPipeline passes timestep = sigma
     ),
     _Family(
         model=diffusers.HunyuanVideoTransformer3DModel,
@@ -220,6 +246,7 @@ def set_rope_processors(
     mode: str | Sequence[str] | None = None,
     train_size: Sequence[int] | None = None,
     backend: str | None = None,
+    noise_timestep: float | None = None,
 ) -> RopeProcessors:
     """Install attention processors that run the transformer's RoPE through axial_rope.
 
@@ -230,7 +257,9 @@ def set_rope_processors(
         scaling: ``None`` (output equals the stock model's), one method of
             :mod:`axial_rope.scaling` for every axis, or a tuple with one per axis in the
             model's axis order (Flux: ``(text/reference index, y, x)``; video: ``(t, y, x)``),
-            e.g. ``(RIFLEx(k=4, test_length=40), None, None)``.
+            e.g. ``(RIFLEx(k=4, test_length=40), None, None)``. A time-dependent method
+            (:mod:`axial_rope.time_scaling`, e.g. ``(None, DyPE(4.0, 64), DyPE(4.0, 64))`` for Flux at
+            4x its 64-token grid) follows each forward's ``timestep`` (see ``noise_timestep``).
         mode: instead of a fixed ``scaling``, size every forward's token grid against the grid the
             model was trained at (``train_size``): one of :data:`axial_rope.POSITION_MODES` (or one per
             grid axis), applied by :func:`axial_rope.positions_for_size`, so a forward at twice the
@@ -239,6 +268,9 @@ def set_rope_processors(
             it would move the text ids off 0).
         train_size: the training token grid, ``(t, y, x)`` (video) or ``(y, x)`` (Flux), with ``mode``.
         backend: axial_rope backend (``None`` automatic, ``"torch"``, ``"triton"``, ``"reference"``).
+        noise_timestep: with a time-dependent scaling, the transformer's ``timestep`` at pure noise:
+            the sampling time is ``max(timestep) / noise_timestep``. Default: Flux 1, the others 1000
+            (the module docstring lists why).
 
     Returns:
         A :class:`RopeProcessors` handle; ``handle.remove()`` (or
@@ -267,6 +299,8 @@ def set_rope_processors(
     previous = getattr(transformer, _ATTR, None)
     if previous is not None:  # re-install from the stock processors, not on top of ours
         previous.remove()
+    if noise_timestep is not None and (not rope.time_dependent or not noise_timestep > 0):
+        raise ValueError(f"noise_timestep (> 0) goes with a time-dependent scaling, got {noise_timestep!r}")
     unscaled = sizing is None and not any(s is not None for s in rope.scaling)
     state = RopeState(rope, use_tables=family.tables_when_unscaled and unscaled, sizing=sizing)
 
@@ -284,7 +318,9 @@ def set_rope_processors(
         name: family.processor(state, originals[name]) if name in names else proc for name, proc in originals.items()
     }
     transformer.set_attn_processor(new)
-    hooks = [family.hook(transformer, state), _guard(transformer, names[0], family.processor)]
+    # the time hook first (hooks run in the order registered): the time is set before positions are recorded
+    hooks = [_time_hook(transformer, state, noise_timestep or family.noise_timestep)] if rope.time_dependent else []
+    hooks += [family.hook(transformer, state), _guard(transformer, names[0], family.processor)]
     handle = RopeProcessors(transformer, state, originals, names, hooks)
     setattr(transformer, _ATTR, handle)
     return handle

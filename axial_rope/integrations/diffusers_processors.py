@@ -7,7 +7,8 @@ rotation run as one call to :meth:`~axial_rope.AxialRoPE.norm_and_rotate`.
 
 Positions reach the processors through a :class:`RopeState` that a forward hook on
 the transformer (or on its rotary module) fills in for every forward: ``pos`` is
-``[S_rope, 3]``, one row per rotated token, in the order the tokens are rotated.
+``[S_rope, 3]``, one row per rotated token, in the order the tokens are rotated; a
+time-dependent rope is recorded bound to the forward's sampling time (:attr:`RopeState.time`).
 Importing this module imports diffusers; install the processors with
 :func:`axial_rope.integrations.diffusers.set_rope_processors`.
 """
@@ -48,10 +49,14 @@ class RopeState:
             instead of positions; only exact when ``rope`` is unscaled.
         sizing: ``(train_sizes, mode)``: positions and scaling of each forward's token grid
             come from :func:`axial_rope.positions_for_size` (grid axes only).
+
+    Attributes:
+        time: the sampling time (0-d tensor, noise level in ``[0, 1]``) of the forward being run.
     """
 
     def __init__(self, rope: AxialRoPE, *, use_tables: bool = False, sizing: tuple | None = None):
         self.rope, self.use_tables, self.sizing = rope, use_tables, sizing
+        self.time: torch.Tensor | None = None
         # the tables' first tensor -> (positions [S_rope, n_axes], rope); entries go when the tables are freed
         self._positions = WeakIdKeyDictionary()
 
@@ -63,8 +68,14 @@ class RopeState:
         """
         if self.rope.freqs.device != pos.device:
             self.rope.to(pos.device)
-        if tables is not None:
-            self._positions[_key(tables)] = (pos, self.rope if rope is None else rope)
+        if tables is None:
+            return
+        rope = self.rope if rope is None else rope
+        if rope.time_dependent:  # bound to this forward's time: F(t) once for all its layers (and recomputes)
+            if self.time is None:
+                raise RuntimeError("a time-dependent scaling reads each forward's `timestep`; this forward got none")
+            rope = rope.at_time(self.time)
+        self._positions[_key(tables)] = (pos, rope)
 
     def record_grid(self, tables, sizes: tuple[int, ...], device) -> None:
         """Record a token grid ``sizes`` (t, y, x), sized by :attr:`sizing` when set."""
