@@ -1,25 +1,77 @@
 #!/usr/bin/env bash
-# One short GPU run (H100/H200: about 3-5 minutes, under 8): the CUDA tests of the Triton
-# backend, then the full benchmark, whose JSON, table and chart land in docs/.
-#   bash scripts/gpu_check.sh            # from anywhere; PYTHON=... to pick the interpreter
-set -euo pipefail
+# One short GPU run (H100/H200) that records everything into one folder, in about 5-6 minutes:
+#
+#   bash scripts/gpu_check.sh OUT_DIR        # or OUT=OUT_DIR bash scripts/gpu_check.sh
+#   bash scripts/gpu_check.sh --dry-run DIR  # the same steps on CPU stand-ins (checks this script)
+#
+# Run from anywhere; it works in the repository root with `python3` (PYTHON=... to pick another)
+# and installs nothing. Steps, each under its own time limit (the whole run stays under 6 min):
+#   1. environment: GPU, driver, torch/triton versions, nvidia-smi            -> log.txt
+#   2. the CUDA tests of the Triton backend, stopping at the first failure     -> tests.txt
+#   3. copy ceiling and kernel-only tile sweep (programs, heads per program,
+#      warps; registers and spills of every compiled tile)                    -> sweep.json, sweep.md
+#   4. the full benchmark tables (every shape, mode and provider)             -> bench/<gpu>.json,
+#                                                                                img/bench_<gpu>.png, benchmarks.md
+# Peers (Liger, flash-attn) come from the package archives in .peers/ (git-ignored; fetched with
+# pip on a machine with internet, see scripts/peers.py) and are unpacked into .peers/site here.
+# With the device tool: run `bash scripts/gpu_check.sh "$OUT"` with carry [".peers"].
+# Afterwards, on the development machine, put the figures into the docs:
+#   cp OUT/bench/<gpu>.json docs/bench/ && python -m scripts.bench --report --out docs
+# and compare OUT/sweep.md with the roofline table of docs/kernels.md (python -m scripts.roofline).
+set -uo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-}"
-if [ -z "$PY" ]; then
-  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python; fi
+
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
+OUT="${1:-${OUT:-gpu-check-$(date +%Y%m%d-%H%M%S)}}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+exec > >(tee "$OUT/log.txt") 2>&1
+start=$SECONDS
+status=0
+step() { echo; echo "== [$((SECONDS - start)) s] $*"; }
+run() {  # run LIMIT_SECONDS CMD...: a step's command under its time limit; a failure is recorded, the run goes on
+  local limit=$1; shift
+  timeout --kill-after=10 "$limit" "$@"
+  local rc=$?
+  if [ $rc -ne 0 ]; then echo "!! exit $rc (124: over its ${limit} s limit): $*"; status=1; fi
+}
+
+step "environment"
+"$PY" - <<'EOF'
+import platform, torch, triton
+print(f"python {platform.python_version()} | torch {torch.__version__} | triton {triton.__version__}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"{p.name} | {p.multi_processor_count} SMs | {p.total_memory / 2**30:.0f} GiB | capability {p.major}.{p.minor}")
+else:
+    print("no CUDA device")
+EOF
+if [ $DRY -eq 0 ]; then nvidia-smi || true; fi
+"$PY" -c "from scripts import peers; print('peers:', peers.unpack(), peers.versions())" || status=1
+
+if [ $DRY -eq 1 ]; then  # CPU stand-ins: the gpu tests skip, the sweep only compiles, the bench is small
+  TESTS=(-m gpu tests/test_triton_gpu.py)
+  SWEEP=(--dry-run --shapes dit --kernels rope --limit 2 --workers 1)
+  BENCH=(--small --shapes dit --modes forward --repeat 1 --tag dry-run)
+else
+  TESTS=(-m gpu -n 6 tests/test_triton_gpu.py)  # pytest-xdist: the kernel compiles run in parallel
+  SWEEP=(--repeat 20)
+  TAG=$("$PY" -c "import torch; print(torch.cuda.get_device_name().split()[-1].lower())")
+  BENCH=(--repeat 20 --tag "$TAG")
 fi
 
-"$PY" - <<'PYEOF'
-import torch, triton
-assert torch.cuda.is_available(), "no CUDA device: nothing to check here"
-print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
-PYEOF
+step "CUDA tests (tests/test_triton_gpu.py, stop at the first failure) -> $OUT/tests.txt"
+run 110 "$PY" -m pytest -x -q -rfEs -p no:cacheprovider "${TESTS[@]}" > "$OUT/tests.txt" 2>&1
+tail -n 15 "$OUT/tests.txt"
 
-status=0
-echo "== GPU tests (tests/test_triton.py -m gpu)"
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_triton.py -rfE || status=$?
+step "copy ceiling and kernel sweep -> $OUT/sweep.md"
+run 90 "$PY" -m scripts.kernel_sweep --out "$OUT" "${SWEEP[@]}"
 
-echo "== benchmark (all shapes, modes and providers) -> docs/benchmarks.md"
-timeout 300 "$PY" -m scripts.bench --out docs --repeat 30 || status=$?
+step "benchmark tables -> $OUT/benchmarks.md"
+run 140 "$PY" -m scripts.bench --out "$OUT" "${BENCH[@]}"
 
-exit "$status"
+step "done (exit $status); files:"
+find "$OUT" -type f | sort
+exit $status

@@ -13,14 +13,19 @@ Two paths compute the same thing:
   writes a fresh float32 tensor of x's size, and on CPU a fresh large tensor also costs
   a page fault per 4 KiB. The eager path does the least memory traffic plain ops allow:
   interleaved planes are complex numbers, rotated by one complex multiplication
-  (``view_as_complex``, no copy); half planes take ``x * cos + swap(x) * signed sin``
-  with ``out=``/in-place ops. bf16/fp16 inputs are converted to float32 chunk by chunk
-  (512K elements on CPU) into a buffer that stays in cache, rotated there and converted
-  back. Its backward is the same function rotating by minus the angle; it saves only
-  the tables.
+  (``view_as_complex``, no copy); half planes take ``(x1 c - x2 s, x2 c + x1 s)`` in four
+  half-width ``out=``/in-place passes. Inputs are handled chunk by chunk (512K elements
+  on CPU): each chunk is read once into a float32 work buffer that stays in cache
+  (converted on the way in), rotated there and written once (rounded on the way out),
+  so no temporary is larger than a chunk and in place needs no second buffer. The work
+  buffers and the last tables are kept per thread (no page faults, no float64
+  trigonometry per call when the same positions come back, e.g. layer after layer). Its
+  backward is the same function rotating by minus the angle; it saves only the tables.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -83,13 +88,10 @@ def _as_complex(t: torch.Tensor) -> torch.Tensor | None:
 def _kernel_tables(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, pairing: str) -> tuple:
     """Plane tables ``[.., n]`` -> the eager kernel's tables in ``dtype`` (float32 or float64).
 
-    Interleaved: ``(cos + i sin,)`` complex ``[.., n]``. Half: ``(cos_full, sin_full)``
-    ``[.., 2n]``, the sin table signed (``-sin`` on each plane's first channel).
+    Interleaved: ``(cos + i sin,)`` complex ``[.., n]``. Half: ``(cos, sin)`` ``[.., n]``.
     """
     cos, sin = cos.to(dtype), sin.to(dtype)
-    if pairing == "interleaved":
-        return (torch.complex(cos, sin),)
-    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+    return (torch.complex(cos, sin),) if pairing == "interleaved" else (cos, sin)
 
 
 def _inverse(tables: tuple, pairing: str) -> tuple:
@@ -99,53 +101,81 @@ def _inverse(tables: tuple, pairing: str) -> tuple:
     return tables[0], -tables[1]
 
 
+# Per-thread state of the eager path on CPU, reused across calls: chunk work buffers (a fresh
+# multi-MiB tensor costs a page fault per 4 KiB on every call) and the last kernel tables.
+_LOCAL = threading.local()
+
+
+def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A ``[2, numel]`` work buffer of this thread (CPU: kept and reused; elsewhere: fresh)."""
+    if device.type != "cpu":
+        return torch.empty(2, numel, dtype=dtype, device=device)
+    buffers = _LOCAL.__dict__.setdefault("buffers", {})
+    buf = buffers.get(dtype)
+    if buf is None or buf.shape[1] < numel:
+        buf = buffers[dtype] = torch.empty(2, numel, dtype=dtype)
+    return buf[:, :numel]
+
+
+def _rotate_chunk(src: torch.Tensor, dst: torch.Tensor, tables: tuple, pairing: str, work: torch.Tensor) -> None:
+    """Rotate one chunk ``src`` ``[.., 2n]`` into ``dst`` (may be ``src``); ``work``: ``[2, >= chunk]`` cache-sized.
+
+    src is read once and dst written once. Inputs in another dtype than the compute dtype
+    (bf16, fp16) go through the work buffer (converted on the way in, rounded once on the
+    way out); float32/float64 half pairs are rotated in dst itself. Interleaved: one
+    complex multiplication. Half: ``(x1 c - x2 s, x2 c + x1 s)`` in four half-width passes,
+    the same operations for every dtype.
+    """
+    converted = src.dtype != work.dtype or pairing == "interleaved"  # complex views need the contiguous buffer
+    if converted:
+        w = work[0, : src.numel()].view(src.shape)
+        w.copy_(src)
+    else:
+        w = dst if dst.data_ptr() == src.data_ptr() and dst.stride() == src.stride() else dst.copy_(src)
+    if pairing == "interleaved":
+        _as_complex(w).mul_(tables[0])
+    else:
+        cos, sin = tables
+        n = cos.shape[-1]
+        x1, x2 = w[..., :n], w[..., n:]
+        x1_sin = torch.mul(x1, sin, out=work[1, : x1.numel()].view(x1.shape))
+        x1.mul_(cos).addcmul_(x2, sin, value=-1)
+        torch.addcmul(x1_sin, x2, cos, out=x2)
+    if converted:
+        dst.copy_(w)
+
+
 def _rotate_into(x: torch.Tensor, tables: tuple, pairing: str, out: torch.Tensor | None = None) -> torch.Tensor:
     """Eager kernel: x rotated by :func:`_kernel_tables`' tables (4-D, broadcastable) into ``out``; no autograd.
 
-    Interleaved planes are complex numbers, rotated by one vectorised complex
-    multiplication (per channel the same two products and one sum as the real formula).
-    Half planes: ``x * cos_full + swap(x) * sin_full``, ``swap`` made of two half copies.
-    Channels past the rotated ones are copied. Inputs in another dtype than the
-    compute dtype (bf16, fp16) are converted chunk by chunk into a cache-sized buffer,
-    rotated there and converted back. ``out`` may be ``x`` itself (in place): every
-    chunk is read before it is written.
+    Interleaved float32/float64 inputs with even strides: one complex multiplication from
+    x into out. Otherwise chunk by chunk (CHUNK elements on CPU, cache-resident) through
+    :func:`_rotate_chunk`. Channels past the rotated ones are copied. ``out`` may be ``x``
+    itself (in place): every chunk is read before it is written, and no temporary is
+    larger than a chunk.
     """
     table = tables[0]
     dtype = table.real.dtype if table.is_complex() else table.dtype
-    n = table.shape[-1] if pairing == "interleaved" else table.shape[-1] // 2
-    direct = x.dtype == dtype  # float32/float64 input: read x, write out, no conversion
+    n = table.shape[-1]
     out = torch.empty_like(x) if out is None else out
     if x.numel() == 0:
         return out
+    if x.dtype == dtype and pairing == "interleaved":
+        xz, oz = _as_complex(x[..., : 2 * n]), _as_complex(out[..., : 2 * n])
+        if xz is not None and oz is not None:
+            torch.mul(xz, table, out=oz)
+            if 2 * n < x.shape[-1] and out is not x:
+                out[..., 2 * n :].copy_(x[..., 2 * n :])
+            return out
     limit = CHUNK if x.device.type == "cpu" else x.numel()  # accelerators: one chunk (launches are the cost)
-    size = min(limit + x.shape[-1], x.numel())
-    buffers = torch.empty(2, size, dtype=dtype, device=x.device)
+    work = _scratch(min(limit + x.shape[-1], x.numel()), dtype, x.device)
     for ranges in _chunks(x.shape, limit):
         if limit >= x.numel():  # one chunk: no slicing (small tensors pay per op)
             xc, oc, tc = x, out, tables
         else:
             xc, oc = x[_index(ranges)], out[_index(ranges)]  # [n0, n1, n2, D] views
             tc = tuple(_cut(t, ranges) for t in tables)
-        xr, orot = xc[..., : 2 * n], oc[..., : 2 * n]
-        work = buffers[0, : xr.numel()].view(xr.shape)
-        if pairing == "interleaved":
-            xz = _as_complex(xr) if direct else None
-            oz = _as_complex(orot) if direct else None
-            if xz is None or oz is None:  # converted (or odd strides): rotate in the buffer, then write out
-                _as_complex(work.copy_(xr)).mul_(tc[0])
-                orot.copy_(work)
-            else:
-                torch.mul(xz, tc[0], out=oz)
-        else:
-            xf = xr if direct else work.copy_(xr)
-            swapped = buffers[1, : xr.numel()].view(xr.shape)
-            swapped[..., :n].copy_(xf[..., n:])
-            swapped[..., n:].copy_(xf[..., :n])
-            rotated = orot if direct else xf  # converted: rotate the buffer in place, then write out
-            torch.mul(xf, tc[0], out=rotated)
-            rotated.addcmul_(swapped, tc[1])
-            if not direct:
-                orot.copy_(rotated)
+        _rotate_chunk(xc[..., : 2 * n], oc[..., : 2 * n], tc, pairing, work)
         if 2 * n < x.shape[-1] and out is not x:
             oc[..., 2 * n :].copy_(xc[..., 2 * n :])
     return out
@@ -196,6 +226,39 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str,
     return _RotateByTable.apply(x, pairing, *prepared[dtype])
 
 
+def _tables(pos, freqs, scale, dtype: torch.dtype, pairing: str, layout: str) -> tuple:
+    """Plane tables for ``layout`` and a dict for the eager kernel's tables made from them (per compute dtype).
+
+    On CPU, outside torch.compile and without gradients for pos, F or scale, the last result
+    of this thread is reused when pos, F and scale view the same memory, unchanged (same
+    version counter): a model calling the rotation once per layer with one set of positions
+    builds its tables (float64 trigonometry) once. The entry keeps the tensors alive, so
+    their memory cannot be reused by other tensors while it is cached.
+    """
+    inputs = (pos, freqs, scale)
+    cacheable = pos.device.type == "cpu" and not torch.compiler.is_compiling()
+    cacheable = cacheable and not any(  # inference tensors have no version counter
+        t is not None and (t.is_inference() or (torch.is_grad_enabled() and t.requires_grad)) for t in inputs
+    )
+    if cacheable:
+        key = (dtype, pairing, layout, *(_identity(t) for t in inputs))
+        last = getattr(_LOCAL, "tables", None)
+        if last is not None and last[0] == key:
+            return last[2]
+    cos, sin = plane_cos_sin(pos, freqs, scale, dtype)
+    result = (table_for_layout(cos, layout), table_for_layout(sin, layout), {})  # {} filled by _rotate, shared by q, k
+    if cacheable:
+        _LOCAL.tables = (key, inputs, result)
+    return result
+
+
+def _identity(t: torch.Tensor | None) -> tuple | None:
+    """What a tensor reads: its memory, view geometry, dtype and version (equal -> equal contents)."""
+    if t is None:
+        return None
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t._version)
+
+
 class TorchBackend:
     name = "torch"
 
@@ -207,9 +270,7 @@ class TorchBackend:
 
     def rotate_qk(self, q, k, pos, freqs, scale, pairing, layout, *, inplace):
         """Plane tables built once from ``pos @ freqs`` (float64 angles, q's compute dtype), applied to q and k."""
-        cos, sin = plane_cos_sin(pos, freqs, scale, compute_dtype(q))
-        cos, sin = table_for_layout(cos, layout), table_for_layout(sin, layout)
-        prepared = {}  # the eager kernel's tables per compute dtype, shared by q and k
+        cos, sin, prepared = _tables(pos, freqs, scale, compute_dtype(q), pairing, layout)
         q_out = _rotate(q, cos, sin, pairing, prepared, inplace)
         return q_out, (None if k is None else _rotate(k, cos, sin, pairing, prepared, inplace))
 

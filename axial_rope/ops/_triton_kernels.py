@@ -1,17 +1,31 @@
-"""The ``@triton.jit`` kernels of the Triton backend (launchers live in ``triton.py``).
+"""The rotation kernels of the Triton backend and the tile helpers every kernel shares.
 
-Every kernel sees q and k in the canonical ``[B, S, H, D]`` index order through
-their strides (a ``bhsd`` tensor is passed as its transposed view), so one code path
-serves both layouts and any strided view. The grid is ``(cdiv(S, BLOCK_S), B)``: a
-program owns ``BLOCK_S`` tokens of one sample and loops over all heads of q, then of
-k, so the cos/sin of a token's planes are computed (or loaded) once and reused by
-every head.
+Launchers live in ``_triton.py``; the fused QK-norm and gradient kernels in
+``_triton_norm_kernels.py``.
 
-A head row is handled channel-wise with contiguous loads: channel ``d`` of a plane
-``(d, partner(d))`` becomes ``x[d] * cos + x[partner(d)] * sin * sign`` with
-``sign = -1`` on the plane's first channel, ``+1`` on its second. Channels past
-``rot_dim`` get ``cos = 1, sin = 0`` and so pass through in the same store. The
-backward pass is the same code with the sign flipped (rotation by minus the angle).
+**Tiles.** A program owns one *tile*: ``HEADS`` heads of one tensor (q or k) for
+``BLOCK_S`` tokens of one sample, ``[HEADS, BLOCK_S, D]``. The grid is
+``(cdiv(S, BLOCK_S), q_groups + k_groups, B)``: axis 1 walks q's head groups, then k's
+(grouped-query attention: k has its own head count). The cos/sin of the program's
+(token, plane) pairs are computed once and reused by its ``HEADS`` heads. The whole tile
+is loaded by one ``tl.load``, so every thread has all its 16-byte loads in flight at
+once before any arithmetic (``HEADS`` x token repeats of them).
+
+**Addresses.** Tensors are indexed as ``[B, S, H, D]`` through strides (a ``bhsd``
+tensor is passed as its transposed view). The batch, token and head strides are passed
+in units of ``VEC`` elements and multiplied back by the constant ``VEC`` in the kernel,
+so the compiler knows every row starts on a ``VEC``-element boundary: a head dim of 72
+(a stride of 72 is not divisible by 16, so Triton would not specialise it) still gets
+16-byte loads. The launcher picks ``VEC`` from the real strides and pointers (1 when
+they are not aligned, or the channel stride is not 1).
+
+**Planes.** A head row is handled as its planes ``(re, im)``, each ``[.., BLOCK_N]``:
+interleaved pairs (channels ``2j, 2j + 1``) are one contiguous load split in registers
+(``reshape`` + ``split``, each thread holds whole pairs); half pairs (channels ``j,
+j + N``) are two tiles, one per half. Channels past ``2N`` (partial rotary) pass
+through: interleaved, as planes ``j >= N`` of the same load; half, as a third tile
+(``BLOCK_R``), copied only when writing out of place. Every thread stores exactly the
+elements it loaded, so writing in place needs no barrier.
 """
 
 from __future__ import annotations
@@ -23,392 +37,202 @@ from triton.language.extra.cuda import libdevice
 TWO_PI = tl.constexpr(6.283185307179586)  # float64 2*pi: reduction error |angle| * 2.4e-16, below 1e-9 at angle 1e6
 
 
-@triton.jit
-def _channels(offs_d, N, INTERLEAVED: tl.constexpr):
-    """Channel ``d`` -> (its plane, the plane's other channel, rotated?, -1/+1 sign of the sin term)."""
-    if INTERLEAVED:  # plane j = channels (2j, 2j + 1)
-        first = (offs_d % 2) == 0
-        plane = offs_d // 2
-        partner = offs_d ^ 1
-    else:  # plane j = channels (j, j + N)
-        first = offs_d < N
-        plane = tl.where(first, offs_d, offs_d - N)
-        partner = tl.where(first, offs_d + N, offs_d - N)
-    rot = offs_d < 2 * N
-    plane = tl.where(rot, plane, 0)
-    partner = tl.where(rot, partner, offs_d)  # pass-through channels read themselves
-    sign = tl.where(first, -1.0, 1.0)
-    return plane, partner, rot, sign
+# -- tile geometry and memory ------------------------------------------------------------------
 
 
 @triton.jit
-def _cos_sin(
-    pos_ptr, freqs_ptr, scale_ptr, cos_ptr, sin_ptr, b, h, offs_s, mask_s, plane, rot, sign,
-    s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, s_tb, s_ts, s_th, s_tn,
-    N_AXES: tl.constexpr, TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, CONJ: tl.constexpr, F64: tl.constexpr,
-    FAST_TRIG: tl.constexpr,
-):  # fmt: skip
-    """cos and signed sin ``[BLOCK_S, BLOCK_D]`` for tokens ``offs_s`` of sample ``b`` (head ``h``)."""
-    mask = mask_s[:, None] & rot[None, :]
-    if TABLE:  # half tables [B|1, S, H|1, N] addressed through strides (0 on broadcast axes)
-        t = b * s_tb + offs_s[:, None] * s_ts + h * s_th + plane[None, :] * s_tn
-        c = tl.load(cos_ptr + t, mask=mask, other=1.0)
-        s = tl.load(sin_ptr + t, mask=mask, other=0.0)
-        if F64:
-            c, s = c.to(tl.float64), s.to(tl.float64)
-        else:
-            c, s = c.to(tl.float32), s.to(tl.float32)
-    else:  # angle = sum_a pos[a] * F[a, plane] in float64, reduced to [-pi, pi] before any rounding
-        angle = tl.zeros(mask.shape, dtype=tl.float64)
-        for a in tl.static_range(N_AXES):
-            p = tl.load(pos_ptr + b * s_pb + offs_s * s_ps + a * s_pa, mask=mask_s, other=0.0).to(tl.float64)
-            f = tl.load(freqs_ptr + h * s_fh + a * s_fa + plane * s_fn, mask=rot, other=0.0).to(tl.float64)
-            angle += p[:, None] * f[None, :]
-        angle = angle - TWO_PI * tl.floor(angle * (1.0 / TWO_PI) + 0.5)
-        if not F64:
-            angle = angle.to(tl.float32)  # |angle| <= pi: float32 keeps it to 2e-7
-        if FAST_TRIG:  # |angle| <= pi: the hardware approximations are within 1e-6 and need few registers
-            c, s = libdevice.fast_cosf(angle), libdevice.fast_sinf(angle)
-        else:  # float64, or the interpreter (which has no libdevice)
-            c, s = tl.cos(angle), tl.sin(angle)
-        if HAS_SCALE:  # attention factor per plane (float64 buffer)
-            f = tl.load(scale_ptr + plane, mask=rot, other=1.0).to(c.dtype)
-            c, s = c * f[None, :], s * f[None, :]
+def _tokens(S, BLOCK_S: tl.constexpr):
+    """(sample, tokens [BLOCK_S] int64, token mask) of this program."""
+    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    return tl.program_id(2).to(tl.int64), tokens.to(tl.int64), tokens < S
+
+
+@triton.jit
+def _group(HQ, HEADS: tl.constexpr):
+    """(is k, first head) of this program's head group: axis 1 walks q's groups, then k's."""
+    q_groups = tl.cdiv(HQ, HEADS)
+    group = tl.program_id(1)
+    is_k = group >= q_groups
+    return is_k, (group - q_groups * is_k.to(tl.int32)) * HEADS
+
+
+@triton.jit
+def _rows(strides, b, heads, tokens, VEC: tl.constexpr):
+    """Element offsets of the head rows ``[HEADS, BLOCK_S, 1]``; ``strides`` (b, s, h, d): b, s, h in VEC units."""
+    rows = b * strides[0] + tokens[None, :] * strides[1] + heads[:, None] * strides[2]
+    return (rows * VEC)[:, :, None]
+
+
+@triton.jit
+def _load_planes(ptr, rows, sd, mask, N: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 INTERLEAVED: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
+    """(re, im) ``[HEADS, BLOCK_S, BLOCK_N]`` of a head tile in ``dtype``; ``mask`` ``[HEADS, BLOCK_S, 1]``."""
+    if INTERLEAVED:  # one contiguous row, pairs split in registers; planes >= N are pass-through channels
+        ch = tl.arange(0, 2 * BLOCK_N)
+        x = tl.load(ptr + rows + ch * sd, mask=mask & (ch < D), other=0.0).to(dtype)
+        re, im = tl.split(tl.reshape(x, [x.shape[0], x.shape[1], BLOCK_N, 2]))
+    else:  # the two halves as two tiles
+        j = tl.arange(0, BLOCK_N)
+        re = tl.load(ptr + rows + j * sd, mask=mask & (j < N), other=0.0).to(dtype)
+        im = tl.load(ptr + rows + (j + N) * sd, mask=mask & (j < N), other=0.0).to(dtype)
+    return re, im
+
+
+@triton.jit
+def _store_planes(ptr, rows, sd, mask, re, im, N: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  INTERLEAVED: tl.constexpr):  # fmt: skip
+    """Inverse of :func:`_load_planes`: rounds to the pointer's dtype once."""
+    dtype = ptr.dtype.element_ty
+    if INTERLEAVED:
+        ch = tl.arange(0, 2 * BLOCK_N)
+        x = tl.reshape(tl.join(re, im), [re.shape[0], re.shape[1], 2 * BLOCK_N])
+        tl.store(ptr + rows + ch * sd, x.to(dtype), mask=mask & (ch < D))
+    else:
+        j = tl.arange(0, BLOCK_N)
+        tl.store(ptr + rows + j * sd, re.to(dtype), mask=mask & (j < N))
+        tl.store(ptr + rows + (j + N) * sd, im.to(dtype), mask=mask & (j < N))
+
+
+@triton.jit
+def _rest(N: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Channel indices past the rotated ones (half pairing, partial rotary) ``[BLOCK_R]`` and their mask."""
+    r = tl.arange(0, BLOCK_R)
+    return 2 * N + r, r < D - 2 * N
+
+
+# -- cos and sin ------------------------------------------------------------------------------
+
+
+@triton.jit
+def _trig(angle, N: tl.constexpr, planes, scale_ptr, CONJ: tl.constexpr, F64: tl.constexpr,
+          FAST_TRIG: tl.constexpr):  # fmt: skip
+    """cos and sin of float64 angles (any shape ``[.., BLOCK_N]``), times the attention factor; -sin if CONJ."""
+    angle = angle - TWO_PI * tl.floor(angle * (1.0 / TWO_PI) + 0.5)  # to [-pi, pi] before any rounding
+    if not F64:
+        angle = angle.to(tl.float32)  # |angle| <= pi: float32 keeps it to 2e-7
+    if FAST_TRIG:  # |angle| <= pi: the hardware approximations are within 1e-6 and need few registers
+        c, s = libdevice.fast_cosf(angle), libdevice.fast_sinf(angle)
+    else:  # float64, or the interpreter (which has no libdevice)
+        c, s = tl.cos(angle), tl.sin(angle)
+    if scale_ptr is not None:  # attention factor per plane [N]
+        f = tl.load(scale_ptr + planes, mask=planes < N, other=1.0).to(c.dtype)
+        c, s = c * f, s * f
     if CONJ:
-        sign = -sign
-    c = tl.where(mask, c, 1.0)
-    s = tl.where(mask, s * sign[None, :], 0.0)
+        s = -s
     return c, s
 
 
 @triton.jit
-def _swap_pairs(x):
-    """``[BLOCK_S, BLOCK_D]`` -> the same with channels (2j, 2j+1) exchanged, in registers."""
-    a, b = tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
-    return tl.reshape(tl.join(b, a), [x.shape[0], x.shape[1]])
+def _angle_cos_sin(pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, b, tokens, token_mask, heads,
+                   N: tl.constexpr, N_AXES: tl.constexpr, BLOCK_N: tl.constexpr, PER_HEAD: tl.constexpr,
+                   CONJ: tl.constexpr, F64: tl.constexpr, FAST_TRIG: tl.constexpr):  # fmt: skip
+    """cos, sin ``[HEADS|1, BLOCK_S, BLOCK_N]`` of ``angle = sum_a pos[b, s, a] * F[(h,) a, j]`` in float64.
+
+    pos and F arrive in any dtype and are converted here (exactly, from float32 or ints).
+    ``pos_strides`` (b, s, a); ``freqs_strides`` (h, a, j), h's 0 for a shared F. Without
+    ``PER_HEAD`` the angles are shared by all heads (leading axis 1, broadcast).
+    """
+    planes = tl.arange(0, BLOCK_N)
+    f_rows = heads[:, None] * freqs_strides[0] if PER_HEAD else tl.zeros([1, 1], tl.int64)  # [HEADS|1, 1]
+    angle = tl.zeros([f_rows.shape[0], tokens.shape[0], BLOCK_N], dtype=tl.float64)
+    for a in tl.static_range(N_AXES):
+        p = tl.load(pos_ptr + b * pos_strides[0] + tokens * pos_strides[1] + a * pos_strides[2], mask=token_mask,
+                    other=0.0)  # fmt: skip
+        f = tl.load(freqs_ptr + f_rows + a * freqs_strides[1] + planes[None, :] * freqs_strides[2],
+                    mask=planes[None, :] < N, other=0.0)  # fmt: skip
+        angle += p.to(tl.float64)[None, :, None] * f.to(tl.float64)[:, None, :]
+    return _trig(angle, N, planes, scale_ptr, CONJ, F64, FAST_TRIG)
 
 
 @triton.jit
-def _partner(ptr, row, partner, mask, s_d, x, INTERLEAVED: tl.constexpr):
-    """The value of every channel's plane partner: a register swap (interleaved) or a second, cached load."""
-    if INTERLEAVED:
-        return _swap_pairs(x)
-    return tl.load(ptr + row[:, None] + partner[None, :] * s_d, mask=mask, other=0.0).to(x.dtype)
+def _table_cos_sin(cos_ptr, sin_ptr, table_strides, b, tokens, token_mask, heads, N: tl.constexpr,
+                   BLOCK_N: tl.constexpr, PER_HEAD: tl.constexpr, CONJ: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
+    """cos, sin ``[HEADS|1, BLOCK_S, BLOCK_N]`` read from plane tables ``[B|1, S, H|1, N]`` (strides b, s, h, j)."""
+    planes = tl.arange(0, BLOCK_N)
+    h_rows = heads[:, None, None] * table_strides[2] if PER_HEAD else tl.zeros([1, 1, 1], tl.int64)
+    offs = h_rows + b * table_strides[0] + tokens[None, :, None] * table_strides[1] + planes * table_strides[3]
+    mask = token_mask[None, :, None] & (planes < N)
+    c = tl.load(cos_ptr + offs, mask=mask, other=1.0).to(dtype)
+    s = tl.load(sin_ptr + offs, mask=mask, other=0.0).to(dtype)
+    if CONJ:
+        s = -s
+    return c, s
+
+
+# -- rotation ---------------------------------------------------------------------------------
 
 
 @triton.jit
-def _rotate_head(x_ptr, o_ptr, row_x, row_o, offs_d, partner, rot, mask, s_xd, s_od, c, s,
-                 INTERLEAVED: tl.constexpr, INPLACE: tl.constexpr):  # fmt: skip
-    """out[rows, d] = x[d] * cos + x[partner(d)] * signed sin, rounded once; channels past rot_dim copied."""
-    x = tl.load(x_ptr + row_x[:, None] + offs_d[None, :] * s_xd, mask=mask, other=0.0).to(c.dtype)
-    xp = _partner(x_ptr, row_x, partner, mask, s_xd, x, INTERLEAVED)
-    if INPLACE:  # out is x: every thread has loaded its channels and their partners before any store
-        tl.debug_barrier()
-    y = tl.where(rot[None, :], x * c + xp * s, x)  # where, not * 1 + * 0: an inf passes through as inf
-    tl.store(o_ptr + row_o[:, None] + offs_d[None, :] * s_od, y.to(o_ptr.dtype.element_ty), mask=mask)
+def _rotate(re, im, c, s, N: tl.constexpr):
+    """Planes turned by the angle: (re cos - im sin, im cos + re sin); planes >= N kept (``where``: inf stays inf)."""
+    rot = tl.arange(0, re.shape[2]) < N
+    return tl.where(rot, re * c - im * s, re), tl.where(rot, im * c + re * s, im)
+
+
+@triton.jit
+def _rotate_heads(x_ptr, o_ptr, x_strides, o_strides, n_heads, b, h0, tokens, token_mask, c, s,
+                  N: tl.constexpr, D: tl.constexpr, VEC: tl.constexpr, HEADS: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_R: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_REST: tl.constexpr):  # fmt: skip
+    """Rotate heads ``[h0, h0 + HEADS)`` of one tensor (q or k) for the program's tokens into ``o``.
+
+    ``c``, ``s``: ``[HEADS|1, BLOCK_S, BLOCK_N]`` in the compute dtype. ``COPY_REST``:
+    copy the channels past ``2N`` (half pairing, out of place).
+    """
+    heads = h0 + tl.arange(0, HEADS).to(tl.int64)
+    mask = (heads < n_heads)[:, None, None] & token_mask[None, :, None]  # [HEADS, BLOCK_S, 1]
+    x_rows, o_rows = _rows(x_strides, b, heads, tokens, VEC), _rows(o_strides, b, heads, tokens, VEC)
+    re, im = _load_planes(x_ptr, x_rows, x_strides[3], mask, N, D, BLOCK_N, INTERLEAVED, c.dtype)
+    if COPY_REST:
+        r, r_mask = _rest(N, D, BLOCK_R)
+        rest = tl.load(x_ptr + x_rows + r * x_strides[3], mask=mask & r_mask)
+    re, im = _rotate(re, im, c, s, N)
+    _store_planes(o_ptr, o_rows, o_strides[3], mask, re, im, N, D, BLOCK_N, INTERLEAVED)
+    if COPY_REST:
+        tl.store(o_ptr + o_rows + r * o_strides[3], rest, mask=mask & r_mask)
 
 
 @triton.jit
 def rope_kernel(
-    q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, freqs_ptr, scale_ptr, cos_ptr, sin_ptr,
-    S, HQ, HK, N: tl.constexpr, D: tl.constexpr,
-    s_qb, s_qs, s_qh, s_qd, s_kb, s_ks, s_kh, s_kd,
-    s_ob, s_os, s_oh, s_od, s_pb_, s_ps_, s_ph_, s_pd_,
-    s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, s_tb, s_ts, s_th, s_tn,
-    N_AXES: tl.constexpr, TABLE: tl.constexpr, PER_HEAD: tl.constexpr, HAS_K: tl.constexpr,
-    HAS_SCALE: tl.constexpr, INTERLEAVED: tl.constexpr, CONJ: tl.constexpr, INPLACE: tl.constexpr, F64: tl.constexpr,
-    FAST_TRIG: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, freqs_ptr, scale_ptr,
+    q_strides, k_strides, qo_strides, ko_strides, pos_strides, freqs_strides, S, HQ, HK,
+    N: tl.constexpr, D: tl.constexpr, N_AXES: tl.constexpr, PER_HEAD: tl.constexpr, INTERLEAVED: tl.constexpr,
+    CONJ: tl.constexpr, COPY_REST: tl.constexpr, F64: tl.constexpr, FAST_TRIG: tl.constexpr, VEC: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
-    """Rotate q ``[B, S, HQ, D]`` and k ``[B, S, HK, D]`` (strided) into qo/ko; ``CONJ`` rotates backwards.
+    """Rotate q ``[B, S, HQ, D]`` and k ``[B, S, HK, D]`` by ``pos @ F`` into qo, ko (``CONJ``: backwards).
 
-    ``s_o*`` are qo's strides, ``s_p*_`` ko's. ``PER_HEAD``: angles (per-head F) or
-    tables differ per head and are recomputed in the head loop.
+    ``k_ptr`` None: q alone. ``scale_ptr`` None: no attention factor. Outputs may be the
+    inputs (in place).
     """
-    b = tl.program_id(1).to(tl.int64)
-    offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < S
-    mask = mask_s[:, None] & (offs_d < D)[None, :]
-    plane, partner, rot, sign = _channels(offs_d, N, INTERLEAVED)
-    offs_s = offs_s.to(tl.int64)
-    c0, s0 = _cos_sin(
-        pos_ptr, freqs_ptr, scale_ptr, cos_ptr, sin_ptr, b, 0, offs_s, mask_s, plane, rot, sign,
-        s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, s_tb, s_ts, s_th, s_tn, N_AXES, TABLE, HAS_SCALE, CONJ, F64, FAST_TRIG,
+    b, tokens, token_mask = _tokens(S, BLOCK_S)
+    is_k, h0 = _group(HQ, HEADS)
+    heads = h0 + tl.arange(0, HEADS).to(tl.int64)  # per-head F: head h of q or k uses F[h]
+    c, s = _angle_cos_sin(
+        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, b, tokens, token_mask, heads,
+        N, N_AXES, BLOCK_N, PER_HEAD, CONJ, F64, FAST_TRIG,
     )  # fmt: skip
-    row_x, row_o = b * s_qb + offs_s * s_qs, b * s_ob + offs_s * s_os  # int64 offsets of head 0, moved per head
-    for h in range(HQ):
-        c, s = c0, s0
-        if PER_HEAD:
-            c, s = _cos_sin(
-                pos_ptr, freqs_ptr, scale_ptr, cos_ptr, sin_ptr, b, h, offs_s, mask_s, plane, rot, sign,
-                s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, s_tb, s_ts, s_th, s_tn, N_AXES, TABLE, HAS_SCALE, CONJ, F64, FAST_TRIG,
-            )  # fmt: skip
-        _rotate_head(q_ptr, qo_ptr, row_x, row_o, offs_d, partner, rot, mask, s_qd, s_od, c, s, INTERLEAVED, INPLACE)
-        row_x += s_qh
-        row_o += s_oh
-    if HAS_K:
-        row_x, row_o = b * s_kb + offs_s * s_ks, b * s_pb_ + offs_s * s_ps_
-        for h in range(HK):
-            c, s = c0, s0
-            if PER_HEAD:
-                c, s = _cos_sin(
-                    pos_ptr, freqs_ptr, scale_ptr, cos_ptr, sin_ptr, b, h, offs_s, mask_s, plane, rot, sign,
-                    s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, s_tb, s_ts, s_th, s_tn, N_AXES, TABLE, HAS_SCALE, CONJ, F64, FAST_TRIG,
-                )  # fmt: skip
-            _rotate_head(
-                k_ptr, ko_ptr, row_x, row_o, offs_d, partner, rot, mask, s_kd, s_pd_, c, s, INTERLEAVED, INPLACE
-            )
-            row_x += s_kh
-            row_o += s_ph_
-
-
-@triton.jit
-def _weights(w_ptr, offs_d, partner, D: tl.constexpr, HAS_W: tl.constexpr, dtype: tl.constexpr):
-    """Norm weights at every channel and at its plane partner ``[BLOCK_D]`` (ones without a weight)."""
-    if HAS_W:
-        m = offs_d < D
-        return tl.load(w_ptr + offs_d, mask=m, other=0.0).to(dtype), tl.load(w_ptr + partner, mask=m, other=0.0).to(
-            dtype
-        )
-    ones = tl.full(offs_d.shape, 1.0, dtype)
-    return ones, ones
-
-
-@triton.jit
-def _norm_rotate_head(x_ptr, w, wp, o_ptr, row_x, row_o, offs_d, partner, rot, mask, s_xd, s_od, c, s, eps,
-                      D: tl.constexpr, INTERLEAVED: tl.constexpr):  # fmt: skip
-    """RMSNorm a head row over its D channels (weight ``w``, partner weights ``wp``) and rotate the normalised row."""
-    x = tl.load(x_ptr + row_x[:, None] + offs_d[None, :] * s_xd, mask=mask, other=0.0).to(c.dtype)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)  # [BLOCK_S]
-    y = x * rstd[:, None] * w[None, :]
-    if INTERLEAVED:
-        yp = _swap_pairs(y)
+    if is_k:
+        if k_ptr is not None:  # (without k the grid has q's groups only)
+            _rotate_heads(k_ptr, ko_ptr, k_strides, ko_strides, HK, b, h0, tokens, token_mask, c, s,
+                          N, D, VEC, HEADS, BLOCK_N, BLOCK_R, INTERLEAVED, COPY_REST)  # fmt: skip
     else:
-        yp = _partner(x_ptr, row_x, partner, mask, s_xd, x, False) * rstd[:, None] * wp[None, :]
-    y = tl.where(rot[None, :], y * c + yp * s, y)
-    tl.store(o_ptr + row_o[:, None] + offs_d[None, :] * s_od, y.to(o_ptr.dtype.element_ty), mask=mask)
+        _rotate_heads(q_ptr, qo_ptr, q_strides, qo_strides, HQ, b, h0, tokens, token_mask, c, s,
+                      N, D, VEC, HEADS, BLOCK_N, BLOCK_R, INTERLEAVED, COPY_REST)  # fmt: skip
 
 
 @triton.jit
-def _norm_rotate_head_bwd(x_ptr, g_ptr, w, dx_ptr, row_x, row_g, row_o, offs_d, partner, rot, mask,
-                          s_xd, s_gd, s_od, c, s, eps, D: tl.constexpr, dw, INTERLEAVED: tl.constexpr):  # fmt: skip
-    """Gradient of one head row through rotation (by minus the angle) and RMSNorm; returns dw += sum(gy * x_hat)."""
-    g = tl.load(g_ptr + row_g[:, None] + offs_d[None, :] * s_gd, mask=mask, other=0.0).to(c.dtype)
-    gp = _partner(g_ptr, row_g, partner, mask, s_gd, g, INTERLEAVED)
-    gy = tl.where(rot[None, :], g * c + gp * s, g)  # gradient w.r.t. the normalised (weighted) row
-    x = tl.load(x_ptr + row_x[:, None] + offs_d[None, :] * s_xd, mask=mask, other=0.0).to(c.dtype)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)  # [BLOCK_S]
-    x_hat = x * rstd[:, None]
-    dw += tl.sum(gy * x_hat, axis=0)
-    gy = gy * w[None, :]
-    dx = rstd[:, None] * (gy - x_hat * (tl.sum(gy * x_hat, axis=1) / D)[:, None])
-    tl.store(dx_ptr + row_o[:, None] + offs_d[None, :] * s_od, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    return dw
-
-
-@triton.jit
-def norm_rope_kernel(
-    q_ptr, k_ptr, qw_ptr, kw_ptr, qo_ptr, ko_ptr, pos_ptr, freqs_ptr, scale_ptr, eps,
-    S, HQ, HK, N: tl.constexpr, D: tl.constexpr,
-    s_qb, s_qs, s_qh, s_qd, s_kb, s_ks, s_kh, s_kd,
-    s_ob, s_os, s_oh, s_od, s_pb_, s_ps_, s_ph_, s_pd_,
-    s_pb, s_ps, s_pa, s_fh, s_fa, s_fn,
-    N_AXES: tl.constexpr, PER_HEAD: tl.constexpr, HAS_QW: tl.constexpr, HAS_KW: tl.constexpr,
-    HAS_SCALE: tl.constexpr, INTERLEAVED: tl.constexpr, F64: tl.constexpr, FAST_TRIG: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+def rope_table_kernel(
+    x_ptr, o_ptr, cos_ptr, sin_ptr, x_strides, o_strides, table_strides, S, H,
+    N: tl.constexpr, D: tl.constexpr, PER_HEAD: tl.constexpr, INTERLEAVED: tl.constexpr, CONJ: tl.constexpr,
+    COPY_REST: tl.constexpr, F64: tl.constexpr, VEC: tl.constexpr, HEADS: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
-    """Fused per-head RMSNorm + rotation of q and k; same grid and strides as :func:`rope_kernel`."""
-    b = tl.program_id(1).to(tl.int64)
-    offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < S
-    mask = mask_s[:, None] & (offs_d < D)[None, :]
-    plane, partner, rot, sign = _channels(offs_d, N, INTERLEAVED)
-    offs_s = offs_s.to(tl.int64)
-    c0, s0 = _cos_sin(
-        pos_ptr, freqs_ptr, scale_ptr, pos_ptr, pos_ptr, b, 0, offs_s, mask_s, plane, rot, sign,
-        s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, 0, 0, 0, 0, N_AXES, False, HAS_SCALE, False, F64, FAST_TRIG,
-    )  # fmt: skip
-    qw, qwp = _weights(qw_ptr, offs_d, partner, D, HAS_QW, c0.dtype)
-    kw, kwp = _weights(kw_ptr, offs_d, partner, D, HAS_KW, c0.dtype)
-    row_x, row_o = b * s_qb + offs_s * s_qs, b * s_ob + offs_s * s_os  # int64 offsets of head 0, moved per head
-    for h in range(HQ):
-        c, s = c0, s0
-        if PER_HEAD:
-            c, s = _cos_sin(
-                pos_ptr, freqs_ptr, scale_ptr, pos_ptr, pos_ptr, b, h, offs_s, mask_s, plane, rot, sign,
-                s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, 0, 0, 0, 0, N_AXES, False, HAS_SCALE, False, F64, FAST_TRIG,
-            )  # fmt: skip
-        _norm_rotate_head(
-            q_ptr, qw, qwp, qo_ptr, row_x, row_o, offs_d, partner, rot, mask, s_qd, s_od, c, s, eps, D, INTERLEAVED
-        )
-        row_x += s_qh
-        row_o += s_oh
-    row_x, row_o = b * s_kb + offs_s * s_ks, b * s_pb_ + offs_s * s_ps_
-    for h in range(HK):
-        c, s = c0, s0
-        if PER_HEAD:
-            c, s = _cos_sin(
-                pos_ptr, freqs_ptr, scale_ptr, pos_ptr, pos_ptr, b, h, offs_s, mask_s, plane, rot, sign,
-                s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, 0, 0, 0, 0, N_AXES, False, HAS_SCALE, False, F64, FAST_TRIG,
-            )  # fmt: skip
-        _norm_rotate_head(
-            k_ptr, kw, kwp, ko_ptr, row_x, row_o, offs_d, partner, rot, mask, s_kd, s_pd_, c, s, eps, D, INTERLEAVED
-        )
-        row_x += s_kh
-        row_o += s_ph_
-
-
-@triton.jit
-def norm_rope_bwd_kernel(
-    q_ptr, k_ptr, gq_ptr, gk_ptr, qw_ptr, kw_ptr, dq_ptr, dk_ptr, dqw_ptr, dkw_ptr, pos_ptr, freqs_ptr, scale_ptr, eps,
-    S, HQ, HK, N: tl.constexpr, D: tl.constexpr,
-    s_qb, s_qs, s_qh, s_qd, s_kb, s_ks, s_kh, s_kd,
-    s_gqb, s_gqs, s_gqh, s_gqd, s_gkb, s_gks, s_gkh, s_gkd,
-    s_ob, s_os, s_oh, s_od, s_pb_, s_ps_, s_ph_, s_pd_,
-    s_pb, s_ps, s_pa, s_fh, s_fa, s_fn,
-    N_AXES: tl.constexpr, PER_HEAD: tl.constexpr, HAS_QW: tl.constexpr, HAS_KW: tl.constexpr,
-    HAS_SCALE: tl.constexpr, INTERLEAVED: tl.constexpr, F64: tl.constexpr, FAST_TRIG: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Backward of :func:`norm_rope_kernel`: dq, dk, and per-program partial weight grads ``[programs, D]``."""
-    b = tl.program_id(1).to(tl.int64)
-    pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-    offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < S
-    mask = mask_s[:, None] & (offs_d < D)[None, :]
-    plane, partner, rot, sign = _channels(offs_d, N, INTERLEAVED)
-    offs_s = offs_s.to(tl.int64)
-    c0, s0 = _cos_sin(
-        pos_ptr, freqs_ptr, scale_ptr, pos_ptr, pos_ptr, b, 0, offs_s, mask_s, plane, rot, sign,
-        s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, 0, 0, 0, 0, N_AXES, False, HAS_SCALE, True, F64, FAST_TRIG,
-    )  # fmt: skip
-    qw, _ = _weights(qw_ptr, offs_d, partner, D, HAS_QW, c0.dtype)
-    kw, _ = _weights(kw_ptr, offs_d, partner, D, HAS_KW, c0.dtype)
-    dw = tl.zeros([BLOCK_D], dtype=c0.dtype)
-    row_x, row_g, row_o = b * s_qb + offs_s * s_qs, b * s_gqb + offs_s * s_gqs, b * s_ob + offs_s * s_os
-    for h in range(HQ):
-        c, s = c0, s0
-        if PER_HEAD:
-            c, s = _cos_sin(
-                pos_ptr, freqs_ptr, scale_ptr, pos_ptr, pos_ptr, b, h, offs_s, mask_s, plane, rot, sign,
-                s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, 0, 0, 0, 0, N_AXES, False, HAS_SCALE, True, F64, FAST_TRIG,
-            )  # fmt: skip
-        dw = _norm_rotate_head_bwd(
-            q_ptr, gq_ptr, qw, dq_ptr, row_x, row_g, row_o, offs_d, partner, rot, mask, s_qd, s_gqd, s_od,
-            c, s, eps, D, dw, INTERLEAVED,
-        )  # fmt: skip
-        row_x += s_qh
-        row_g += s_gqh
-        row_o += s_oh
-    if HAS_QW:
-        tl.store(dqw_ptr + pid * D + offs_d, dw, mask=offs_d < D)
-    dw = tl.zeros([BLOCK_D], dtype=c0.dtype)
-    row_x, row_g, row_o = b * s_kb + offs_s * s_ks, b * s_gkb + offs_s * s_gks, b * s_pb_ + offs_s * s_ps_
-    for h in range(HK):
-        c, s = c0, s0
-        if PER_HEAD:
-            c, s = _cos_sin(
-                pos_ptr, freqs_ptr, scale_ptr, pos_ptr, pos_ptr, b, h, offs_s, mask_s, plane, rot, sign,
-                s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, 0, 0, 0, 0, N_AXES, False, HAS_SCALE, True, F64, FAST_TRIG,
-            )  # fmt: skip
-        dw = _norm_rotate_head_bwd(
-            k_ptr, gk_ptr, kw, dk_ptr, row_x, row_g, row_o, offs_d, partner, rot, mask, s_kd, s_gkd, s_pd_,
-            c, s, eps, D, dw, INTERLEAVED,
-        )  # fmt: skip
-        row_x += s_kh
-        row_g += s_gkh
-        row_o += s_ph_
-    if HAS_KW:
-        tl.store(dkw_ptr + pid * D + offs_d, dw, mask=offs_d < D)
-
-
-@triton.jit
-def _angle_grad_head(x_ptr, g_ptr, row_x, row_g, offs_d, partner, rot, sign, mask, s_xd, s_gd, c, s,
-                     INTERLEAVED: tl.constexpr):  # fmt: skip
-    """d loss / d angle of one head row, per channel ``[BLOCK_S, BLOCK_D]`` (a plane's two channels sum to it).
-
-    The output is ``y = scale R(angle) x``, so ``dy/dangle = J y``: channel ``d`` contributes
-    ``sign(d) g[d] y[partner(d)]``, with ``y[partner(d)] = x[partner(d)] cos - x[d] sin(d)``.
-    """
-    x = tl.load(x_ptr + row_x[:, None] + offs_d[None, :] * s_xd, mask=mask, other=0.0).to(c.dtype)
-    xp = _partner(x_ptr, row_x, partner, mask, s_xd, x, INTERLEAVED)
-    g = tl.load(g_ptr + row_g[:, None] + offs_d[None, :] * s_gd, mask=mask, other=0.0).to(c.dtype)
-    return tl.where(rot[None, :], sign[None, :] * g * (xp * c - x * s), 0.0)
-
-
-@triton.jit
-def _store_freqs_grad(dtheta, out_ptr, pos_ptr, b, offs_s, mask_s, offs_d, s_pb, s_ps, s_pa, BLOCK_D: tl.constexpr,
-                      N_AXES: tl.constexpr):  # fmt: skip
-    """out[a, d] = sum over the block's tokens of pos[a] * dtheta[:, d], for every axis (compute dtype)."""
-    for a in tl.static_range(N_AXES):
-        p = tl.load(pos_ptr + b * s_pb + offs_s * s_ps + a * s_pa, mask=mask_s, other=0.0).to(dtheta.dtype)
-        tl.store(out_ptr + a * BLOCK_D + offs_d, tl.sum(p[:, None] * dtheta, axis=0))
-
-
-@triton.jit
-def freqs_grad_kernel(
-    q_ptr, k_ptr, gq_ptr, gk_ptr, out_ptr, pos_ptr, freqs_ptr, scale_ptr,
-    S, HQ, HK, N: tl.constexpr, D: tl.constexpr,
-    s_qb, s_qs, s_qh, s_qd, s_kb, s_ks, s_kh, s_kd,
-    s_gqb, s_gqs, s_gqh, s_gqd, s_gkb, s_gks, s_gkh, s_gkd,
-    s_pb, s_ps, s_pa, s_fh, s_fa, s_fn,
-    N_AXES: tl.constexpr, PER_HEAD: tl.constexpr, HAS_K: tl.constexpr, HAS_SCALE: tl.constexpr,
-    INTERLEAVED: tl.constexpr, F64: tl.constexpr, FAST_TRIG: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Gradient of F: per program, sum over its tokens (and heads) of ``pos[a] * d loss / d angle``.
-
-    Writes ``out[program, (h,) a, channel]`` (float32, ``[programs, (H,) N_AXES, BLOCK_D]``);
-    the launcher sums the programs and the two channels of every plane.
-    """
-    b = tl.program_id(1).to(tl.int64)
-    pid = (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)).to(tl.int64)
-    offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < S
-    mask = mask_s[:, None] & (offs_d < D)[None, :]
-    plane, partner, rot, sign = _channels(offs_d, N, INTERLEAVED)
-    offs_s = offs_s.to(tl.int64)
-    c0, s0 = _cos_sin(
-        pos_ptr, freqs_ptr, scale_ptr, pos_ptr, pos_ptr, b, 0, offs_s, mask_s, plane, rot, sign,
-        s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, 0, 0, 0, 0, N_AXES, False, HAS_SCALE, False, F64, FAST_TRIG,
-    )  # fmt: skip
-    heads = HQ if PER_HEAD else 1  # per-head F: q head h and k head h (same count) share F[h]
-    base = out_ptr + pid * heads * N_AXES * BLOCK_D
-    total = tl.zeros([BLOCK_S, BLOCK_D], dtype=c0.dtype)
-    row_x, row_g = b * s_qb + offs_s * s_qs, b * s_gqb + offs_s * s_gqs  # int64 offsets of head 0, moved per head
-    row_kx, row_kg = b * s_kb + offs_s * s_ks, b * s_gkb + offs_s * s_gks
-    for h in range(HQ):
-        c, s = c0, s0
-        if PER_HEAD:
-            c, s = _cos_sin(
-                pos_ptr, freqs_ptr, scale_ptr, pos_ptr, pos_ptr, b, h, offs_s, mask_s, plane, rot, sign,
-                s_pb, s_ps, s_pa, s_fh, s_fa, s_fn, 0, 0, 0, 0, N_AXES, False, HAS_SCALE, False, F64, FAST_TRIG,
-            )  # fmt: skip
-        dtheta = _angle_grad_head(
-            q_ptr, gq_ptr, row_x, row_g, offs_d, partner, rot, sign, mask, s_qd, s_gqd, c, s, INTERLEAVED
-        )
-        row_x += s_qh
-        row_g += s_gqh
-        if PER_HEAD:
-            if HAS_K:
-                dtheta += _angle_grad_head(
-                    k_ptr, gk_ptr, row_kx, row_kg, offs_d, partner, rot, sign, mask, s_kd, s_gkd, c, s, INTERLEAVED
-                )
-                row_kx += s_kh
-                row_kg += s_gkh
-            _store_freqs_grad(dtheta, base + h * N_AXES * BLOCK_D, pos_ptr, b, offs_s, mask_s, offs_d,
-                              s_pb, s_ps, s_pa, BLOCK_D, N_AXES)  # fmt: skip
-        else:
-            total += dtheta
-    if not PER_HEAD:
-        if HAS_K:
-            for _h in range(HK):  # GQA: k has its own head count
-                total += _angle_grad_head(
-                    k_ptr, gk_ptr, row_kx, row_kg, offs_d, partner, rot, sign, mask, s_kd, s_gkd, c0, s0, INTERLEAVED
-                )
-                row_kx += s_kh
-                row_kg += s_gkh
-        _store_freqs_grad(total, base, pos_ptr, b, offs_s, mask_s, offs_d, s_pb, s_ps, s_pa, BLOCK_D, N_AXES)
+    """Rotate x ``[B, S, H, D]`` by plane tables cos/sin ``[B|1, S, H|1, N]`` (0 strides on broadcast axes)."""
+    b, tokens, token_mask = _tokens(S, BLOCK_S)
+    h0 = tl.program_id(1) * HEADS
+    heads = h0 + tl.arange(0, HEADS).to(tl.int64)
+    dtype = tl.float64 if F64 else tl.float32
+    c, s = _table_cos_sin(cos_ptr, sin_ptr, table_strides, b, tokens, token_mask, heads, N, BLOCK_N, PER_HEAD, CONJ,
+                          dtype)  # fmt: skip
+    _rotate_heads(x_ptr, o_ptr, x_strides, o_strides, H, b, h0, tokens, token_mask, c, s,
+                  N, D, VEC, HEADS, BLOCK_N, BLOCK_R, INTERLEAVED, COPY_REST)  # fmt: skip

@@ -1,0 +1,267 @@
+"""Launch plans of the Triton kernels: one tile policy, vector width, strides, grid and arguments.
+
+A plan (:class:`Launch`) is the kernel, its grid and its exact arguments; calling it
+launches. The torch ops of ``_triton.py`` run plans, the static tests compile the same
+plans for sm_90 without a GPU (with the specialisation a real launch gets), and
+``scripts/kernel_sweep.py`` times them with other tiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ._triton_kernels import rope_kernel, rope_table_kernel
+from ._triton_norm_kernels import freqs_grad_kernel, norm_rope_bwd_kernel, norm_rope_kernel
+
+Tensor = torch.Tensor
+
+# triton.jit reads the variable when the kernels are decorated, i.e. when this module is imported.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# -- tiles: one policy for every kernel ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One program's work: ``heads`` heads of q or k x ``block_s`` tokens, run by ``warps`` warps."""
+
+    block_s: int
+    heads: int
+    warps: int
+
+
+# Padded tile elements per thread, per kernel (bf16: 4 loads of 16 bytes in flight per thread at 32).
+# The norm backward holds two tiles and its weight-gradient products: 16 keeps it under 80 registers.
+PER_THREAD = {"rope": 32, "rope_table": 32, "norm_rope": 32, "norm_rope_bwd": 16, "freqs_grad": 32}
+MAX_HEADS = 4  # heads per program: each cos/sin value serves 4 heads, each thread has 4+ loads in flight
+WARPS = 4
+PROGRAMS_PER_SM = 8  # small problems: tokens per program halved until every SM has this many programs
+DEFAULT_SMS = 132  # plans made off the GPU (static tests): an H100 SXM / H200
+TILE_OVERRIDE: dict[str, Tile] = {}  # kernel name -> tile, set by scripts/kernel_sweep.py to time other tiles
+
+
+def choose_tile(kernel: str, batch: int, seq: int, head_counts: tuple[int, ...], row: int, load: int, vec: int,
+                n_sm: int | None) -> Tile:  # fmt: skip
+    """The tile of ``kernel`` for ``batch x seq`` tokens of ``head_counts`` (q, k) heads.
+
+    ``row``: padded channels of a head row; ``load``: the width of its widest tile load
+    (the row, or one half for half pairs), of which each thread moves ``vec`` elements.
+
+    - heads per program: the largest power of two up to MAX_HEADS dividing every head
+      count (no masked heads);
+    - tokens: as many as fill PER_THREAD elements per thread, but at least enough for all
+      warps to lie along the tokens (heads fewer otherwise): then a thread holds all the
+      program's heads of its (token, plane) pairs, so cos/sin serve them all from registers
+      and sums over heads need no exchange between threads;
+    - tokens halved while the GPU (``n_sm`` SMs; None: not a GPU) would get fewer than
+      PROGRAMS_PER_SM programs per SM (small problems);
+    - warps: fewer for tiles too small to give every thread a vector.
+    """
+    if kernel in TILE_OVERRIDE:
+        return TILE_OVERRIDE[kernel]
+    heads, elements = MAX_HEADS, PER_THREAD[kernel] * 32 * WARPS
+    while any(h % heads for h in head_counts):
+        heads //= 2
+    token_lanes = WARPS * max(1, 32 // max(1, load // vec))  # threads along the tokens when warps are too
+    while heads > 1 and elements // (heads * row) < token_lanes:
+        heads //= 2
+    block_s = _pow2_floor(max(1, elements // (heads * row)))
+    block_s = min(block_s, triton.next_power_of_2(max(seq, 1)))
+    programs = lambda: batch * triton.cdiv(seq, block_s) * sum(triton.cdiv(h, heads) for h in head_counts)
+    while n_sm and block_s > 1 and programs() < PROGRAMS_PER_SM * n_sm:
+        block_s //= 2
+    return Tile(block_s, heads, _pow2_floor(max(1, min(WARPS, heads * block_s * row // (32 * vec)))))
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (x.bit_length() - 1)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int | None:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+
+
+# -- arguments ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Launch:
+    """One planned launch, ``kernel[grid](*args, **meta)``.
+
+    ``partial``: its buffer of per-program sums, if any, laid out ``[B, head groups, token
+    blocks, ...]`` (grid axes from slowest); the first ``q_groups`` head groups are q's.
+    """
+
+    kernel: object
+    grid: tuple[int, int, int]
+    args: tuple
+    meta: dict
+    partial: Tensor | None = None
+    q_groups: int = 0
+
+    def __call__(self) -> None:
+        if math.prod(self.grid):
+            self.kernel[self.grid](*self.args, **self.meta)
+
+
+def _bshd(x: Tensor | None, layout: str) -> Tensor | None:
+    """The canonical ``[B, S, H, D]`` view the kernels index (no copy)."""
+    return x if x is None or layout == "bshd" else x.transpose(1, 2)
+
+
+def _vector(tensors: list[Tensor], head_dim: int, n: int, interleaved: bool) -> int:
+    """Elements per aligned vector (16 bytes at most) that every row start is a multiple of; 1 is the fallback.
+
+    Rows start at ``b*sb + s*ss + h*sh`` elements from the base pointer: the strides of
+    every axis longer than one and the pointers must be multiples, so must the row length
+    and, for half pairs, the offset N of the second half. Channels must be contiguous.
+    """
+    size = tensors[0].element_size()
+    vec = 16 // size
+    for t in tensors:
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            return 1
+        vec = math.gcd(vec, t.data_ptr() // size, *(st for st, n_ in zip(t.stride()[:3], t.shape[:3]) if n_ > 1))
+    return math.gcd(vec, head_dim, 2 * n if interleaved else n)
+
+
+def _strides(t: Tensor | None, vec: int) -> tuple[int, int, int, int] | None:
+    """``[B, S, H, D]`` strides: batch, token and head in units of ``vec`` elements (0 on axes of length 1)."""
+    if t is None:
+        return None
+    return (*(st // vec if n > 1 else 0 for st, n in zip(t.stride()[:3], t.shape[:3])), t.stride(3))
+
+
+def _grid_and_meta(kernel: str, x: Tensor, head_counts: tuple[int, ...], n: int, interleaved: bool,
+                   tensors: list[Tensor], tile: Tile | None, n_sm: int | None) -> tuple[tuple, dict]:  # fmt: skip
+    """Grid ``(token blocks, head groups of q then k, B)`` and the constexprs every kernel takes."""
+    batch, seq, _, head_dim = x.shape
+    vec = _vector(tensors, head_dim, n, interleaved)
+    block_n = triton.next_power_of_2(head_dim) // 2 if interleaved else triton.next_power_of_2(n)
+    rest = 0 if interleaved else head_dim - 2 * n  # half pairs, partial rotary: a third tile
+    row = 2 * block_n + (triton.next_power_of_2(rest) if rest else 0)
+    load = 2 * block_n if interleaved else block_n  # the widest single tile load
+    n_sm = _sm_count(x.device) if n_sm is None else n_sm
+    tile = tile or choose_tile(kernel, batch, seq, head_counts, row, load, vec, n_sm)
+    groups = sum(triton.cdiv(h, tile.heads) for h in head_counts)
+    meta = dict(N=n, D=head_dim, INTERLEAVED=interleaved, VEC=vec, HEADS=tile.heads, BLOCK_S=tile.block_s,
+                BLOCK_N=block_n, num_warps=tile.warps)  # fmt: skip
+    if kernel != "freqs_grad":
+        meta["BLOCK_R"] = triton.next_power_of_2(max(rest, 1))
+    return (triton.cdiv(seq, tile.block_s), groups, batch), meta
+
+
+def _precision(q: Tensor) -> dict:
+    """float64 inputs compute in float64; float32 cos/sin use the hardware approximations on GPUs."""
+    f64 = q.dtype == torch.float64
+    return dict(F64=f64, FAST_TRIG=not (f64 or INTERPRETED))
+
+
+def _angles(q: Tensor, pos: Tensor, freqs: Tensor, scale: Tensor | None) -> tuple[tuple, dict]:
+    """Arguments ``(pos, F, scale, pos strides, F strides)`` (F as ``[H|1, A, n]``) and their constexprs.
+
+    Kept in their dtypes: the kernels convert them to float64 in registers, so a call is a
+    single launch (no conversion kernels before it).
+    """
+    pos = pos.to(device=q.device)
+    freqs = freqs.detach().to(device=q.device)
+    freqs = freqs if freqs.ndim == 3 else freqs[None]
+    scale = None if scale is None else scale.to(device=q.device)
+    pos_strides = (pos.stride(0) if pos.shape[0] > 1 else 0, pos.stride(1), pos.stride(2))
+    freqs_strides = (freqs.stride(0) if freqs.shape[0] > 1 else 0, freqs.stride(1), freqs.stride(2))
+    meta = dict(N_AXES=freqs.shape[1], PER_HEAD=freqs.shape[0] > 1, **_precision(q))
+    return (pos, freqs, scale, pos_strides, freqs_strides), meta
+
+
+# -- plans, one per kernel ---------------------------------------------------------------------------
+
+
+def plan_rope(q, k, qo, ko, pos, freqs, scale, interleaved: bool, layout: str, conj: bool, *,
+              tile: Tile | None = None, n_sm: int | None = None) -> Launch:  # fmt: skip
+    """q (and k, or None) rotated by ``pos @ freqs`` into qo (and ko), which may be q and k (in place)."""
+    qc, kc, qoc, koc = (_bshd(t, layout) for t in (q, k, qo, ko))
+    tensors = [t for t in (qc, kc, qoc, koc) if t is not None]
+    heads = tuple(t.shape[2] for t in (qc, kc) if t is not None)
+    n = freqs.shape[-1]
+    grid, meta = _grid_and_meta("rope", qc, heads, n, interleaved, tensors, tile, n_sm)
+    (pos, freqs, scale, *angle_strides), angle_meta = _angles(q, pos, freqs, scale)
+    strides = [_strides(t, meta["VEC"]) for t in (qc, kc, qoc, koc)]
+    hk = 0 if k is None else heads[1]
+    args = (qc, kc, qoc, koc, pos, freqs, scale, *strides, *angle_strides, qc.shape[1], heads[0], hk)
+    copy_rest = not interleaved and qc.shape[3] > 2 * n and qo is not q  # in place: already there
+    return Launch(rope_kernel, grid, args, meta | angle_meta | dict(CONJ=conj, COPY_REST=copy_rest))
+
+
+def plan_rope_table(x, o, cos, sin, interleaved: bool, layout: str, conj: bool, *,
+                    tile: Tile | None = None, n_sm: int | None = None) -> Launch:  # fmt: skip
+    """x rotated into o (x itself: in place) by plane tables broadcastable against x in its layout."""
+    xc, oc = _bshd(x, layout), _bshd(o, layout)
+    n = cos.shape[-1]
+    if cos.stride() != sin.stride():  # the kernel addresses both tables with one set of strides
+        cos, sin = cos.contiguous(), sin.contiguous()
+    table = _bshd(cos.expand(*x.shape[:-1], n), layout)  # [B, S, H, n], 0 strides on broadcast axes
+    grid, meta = _grid_and_meta("rope_table", xc, (xc.shape[2],), n, interleaved, [xc, oc], tile, n_sm)
+    args = (xc, oc, cos, sin, _strides(xc, meta["VEC"]), _strides(oc, meta["VEC"]), table.stride(), *xc.shape[1:3])
+    copy_rest = not interleaved and xc.shape[3] > 2 * n and o is not x
+    per_head = table.shape[2] > 1 and table.stride(2) != 0
+    meta |= dict(PER_HEAD=per_head, CONJ=conj, COPY_REST=copy_rest, F64=x.dtype == torch.float64)
+    return Launch(rope_table_kernel, grid, args, meta)
+
+
+def plan_norm_rope(q, k, q_weight, k_weight, qo, ko, eps, pos, freqs, scale, interleaved: bool, layout: str, *,
+                   tile: Tile | None = None, n_sm: int | None = None) -> Launch:  # fmt: skip
+    """Per-head RMSNorm of q and k (weights ``[D]`` or None), then rotation, into qo and ko."""
+    qc, kc, qoc, koc = (_bshd(t, layout) for t in (q, k, qo, ko))
+    n, heads = freqs.shape[-1], (qc.shape[2], kc.shape[2])
+    grid, meta = _grid_and_meta("norm_rope", qc, heads, n, interleaved, [qc, kc, qoc, koc], tile, n_sm)
+    (pos, freqs, scale, *angle_strides), angle_meta = _angles(q, pos, freqs, scale)
+    strides = [_strides(t, meta["VEC"]) for t in (qc, kc, qoc, koc)]
+    args = (qc, kc, q_weight, k_weight, qoc, koc, pos, freqs, scale, *strides, *angle_strides, eps, qc.shape[1], *heads)
+    meta |= angle_meta | dict(HAS_REST=qc.shape[3] > 2 * n and not interleaved)
+    return Launch(norm_rope_kernel, grid, args, meta)
+
+
+def plan_norm_rope_bwd(gq, gk, q, k, q_weight, k_weight, dq, dk, eps, pos, freqs, scale, interleaved: bool,
+                       layout: str, *, tile: Tile | None = None, n_sm: int | None = None) -> Launch:  # fmt: skip
+    """Gradients of :func:`plan_norm_rope` into dq, dk; ``partial``: one weight-gradient row ``[D]`` per program."""
+    views = [_bshd(t, layout) for t in (q, k, gq, gk, dq, dk)]
+    qc, kc = views[:2]
+    n, heads = freqs.shape[-1], (qc.shape[2], kc.shape[2])
+    grid, meta = _grid_and_meta("norm_rope_bwd", qc, heads, n, interleaved, views, tile, n_sm)
+    (pos, freqs, scale, *angle_strides), angle_meta = _angles(q, pos, freqs, scale)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    has_weight = q_weight is not None or k_weight is not None
+    partial = torch.empty(math.prod(grid), qc.shape[3], device=q.device, dtype=acc) if has_weight else None
+    strides = [_strides(t, meta["VEC"]) for t in views]
+    args = (*views[:4], q_weight, k_weight, *views[4:], partial, pos, freqs, scale, *strides, *angle_strides, eps,
+            qc.shape[1], *heads)  # fmt: skip
+    meta |= angle_meta | dict(HAS_REST=qc.shape[3] > 2 * n and not interleaved)
+    return Launch(norm_rope_bwd_kernel, grid, args, meta, partial, triton.cdiv(heads[0], meta["HEADS"]))
+
+
+def plan_freqs_grad(q, k, gq, gk, pos, freqs, scale, interleaved: bool, layout: str, *,
+                    tile: Tile | None = None, n_sm: int | None = None) -> Launch:  # fmt: skip
+    """Gradient of F from q, k and their output gradients; ``partial`` ``[programs, HEADS|1, BLOCK_A, BLOCK_N]``."""
+    qc, kc, gqc, gkc = (_bshd(t, layout) for t in (q, k, gq, gk))
+    tensors = [t for t in (qc, kc, gqc, gkc) if t is not None]
+    heads = tuple(t.shape[2] for t in (qc, kc) if t is not None)
+    n = freqs.shape[-1]
+    grid, meta = _grid_and_meta("freqs_grad", qc, heads, n, interleaved, tensors, tile, n_sm)
+    (pos, freqs, scale, *angle_strides), angle_meta = _angles(q, pos, freqs, scale)
+    rows = meta["HEADS"] if angle_meta["PER_HEAD"] else 1
+    block_a = triton.next_power_of_2(freqs.shape[1])
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    partial = torch.empty(math.prod(grid), rows, block_a, meta["BLOCK_N"], device=q.device, dtype=acc)
+    strides = [_strides(t, meta["VEC"]) for t in (qc, kc, gqc, gkc)]
+    hk = 0 if k is None else heads[1]
+    args = (qc, kc, gqc, gkc, partial, pos, freqs, scale, *strides, *angle_strides, qc.shape[1], heads[0], hk)
+    meta |= angle_meta | dict(BLOCK_A=block_a)
+    return Launch(freqs_grad_kernel, grid, args, meta, partial, triton.cdiv(heads[0], meta["HEADS"]))
