@@ -24,6 +24,8 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 import axial_rope as ar
 
 from . import dit, video_dit
+from .checks import batch_timesteps
+from .saved_config import CheckedConfigMixin
 
 __all__ = ["AxialDiT2DModel", "AxialDiT3DModel"]
 
@@ -38,20 +40,16 @@ def _temporal_scaling(value: ar.scaling.Scaling | dict | None) -> ar.scaling.Sca
 
 
 def _timesteps(timestep: torch.Tensor | float, batch: int, device: torch.device) -> torch.Tensor:
-    """A scalar or ``[B]`` timestep as a float ``[B]`` tensor."""
-    t = torch.as_tensor(timestep, device=device, dtype=torch.float32)
-    if t.ndim == 0 or t.numel() == 1:
-        return t.reshape(1).expand(batch)
-    if t.shape != (batch,):
-        raise ValueError(f"timestep must be a scalar or [B] = [{batch}], got shape {tuple(t.shape)}")
-    return t
+    """A scalar or ``[B]`` timestep as a float32 ``[B]`` tensor (any other shape: a ``ValueError``)."""
+    return batch_timesteps(torch.as_tensor(timestep, dtype=torch.float32, device=device), batch)
 
 
-class AxialDiT2DModel(ModelMixin, ConfigMixin):
+class AxialDiT2DModel(CheckedConfigMixin, ModelMixin, ConfigMixin):
     """Class-conditional image DiT with 2D axial RoPE (:class:`models.dit.DiT`) as a diffusers model.
 
-    The arguments are :class:`models.dit.DiTConfig`'s fields (defaults: DiT-XL/2's trunk);
-    :meth:`from_preset` builds one of :data:`models.dit.PRESETS`.
+    The arguments are :class:`models.dit.DiTConfig`'s fields (defaults: DiT-XL/2's trunk), checked
+    as the config is made; :meth:`from_preset` builds one of :data:`models.dit.PRESETS`.
+    ``from_pretrained`` checks config.json against the weights (:mod:`models.saved_config`).
     """
 
     _supports_gradient_checkpointing = False
@@ -77,6 +75,12 @@ class AxialDiT2DModel(ModelMixin, ConfigMixin):
         args = dict(locals())
         super().__init__()
         self.dit = dit.DiT(dit.DiTConfig(**{f.name: args[f.name] for f in dataclasses.fields(dit.DiTConfig)}))
+        self._init_fingerprint()
+
+    def weight_free(self) -> dict:
+        """The config fields that carry no weights (``num_heads`` does only with QK-norm), as the model uses them."""
+        c = self.dit.config
+        return {"input_size": c.input_size, "num_heads": c.num_heads, "theta": float(c.theta), "pos_mode": c.pos_mode}
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AxialDiT2DModel:
@@ -123,13 +127,14 @@ class AxialDiT2DModel(ModelMixin, ConfigMixin):
         return Transformer2DModelOutput(sample=out) if return_dict else (out,)
 
 
-class AxialDiT3DModel(ModelMixin, ConfigMixin):
+class AxialDiT3DModel(CheckedConfigMixin, ModelMixin, ConfigMixin):
     """Video DiT with 3D (t, y, x) axial RoPE (:class:`models.video_dit.VideoDiT`) as a diffusers model.
 
     The arguments are :class:`models.video_dit.VideoDiTConfig`'s fields, plus
     ``temporal_scaling``: the t axis' default scaling at inference, stored as the library's
     dict (``ar.scaling.Scaling.to_dict()``, e.g. ``{"rope_type": "riflex", "k": 4, "test_length": 12}``);
-    a scaling object is accepted and converted.
+    a scaling object is accepted and converted. ``from_pretrained`` checks config.json against the
+    weights (:mod:`models.saved_config`).
     """
 
     _supports_gradient_checkpointing = False
@@ -158,8 +163,18 @@ class AxialDiT3DModel(ModelMixin, ConfigMixin):
         scaling = _temporal_scaling(temporal_scaling)
         self.register_to_config(temporal_scaling=None if scaling is None else scaling.to_dict())
         values = {f.name: args[f.name] for f in dataclasses.fields(video_dit.VideoDiTConfig)}
-        values |= {k: tuple(values[k]) for k in ("patch_size", "axes_dim") if values[k] is not None}  # JSON lists
-        self.dit = video_dit.VideoDiT(video_dit.VideoDiTConfig(**values))
+        self.dit = video_dit.VideoDiT(video_dit.VideoDiTConfig(**values))  # JSON lists become tuples there
+        self._init_fingerprint()
+
+    def weight_free(self) -> dict:
+        """The config fields that carry no weights, as the model uses them (``axes_dim`` resolved)."""
+        c = self.dit.config
+        return {
+            "num_heads": c.num_heads,
+            "theta": float(c.theta),
+            "axes_dim": list(self.dit.rope.axes_dim),
+            "temporal_scaling": self.config.temporal_scaling,
+        }
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AxialDiT3DModel:

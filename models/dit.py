@@ -28,6 +28,7 @@ from torch import nn
 import axial_rope as ar
 from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
 
+from .checks import batch_timesteps, check_fields
 from .flow import classifier_free_guidance
 
 __all__ = ["DiT", "DiTConfig", "PRESETS", "POS_MODES", "initialize_weights"]
@@ -53,6 +54,34 @@ class DiTConfig:
     theta: float = 10000.0
     qk_norm: str | None = None  # None (as DiT), "rms" or "layer"
     pos_mode: str = "none"
+
+    def __post_init__(self):
+        check_fields(
+            self,
+            positive_ints=(
+                "input_size",
+                "patch_size",
+                "in_channels",
+                "hidden_size",
+                "depth",
+                "num_heads",
+                "num_classes",
+            ),
+            positive_reals=("mlp_ratio", "theta"),
+            probabilities=("class_dropout_prob",),
+            bools=("learn_sigma",),
+        )
+        if not isinstance(self.class_init_std, (int, float)) or not self.class_init_std >= 0:
+            raise ValueError(f"DiTConfig.class_init_std must be a number >= 0, got {self.class_init_std!r}")
+        if self.pos_mode not in POS_MODES:
+            raise ValueError(f"pos_mode must be one of {POS_MODES}, got {self.pos_mode!r}")
+        if self.input_size % self.patch_size:
+            raise ValueError(f"input_size {self.input_size} must be divisible by patch_size {self.patch_size}")
+        if self.hidden_size // self.num_heads < 4:
+            raise ValueError(
+                f"head_dim = hidden_size / num_heads must be >= 4 (two axes of planes), got "
+                f"{self.hidden_size} / {self.num_heads}"
+            )
 
 
 # The DiT paper's configurations (Table 1: S 33M, B 130M, L 458M, XL 675M parameters) and a CPU model
@@ -83,11 +112,7 @@ class DiT(nn.Module):
 
     def __init__(self, config: DiTConfig):
         super().__init__()
-        if config.pos_mode not in POS_MODES:
-            raise ValueError(f"pos_mode must be one of {POS_MODES}, got {config.pos_mode!r}")
-        if config.input_size % config.patch_size:
-            raise ValueError(f"input_size {config.input_size} must be divisible by patch_size {config.patch_size}")
-        self.config = c = config
+        self.config = c = config  # checked when it was made (DiTConfig.__post_init__)
         self.out_channels = c.in_channels * 2 if c.learn_sigma else c.in_channels
         head_dim = c.hidden_size // c.num_heads
         # half of each head's planes per axis (y, x); 2 * (head_dim // 4) keeps both even
@@ -134,13 +159,14 @@ class DiT(nn.Module):
 
         Args:
             x: latent ``[B, C, H, W]``, ``H`` and ``W`` divisible by the patch.
-            t: timesteps ``[B]``.
+            t: timesteps ``[B]``, or one value for every sample.
             y: class labels ``[B]`` (``y_embedder.null_label`` = unconditional).
             pos_mode: overrides ``config.pos_mode`` for this call.
 
         Returns:
             ``[B, out_channels, H, W]``.
         """
+        t = batch_timesteps(t, x.shape[0], x.device)
         x, (h, w) = self.x_embedder(x)  # [B, S, C], S = h * w
         pos, rope = self.positions(h, w, pos_mode, device=x.device)
         c = self.t_embedder(t) + self.y_embedder(y, force_drop_ids)  # [B, C]

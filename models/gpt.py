@@ -13,6 +13,7 @@ that ``seq_len``; a plain ``forward`` without ``seq_len`` uses its own length.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ import axial_rope as ar
 from axial_rope.cache import KVCache
 from axial_rope.layers import Attention
 
-__all__ = ["GPT", "GPTConfig", "PRESETS", "sample"]
+__all__ = ["GPT", "GPTConfig", "PRESETS", "check_sampling", "sample"]
 
 
 @dataclass(frozen=True)
@@ -96,10 +97,24 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+def check_sampling(temperature: float, top_k: int | None) -> None:
+    """``temperature``: a finite number >= 0 (0: greedy); ``top_k``: ``None`` or an int >= 1.
+
+    A negative temperature would sample the least likely tokens, ``top_k=0`` keep no token at all.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a number, got {temperature!r}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None (every token) or an int >= 1, got {top_k!r}")
+
+
 def sample(
     logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """Next tokens ``[B, 1]`` from logits ``[B, V]``: greedy at ``temperature == 0``, else top-k sampling."""
+    check_sampling(temperature, top_k)
     if temperature == 0:
         return logits.argmax(-1, keepdim=True)
     logits = logits / temperature
@@ -196,6 +211,7 @@ class GPT(nn.Module):
         total = T + max_new_tokens
         if max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        check_sampling(temperature, top_k)  # before the prefill, not after it
         caches = self.new_caches(B, total) if use_cache else None
         if use_cache:
             logits = self(idx, torch.arange(T, device=idx.device), caches, seq_len=total)[:, -1]  # prefill

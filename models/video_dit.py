@@ -19,6 +19,7 @@ from torch import nn
 import axial_rope as ar
 from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
 
+from .checks import batch_timesteps, check_fields
 from .dit import initialize_weights
 
 __all__ = ["VideoDiT", "VideoDiTConfig", "PRESETS", "default_axes_dim"]
@@ -49,6 +50,37 @@ class VideoDiTConfig:
     qk_norm: str | None = "rms"
     learn_sigma: bool = False
 
+    def __post_init__(self):
+        check_fields(
+            self,
+            positive_ints=("in_channels", "hidden_size", "depth", "num_heads"),
+            counts=("num_classes", "cond_dim"),
+            positive_reals=("mlp_ratio", "theta"),
+            probabilities=("class_dropout_prob",),
+            bools=("learn_sigma",),
+        )
+        # JSON gives lists: the sizes are kept as tuples (a frozen dataclass: set through object)
+        for name in ("patch_size", "axes_dim"):
+            value = getattr(self, name)
+            if value is None and name == "axes_dim":
+                continue
+            if not isinstance(value, (tuple, list)) or len(value) != 3 or not all(_positive_int(v) for v in value):
+                raise ValueError(f"VideoDiTConfig.{name} must be three positive ints (t, y, x), got {value!r}")
+            object.__setattr__(self, name, tuple(value))
+        if self.num_classes <= 0 and self.cond_dim <= 0:
+            raise ValueError("VideoDiTConfig needs num_classes > 0 or cond_dim > 0 (a conditioning)")
+        head_dim = self.hidden_size // self.num_heads
+        axes_dim = self.axes_dim or default_axes_dim(head_dim)
+        if any(d % 2 for d in axes_dim) or sum(axes_dim) > head_dim or min(axes_dim) == 0:
+            raise ValueError(
+                f"axes_dim {axes_dim} must be even and positive, summing to at most head_dim = {head_dim} "
+                f"(hidden_size {self.hidden_size} / num_heads {self.num_heads})"
+            )
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
 
 PRESETS: dict[str, VideoDiTConfig] = {
     "tiny": VideoDiTConfig(in_channels=3, hidden_size=128, depth=2, num_heads=4, num_classes=4),
@@ -64,13 +96,8 @@ class VideoDiT(nn.Module):
 
     def __init__(self, config: VideoDiTConfig):
         super().__init__()
-        self.config = c = config
-        if c.num_classes <= 0 and c.cond_dim <= 0:
-            raise ValueError("VideoDiTConfig needs num_classes > 0 or cond_dim > 0 (a conditioning)")
-        head_dim = c.hidden_size // c.num_heads
-        axes_dim = tuple(c.axes_dim) if c.axes_dim is not None else default_axes_dim(head_dim)
-        if len(axes_dim) != 3:
-            raise ValueError(f"axes_dim must be (d_t, d_y, d_x), got {axes_dim!r}")
+        self.config = c = config  # checked when it was made (VideoDiTConfig.__post_init__)
+        axes_dim = c.axes_dim or default_axes_dim(c.hidden_size // c.num_heads)
         self.out_channels = c.in_channels * 2 if c.learn_sigma else c.in_channels
         self.rope = ar.AxialRoPE(axes_dim, theta=c.theta)
 
@@ -129,7 +156,7 @@ class VideoDiT(nn.Module):
 
         Args:
             x: ``[B, C, T, H, W]``, each size divisible by the patch.
-            t: timesteps ``[B]``.
+            t: timesteps ``[B]``, or one value for every sample.
             y: class labels ``[B]`` (configs with ``num_classes``).
             cond: conditioning vectors ``[B, cond_dim]`` (configs with ``cond_dim``).
             temporal_scaling: a scaling method for the t axis at inference, e.g.
@@ -138,6 +165,7 @@ class VideoDiT(nn.Module):
         Returns:
             ``[B, out_channels, T, H, W]``.
         """
+        t = batch_timesteps(t, x.shape[0], x.device)
         x, grid = self.x_embedder(x)  # [B, S, C], grid (t, h, w), S = t * h * w
         pos = ar.grid(*grid, device=x.device)  # [S, 3], t slowest as the tokens
         rope = self.rope_for(temporal_scaling)

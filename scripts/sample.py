@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 import axial_rope as ar
+from models.training.checkpoint import CheckpointError
 from models.training.pictures import save_gif, save_grid
 from models.training.trainer import load_trained
 
@@ -31,7 +32,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="default: CHECKPOINT/sample_<resolution>_<scaling>.png")
     args = parser.parse_args(argv)
 
-    task, model = load_trained(args.checkpoint)
+    try:
+        task, model = load_trained(args.checkpoint)
+    except CheckpointError as err:  # missing, corrupt (checksums, NaN weights) or broken: say which, no traceback
+        parser.exit(1, f"error: {err}\n")
     run_dir = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else Path(args.checkpoint).parent
     if task.name == "gpt":
         parser.error("scripts.sample samples the DiTs; use GPT.generate for the language model")

@@ -4,19 +4,24 @@ With no arguments it trains the tiny class-conditional image DiT on procedural s
 (CPU, minutes) and writes a sample grid, a loss curve, a JSONL log and a checkpoint
 into ``runs/dit``. Each model starts from its default run (``RUN_DEFAULTS`` in
 ``models/training/config.py``, shared with ``scripts.experiments``); flags replace
-fields. ``--resume`` continues a run; Ctrl-C saves and exits. Runs under
-``torchrun --nproc_per_node N`` unchanged (DDP; ``--fsdp`` for FSDP2).
+fields, and every value is checked before anything runs. ``--resume`` continues a run;
+Ctrl-C or SIGTERM saves at the end of the current step and exits. A folder that holds a run
+is never replaced without ``--overwrite``. Runs under ``torchrun --nproc_per_node N``
+unchanged (DDP; ``--fsdp`` for FSDP2).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
+from models.training.checkpoint import CheckpointError
 from models.training.config import RUN_DEFAULTS, TrainConfig, run_config
-from models.training.trainer import train
+from models.training.rundir import RunFolderError
+from models.training.trainer import TrainingDiverged, train
 
-FLAGS = ("resume", "fsdp", "progress", "report")  # booleans, set by the flags below
+FLAGS = ("resume", "overwrite", "allow_changes", "fsdp", "progress", "report")  # booleans, set by the flags below
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -28,17 +33,32 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         flag = "--" + field.name.replace("_", "-")
         parser.add_argument(flag, type=type(field.default), default=None, help="default: the model's default run")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run OUT holds (else refused)")
+    parser.add_argument(
+        "--allow-changes", action="store_true", help="resume with other optimisation settings (recorded in the log)"
+    )
     parser.add_argument("--fsdp", action="store_true", help="shard with FSDP2 under torchrun")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-report", action="store_true", help="no validation, samples or loss curve")
     args = parser.parse_args(argv)
     values = {k: v for k, v in vars(args).items() if v is not None and k in TrainConfig.__dataclass_fields__}
     values |= {"progress": not args.no_progress, "report": not args.no_report}
-    return run_config(**values)
+    try:
+        return run_config(**values)
+    except ValueError as err:  # a nonsense setting: argparse's usage line and exit status 2
+        parser.error(str(err))
 
 
 def main(argv: list[str] | None = None) -> None:
-    result = train(parse_args(argv))
+    try:
+        result = train(parse_args(argv))
+    except (CheckpointError, RunFolderError, TrainingDiverged) as err:  # a message for a person, not a traceback
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    if result.get("unsaved"):
+        saved = "no checkpoint" if result["step"] is None else f"the checkpoint of step {result['step']} kept"
+        print(f"stopped at once, mid-step: {saved}: {result['out']}")
+        sys.exit(130)
     state = "interrupted, saved" if result["interrupted"] else "done"
     print(f"{state} at step {result['step']}: {result['out']}")
 

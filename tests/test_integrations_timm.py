@@ -80,7 +80,8 @@ def test_position_choices_give_the_documented_coordinates():
 def test_interpolation_equals_plain_indices_at_the_trained_size_only():
     none = _model(rope_positions="none")
     interp = _model(rope_positions="interpolate")
-    interp.load_state_dict(none.state_dict())
+    with pytest.warns(UserWarning, match="rope_positions='none' loaded into a model with 'interpolate'"):
+        interp.load_state_dict(none.state_dict())  # another inference choice: allowed, never silent
     torch.testing.assert_close(_run(interp, 224), _run(none, 224))
     assert _run(interp, 320).sub(_run(none, 320)).abs().max() > 1e-5
 
@@ -89,7 +90,8 @@ def test_interpolation_equals_plain_indices_at_the_trained_size_only():
 def test_frequency_modes_equal_plain_indices_at_the_trained_size_only(mode):
     none = _model(rope_positions="none")
     scaled = _model(rope_positions=mode)
-    scaled.load_state_dict(none.state_dict())
+    with pytest.warns(UserWarning, match="rope_positions"):
+        scaled.load_state_dict(none.state_dict())
     torch.testing.assert_close(_run(scaled, 224), _run(none, 224))
     assert _run(scaled, 320).sub(_run(none, 320)).abs().max() > 1e-5
     assert scaled.rope.scaling == (None, None)  # the scaled rope is built per call, never stored
@@ -103,16 +105,18 @@ def test_only_relative_positions_matter():
         for block in model.blocks:
             block.attn.qkv.weight.mul_(20)
     expected = _run(model, 224)
-    model.positions = lambda h, w, device=None: ar.grid(h, w, offset=(37.0, -5.0), device=device)
+    # the model's positional code is its GridRoPE (one torch.fx leaf): other coordinates go there
+    model.rope_grid.positions = lambda h, w, device=None: ar.grid(h, w, offset=(37.0, -5.0), device=device)
     torch.testing.assert_close(_run(model, 224), expected, atol=1e-4, rtol=1e-4)
-    model.positions = lambda h, w, device=None: ar.grid(h, w, scale=2.0, device=device)  # not a shift
+    model.rope_grid.positions = lambda h, w, device=None: ar.grid(h, w, scale=2.0, device=device)  # not a shift
     assert _run(model, 224).sub(expected).abs().max() > 1e-2
 
 
 def test_rope_scaling_changes_the_frequencies_and_the_output():
     plain = _model()
     scaled = _model(rope_scaling=(None, ar.scaling.NTK(2.0)))
-    scaled.load_state_dict(plain.state_dict())
+    with pytest.warns(UserWarning, match="rope_scaling"):
+        scaled.load_state_dict(plain.state_dict())
     torch.testing.assert_close(scaled.rope.freqs[0], plain.rope.freqs[0])  # y untouched
     assert (scaled.rope.freqs[1] < plain.rope.freqs[1]).sum() == 7  # x: every plane but the first slows down
     assert _run(scaled, 224).sub(_run(plain, 224)).abs().max() > 1e-5
@@ -185,7 +189,7 @@ def test_docs_timm_examples_run():
     text = (Path(__file__).resolve().parents[1] / "docs" / "integrations.md").read_text()
     (part,) = [b for b in re.split(r"^## ", text, flags=re.M) if b.startswith("timm")]
     blocks = re.findall(r"```python\n(.*?)```", part, flags=re.S)  # ``py`` blocks would download weights
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     namespace: dict = {}
     for block in blocks:  # one reader's session
         exec(compile(block, "docs/integrations.md:timm", "exec"), namespace)

@@ -23,11 +23,21 @@ for the reference DiTs and everywhere else in the library:
 
 Before this, ``"interpolate"`` also stretched grids smaller than the trained one, and
 ``"normalize"`` was DINOv3's ``[-1, 1]`` per axis times ``2 pi``; for DINOv3's coordinates,
-override :meth:`AxialRoPEViT.positions` with ``ar.grid(h, w, normalize=True, scale=2 * math.pi)``.
+override :meth:`GridRoPE.positions` (set the subclass as ``grid_rope_cls``).
+
+The weights carry their positional settings (``rope_config``): another ``rope_theta`` or
+trained grid is a load error, another ``rope_positions`` or ``rope_scaling`` a warning; a
+scaling method is recorded as its JSON dict, so ``save_for_hf`` and ``local-dir:`` loading
+rebuild it. torch.fx traces the models (:class:`GridRoPE` is a registered leaf); scripting
+one is a clear error (:data:`EXCLUDE_JIT_FILTERS`, as timm lists its non-scriptable models).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import struct
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -36,21 +46,106 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, LayerNorm, LayerScale, Mlp, PatchEmbed, trunc_normal_
 from timm.models import build_model_with_cfg, checkpoint, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
+from timm.models._features_fx import register_notrace_module
 from torch import nn
 
 from ..positions import POSITION_MODES, positions_for_size
 from ..rope import AxialRoPE
 from ..scaling import Scaling
+from ..scaling import from_dict as scaling_from_dict
 
-__all__ = ["AxialRoPEViT", "ROPE_POSITIONS"]
+__all__ = ["AxialRoPEViT", "EXCLUDE_JIT_FILTERS", "GridRoPE", "ROPE_POSITIONS"]
 
 ROPE_POSITIONS = POSITION_MODES  # the modes of axial_rope.positions_for_size
+EXCLUDE_JIT_FILTERS = ["*axial_rope*"]  # for a timm-style model test suite: not scriptable (see __prepare_scriptable__)
+
+
+def scaling_json(value) -> dict | list | None:
+    """``rope_scaling`` as JSON (the form timm writes to config.json): a method's dict, or a list per axis."""
+    if value is None:
+        return None
+    if isinstance(value, Scaling):
+        return value.to_dict()
+    if isinstance(value, dict):
+        return scaling_from_dict(value).to_dict()  # checked, and normalised
+    if isinstance(value, (list, tuple)):
+        return [scaling_json(v) for v in value]
+    raise TypeError(f"rope_scaling must be None, a scaling method, its dict, or one per axis, got {value!r}")
+
+
+def _code(value) -> int:
+    """A setting as an int64 (int buffers survive .half() and dtype casts): floats by their bits, the rest by digest."""
+    if isinstance(value, float):
+        return struct.unpack("<q", struct.pack("<d", value))[0]
+    if isinstance(value, int):
+        return value
+    return int.from_bytes(hashlib.blake2b(json.dumps(value).encode(), digest_size=8).digest(), "little") >> 2
+
+
+@register_notrace_module  # a torch.fx leaf: the grid size is known only at call time
+class GridRoPE(nn.Module):
+    """The positional part of :class:`AxialRoPEViT`: patch coordinates of a grid and the rope that rotates them.
+
+    ``positions``/``rope_for`` apply ``positions_for_size`` with the trained grid; ``forward``
+    rotates patch tokens. :meth:`code` is the settings the weights are trained with, which the
+    model writes into its state dict (``rope_config``) and compares on load (:meth:`compare`).
+    """
+
+    def __init__(self, rope: AxialRoPE, trained: tuple[int, int], mode: str, scaling=None):
+        super().__init__()
+        self.rope, self.trained, self.mode = rope, tuple(trained), mode
+        self.scaling = scaling_json(scaling)
+
+    def code(self) -> torch.Tensor:
+        """The settings as int64 (dtype casts leave it exact): version, theta, grid h and w, mode, scaling."""
+        values = [1, float(self.rope.theta[0]), *self.trained, ROPE_POSITIONS.index(self.mode), self.scaling]
+        return torch.tensor([_code(v) for v in values], dtype=torch.int64)
+
+    def compare(self, saved: torch.Tensor, errors: list[str]) -> None:
+        """An error (theta, trained grid) or a warning (positions, scaling) for each setting ``saved`` differs in."""
+        own = self.code()
+        if saved.shape != own.shape or int(saved[0]) != 1:
+            errors.append(f"rope_config {saved.tolist()} is not one this version wrote")
+            return
+        names = ("version", "rope_theta", "grid", "grid", "rope_positions", "rope_scaling")
+        differ = {n for n, a, b in zip(names, saved.tolist(), own.tolist()) if a != b}
+        if "rope_theta" in differ or "grid" in differ:
+            theta = struct.unpack("<d", struct.pack("<q", int(saved[1])))[0]
+            errors.append(
+                f"the weights were trained with rope_theta={theta} on a {int(saved[2])} x {int(saved[3])} patch grid "
+                f"(img_size / patch_size); this model has rope_theta={self.rope.theta[0]} and a {self.trained[0]} x "
+                f"{self.trained[1]} grid: both change the outputs without changing a shape. Build the model with the "
+                "saved values, or drop 'rope_config' from the state dict to load anyway"
+            )
+        if "rope_positions" in differ:  # inference choices: a change may be meant, but it is never silent
+            saved_mode = ROPE_POSITIONS[int(saved[4])] if 0 <= int(saved[4]) < len(ROPE_POSITIONS) else "?"
+            warnings.warn(
+                f"weights saved with rope_positions={saved_mode!r} loaded into a model with {self.mode!r}", stacklevel=4
+            )
+        if "rope_scaling" in differ:
+            warnings.warn(
+                f"weights saved with another rope_scaling loaded into a model with {self.scaling!r}", stacklevel=4
+            )
+
+    def positions(self, height: int, width: int, device=None) -> torch.Tensor:
+        """Patch coordinates ``[height * width, 2]`` (y, x), row-major, for a ``height x width`` patch grid."""
+        return positions_for_size((height, width), self.trained, self.mode, device=device).pos
+
+    def rope_for(self, height: int, width: int) -> AxialRoPE:
+        """The rope of a ``height x width`` grid: ``self.rope``, or its NTK / YaRN scaling of longer axes (per call)."""
+        if self.mode not in ("ntk", "yarn"):
+            return self.rope
+        return self.rope.with_scaling(positions_for_size((height, width), self.trained, self.mode).scaling)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate patch tokens' ``q``, ``k`` ``[B, H, height * width, D]`` by their grid coordinates."""
+        return self.rope_for(height, width)(q, k, self.positions(height, width, q.device), "bhsd")
 
 
 class RopeAttention(nn.Module):
-    """Multi-head self-attention whose patch tokens' q and k are rotated by :class:`~axial_rope.AxialRoPE`."""
+    """Multi-head self-attention whose patch tokens' q and k are rotated by the model's :class:`GridRoPE`."""
 
-    def __init__(self, dim: int, num_heads: int, rope: AxialRoPE, qkv_bias: bool = True, qk_norm: bool = False):
+    def __init__(self, dim: int, num_heads: int, rope: GridRoPE, qkv_bias: bool = True, qk_norm: bool = False):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"embed_dim {dim} must be divisible by num_heads {num_heads}")
@@ -60,16 +155,13 @@ class RopeAttention(nn.Module):
         self.k_norm = LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
 
-    def forward(
-        self, x: torch.Tensor, pos: torch.Tensor, num_prefix_tokens: int, rope: AxialRoPE | None = None
-    ) -> torch.Tensor:
-        """x ``[B, S, C]``, pos ``[S - prefix, 2]``; ``rope`` replaces ``self.rope`` for this call (a scaled one)."""
+    def forward(self, x: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+        """x ``[B, S, C]``: ``num_prefix_tokens``, then the patch tokens of a ``grid = (h, w)`` grid, row-major."""
         B, S, C = x.shape
         q, k, v = self.qkv(x).reshape(B, S, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [B, H, S, D]
         q, k = self.q_norm(q), self.k_norm(k)
         n = num_prefix_tokens  # class/register tokens carry no position
-        rope = self.rope if rope is None else rope
-        q_rot, k_rot = rope(q[:, :, n:], k[:, :, n:], pos, "bhsd")  # pos [S - n, 2]
+        q_rot, k_rot = self.rope(q[:, :, n:], k[:, :, n:], *grid)
         q, k = torch.cat([q[:, :, :n], q_rot], dim=2), torch.cat([k[:, :, :n], k_rot], dim=2)
         x = F.scaled_dot_product_attention(q, k, v)  # [B, H, S, D]
         return self.proj(x.transpose(1, 2).reshape(B, S, C))
@@ -82,7 +174,7 @@ class RopeBlock(nn.Module):
         self,
         dim: int,
         num_heads: int,
-        rope: AxialRoPE,
+        rope: GridRoPE,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         qk_norm: bool = False,
@@ -99,24 +191,34 @@ class RopeBlock(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(
-        self, x: torch.Tensor, pos: torch.Tensor, num_prefix_tokens: int, rope: AxialRoPE | None = None
-    ) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), pos, num_prefix_tokens, rope)))
+    def forward(self, x: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), grid, num_prefix_tokens)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
-def _check_arguments(rope_positions: str, rope_scaling, global_pool: str, class_token: bool, head_dim: int) -> None:
+def _check_positions(rope_positions: str, rope_scaling) -> None:
     if rope_positions not in ROPE_POSITIONS:
         raise ValueError(f"rope_positions must be one of {ROPE_POSITIONS}, got {rope_positions!r}")
     if rope_positions in ("ntk", "yarn") and rope_scaling is not None:
         raise ValueError(f"rope_positions={rope_positions!r} sets the frequency scaling: leave rope_scaling None")
-    if global_pool not in ("", "avg", "token"):
-        raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
-    if global_pool == "token" and not class_token:
+
+
+def _check_arguments(args: dict, head_dim: int) -> None:
+    """The constructor's arguments that would otherwise fail deep inside (or run as something else)."""
+    _check_positions(args["rope_positions"], args["rope_scaling"])
+    if args["global_pool"] not in ("", "avg", "token"):
+        raise ValueError(f"global_pool must be '', 'avg' or 'token', got {args['global_pool']!r}")
+    if args["global_pool"] == "token" and not args["class_token"]:
         raise ValueError("global_pool='token' needs class_token=True")
     if head_dim % 4:
         raise ValueError(f"head_dim = embed_dim / num_heads = {head_dim} must be divisible by 4 (two axes of planes)")
+    sizes = args["img_size"] if isinstance(args["img_size"], (tuple, list)) else (args["img_size"],)
+    for name, values in (("img_size", sizes), ("patch_size", (args["patch_size"],))):
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values) or len(values) > 2:
+            raise TypeError(f"{name} must be a positive int or two of them, got {args[name]!r}")
+    theta = args["rope_theta"]
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        raise TypeError(f"rope_theta must be a number, got {theta!r}")
 
 
 class AxialRoPEViT(nn.Module):
@@ -130,9 +232,11 @@ class AxialRoPEViT(nn.Module):
         rope_theta: base of each axis' spectrum; a head's ``D`` channels are split ``(D/2, D/2)``
             between y and x.
         rope_positions: one of ``POSITION_MODES`` (see the module docstring).
-        rope_scaling: an :mod:`axial_rope.scaling` method, or one per axis ``(y, x)``, or ``None``
-            (not with ``rope_positions`` ``"ntk"`` or ``"yarn"``, which choose the scaling themselves).
+        rope_scaling: an :mod:`axial_rope.scaling` method (or its dict), or one per axis ``(y, x)``, or
+            ``None`` (not with ``rope_positions`` ``"ntk"`` or ``"yarn"``, which choose the scaling themselves).
     """
+
+    grid_rope_cls = GridRoPE  # a subclass may set its own (other coordinates: override GridRoPE.positions)
 
     def __init__(
         self,
@@ -157,9 +261,9 @@ class AxialRoPEViT(nn.Module):
         rope_scaling: Scaling | None | Sequence[Scaling | None] = None,
     ):
         super().__init__()
-        _check_arguments(rope_positions, rope_scaling, global_pool, class_token, embed_dim // num_heads)
+        _check_arguments(locals(), embed_dim // num_heads)
         head_dim = embed_dim // num_heads
-        self.num_classes, self.global_pool, self.rope_positions = num_classes, global_pool, rope_positions
+        self.num_classes, self.global_pool = num_classes, global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1 if class_token else 0
         self.dynamic_img_size, self.grad_checkpointing = dynamic_img_size, False
@@ -176,9 +280,11 @@ class AxialRoPEViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         # one rotary layout shared by every block: (y, x) planes, interleaved as in timm's EVA/diffusers
         self.rope = AxialRoPE((head_dim // 2, head_dim // 2), rope_theta, rope_scaling)
+        grid = tuple(self.patch_embed.grid_size)
+        self.rope_grid = self.grid_rope_cls(self.rope, grid, rope_positions, rope_scaling)
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
         self.blocks = nn.ModuleList(
-            RopeBlock(embed_dim, num_heads, self.rope, mlp_ratio, qkv_bias, qk_norm, init_values, dpr[i])
+            RopeBlock(embed_dim, num_heads, self.rope_grid, mlp_ratio, qkv_bias, qk_norm, init_values, dpr[i])
             for i in range(depth)
         )
         reduction = self.patch_embed.patch_size[0]
@@ -223,43 +329,83 @@ class AxialRoPEViT(nn.Module):
 
     # -- positions and tokens ------------------------------------------------------
 
+    @property
+    def rope_positions(self) -> str:
+        return self.rope_grid.mode
+
+    @rope_positions.setter
+    def rope_positions(self, mode: str) -> None:
+        _check_positions(mode, self.rope_grid.scaling)
+        self.rope_grid.mode = mode
+
+    # -- saving and loading ----------------------------------------------------------
+
+    @property
+    def _model_args(self) -> dict:
+        return self.__dict__.get("_timm_model_args", {})
+
+    @_model_args.setter
+    def _model_args(self, args: dict) -> None:
+        # timm records create_model's arguments here and save_for_hf writes them to config.json:
+        # a scaling method is kept as its JSON dict, which the constructor takes back
+        args = dict(args)
+        if "rope_scaling" in args:
+            args["rope_scaling"] = scaling_json(args["rope_scaling"])
+        self.__dict__["_timm_model_args"] = args
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "rope_config"] = self.rope_grid.code()  # the settings now, not at construction
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors) -> None:
+        key = prefix + "rope_config"
+        if key in state_dict:  # absent (older weights, or dropped on purpose): unchecked
+            self.rope_grid.compare(state_dict[key].cpu(), errors)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+        if key in unexpected:
+            unexpected.remove(key)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: the library's rope is Python TorchScript cannot compile
+        raise RuntimeError(
+            f"{type(self).__name__} cannot be scripted with TorchScript (axial_rope's rotation is not scriptable); "
+            "use torch.compile, torch.export or torch.fx (supported), and exclude it from scripting tests "
+            "like timm's own non-scriptable models (EXCLUDE_JIT_FILTERS)"
+        )
+
     def positions(self, height: int, width: int, device=None) -> torch.Tensor:
         """Patch coordinates ``[height * width, 2]`` (y, x), row-major, for a ``height x width`` patch grid."""
-        sizes, trained = (height, width), tuple(self.patch_embed.grid_size)
-        return positions_for_size(sizes, trained, self.rope_positions, device=device).pos
+        return self.rope_grid.positions(height, width, device)
 
     def rope_for(self, height: int, width: int) -> AxialRoPE:
         """The rope of a ``height x width`` patch grid: ``self.rope``, or its NTK / YaRN scaling of longer axes.
 
         Built per call (cheap); ``self.rope`` is never changed.
         """
-        if self.rope_positions not in ("ntk", "yarn"):
-            return self.rope
-        sized = positions_for_size((height, width), tuple(self.patch_embed.grid_size), self.rope_positions)
-        return self.rope.with_scaling(sized.scaling)
+        return self.rope_grid.rope_for(height, width)
 
-    def _tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AxialRoPE]:
-        """Images ``[B, C, H, W]`` -> tokens ``[B, prefix + h * w, C]``, patch positions ``[h * w, 2]``, rope."""
+    def _tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Images ``[B, C, H, W]`` -> tokens ``[B, prefix + h * w, C]`` and the patch grid ``(h, w)``."""
         x = self.patch_embed(x)
-        if self.dynamic_img_size:  # [B, h, w, C]
-            h, w = x.shape[1], x.shape[2]
+        if self.dynamic_img_size:  # [B, h, w, C]; h, w are proxies under torch.fx, passed on to the GridRoPE leaf
+            grid = (x.shape[1], x.shape[2])
             x = x.flatten(1, 2)
         else:
-            h, w = self.patch_embed.grid_size
+            grid = tuple(self.patch_embed.grid_size)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return x, self.positions(h, w, x.device), self.rope_for(h, w)
+        return x, grid
 
-    def _block(self, block: RopeBlock, x: torch.Tensor, pos: torch.Tensor, rope: AxialRoPE) -> torch.Tensor:
+    def _block(self, block: RopeBlock, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         if self.grad_checkpointing and not torch.jit.is_scripting():
-            return checkpoint(block, x, pos, self.num_prefix_tokens, rope)
-        return block(x, pos, self.num_prefix_tokens, rope)
+            return checkpoint(block, x, grid, self.num_prefix_tokens)
+        return block(x, grid, self.num_prefix_tokens)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images ``[B, C, H, W]`` -> normed tokens ``[B, prefix + h * w, embed_dim]``."""
-        x, pos, rope = self._tokens(x)
+        x, grid = self._tokens(x)
         for block in self.blocks:
-            x = self._block(block, x, pos, rope)
+            x = self._block(block, x, grid)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -292,11 +438,11 @@ class AxialRoPEViT(nn.Module):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         B, _, height, width = x.shape
-        x, pos, rope = self._tokens(x)
+        x, grid = self._tokens(x)
         blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
         intermediates = []
         for i, block in enumerate(blocks):
-            x = self._block(block, x, pos, rope)
+            x = self._block(block, x, grid)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
         n = self.num_prefix_tokens

@@ -2,14 +2,29 @@
 
 ``python -m scripts.train --model NAME`` and ``python -m scripts.experiments`` both start
 from :data:`RUN_DEFAULTS`, so a run trained by one is the run the other expects, in the
-same folder (``runs/dit``, ``runs/video_dit``, ``runs/gpt``).
+same folder (``runs/dit``, ``runs/video_dit``, ``runs/gpt``). Every setting is checked when
+a :class:`TrainConfig` is made: nonsense fails there with the field's name, not steps later.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+import math
+from dataclasses import asdict, dataclass, fields, replace
 
-__all__ = ["TrainConfig", "RUN_DEFAULTS", "RUN_KEYS", "WEIGHT_NEUTRAL", "run_config", "config_differences"]
+__all__ = [
+    "TrainConfig",
+    "RUN_DEFAULTS",
+    "RUN_KEYS",
+    "HYPERPARAMETERS",
+    "WEIGHT_NEUTRAL",
+    "SCHEDULES",
+    "PRECISIONS",
+    "run_config",
+    "config_differences",
+]
+
+SCHEDULES = ("constant", "cosine")
+PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass
@@ -24,22 +39,64 @@ class TrainConfig:
     warmup: int = 20
     schedule: str = "constant"  # or "cosine" (to 10% of lr)
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    ema: float = 0.99
+    grad_clip: float = 1.0  # 0: no clipping
+    ema: float = 0.99  # 0: the EMA weights are the trained ones
     resolution: int = 32  # DiTs: pixels per side
     frames: int = 8  # video DiT
     context: int = 256  # language model: bytes per window
     seed: int = 0
     out: str = "runs/dit"
     resume: bool = False
+    overwrite: bool = False  # a fresh run into a folder that holds a run replaces it (else: refused)
+    allow_changes: bool = False  # a resume may change HYPERPARAMETERS (recorded in the log; else: refused)
     log_every: int = 10
     val_every: int = 500  # validation loss, sample grid and loss curve every N steps
     ckpt_every: int = 500
     sample_steps: int = 40  # Euler steps of the sample grids (DiTs)
     report: bool = True  # validation, samples and loss curve (periodic and at the end)
-    precision: str = "auto"  # "auto": bf16 autocast on GPUs with bf16, else float32
+    precision: str = "auto"  # "auto": bf16 autocast on GPUs with bf16, else float32; "bf16"; "fp32"
     fsdp: bool = False
     progress: bool = True
+
+    def __post_init__(self):
+        check(self)
+
+
+def _fail(name: str, rule: str, value) -> None:
+    raise ValueError(f"{name} must be {rule}, got {value!r}")
+
+
+def check(cfg: TrainConfig) -> None:
+    """Raise ``ValueError`` naming the first setting of ``cfg`` that has the wrong type or makes no sense."""
+    for f in fields(cfg):
+        value, kind = getattr(cfg, f.name), type(f.default)
+        # bool is an int to Python; an int is a fine float; nothing else passes for another type
+        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            _fail(f.name, f"a {kind.__name__}", value)
+        if kind is float and not math.isfinite(value):
+            _fail(f.name, "finite", value)
+    positive = ("steps", "batch_size", "resolution", "frames", "context", "log_every", "val_every", "ckpt_every")
+    for name in (*positive, "sample_steps"):
+        if getattr(cfg, name) < 1:
+            _fail(name, ">= 1", getattr(cfg, name))
+    if cfg.context < 2:
+        _fail("context", ">= 2 (a window predicts its next byte)", cfg.context)
+    if cfg.lr <= 0:
+        _fail("lr", "> 0", cfg.lr)
+    for name in ("warmup", "seed", "weight_decay", "grad_clip"):
+        if getattr(cfg, name) < 0:
+            _fail(name, ">= 0" + (" (0: no clipping)" if name == "grad_clip" else ""), getattr(cfg, name))
+    if not 0 <= cfg.ema < 1:
+        _fail("ema", "in [0, 1) (the weight of the old EMA per step; 0: no averaging)", cfg.ema)
+    if cfg.schedule not in SCHEDULES:
+        _fail("schedule", f"one of {SCHEDULES}", cfg.schedule)
+    if cfg.precision not in PRECISIONS:
+        _fail("precision", f"one of {PRECISIONS}", cfg.precision)
+    if cfg.resume and cfg.overwrite:
+        raise ValueError("resume and overwrite exclude each other: resume continues the run, overwrite replaces it")
 
 
 # The default run of each model (docs/training.md, docs/experiments.md). The video DiT trains at
@@ -55,8 +112,23 @@ RUN_DEFAULTS: dict[str, TrainConfig] = {
 # settings a resumed run must share with its checkpoint (the model, the data order, the batch)
 RUN_KEYS = ("model", "preset", "resolution", "frames", "context", "seed", "batch_size")
 
+# settings of the optimisation: a resume keeps them unless allow_changes (then the log records the change);
+# steps may grow on any resume (train longer)
+HYPERPARAMETERS = ("lr", "warmup", "schedule", "weight_decay", "grad_clip", "ema", "precision")
+
 # settings that do not change the trained weights: where and how a run reports, not what it learns
-WEIGHT_NEUTRAL = ("out", "resume", "progress", "report", "log_every", "val_every", "ckpt_every", "sample_steps")
+WEIGHT_NEUTRAL = (
+    "out",
+    "resume",
+    "overwrite",
+    "allow_changes",
+    "progress",
+    "report",
+    "log_every",
+    "val_every",
+    "ckpt_every",
+    "sample_steps",
+)
 
 
 def run_config(model: str = "dit", **overrides) -> TrainConfig:

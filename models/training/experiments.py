@@ -71,7 +71,8 @@ def trained_run(cfg: TrainConfig):
     """
     out = Path(cfg.out)
     if not (out / "checkpoint.safetensors").is_file():
-        train(cfg)
+        # no checkpoint, no weights to lose: what a run killed before its first save left is replaced
+        train(replace(cfg, overwrite=True))
         return load_trained(out)
     hint = f"remove {out} or pass another --run-dir"
     if not (out / "config.json").is_file():

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
+
+from .rundir import read_log
 
 
 def _to_uint8(images: torch.Tensor) -> torch.Tensor:
@@ -59,9 +60,9 @@ def plot_loss(log_path: str | Path, out_path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in Path(log_path).read_text().splitlines() if line.strip()]
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
-    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    records = read_log(log_path)  # a line cut off by a kill is skipped, not a crash
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r and "step" in r]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r and "step" in r]
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
     if train:
         ax.plot(*zip(*train), label="train", lw=1)

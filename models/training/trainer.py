@@ -6,6 +6,11 @@ resume to the same loss curve (data and noise are pure functions of seed and ste
 Runs unchanged under ``torchrun``: DistributedDataParallel, or FSDP2 with ``fsdp``.
 The settings are :class:`~models.training.config.TrainConfig`; each run writes them to
 ``OUT/config.json`` when it starts (or resumes), next to its checkpoint.
+
+Faults (docs/training.md, "What is guaranteed"): Ctrl-C and SIGTERM stop at a step boundary
+and save; a non-finite loss or gradient stops the run before it touches the weights, and
+the last checkpoint is kept; one run at a time per folder, and a fresh run never replaces
+one there unless told to; a resume keeps the optimisation settings unless told otherwise.
 """
 
 from __future__ import annotations
@@ -21,12 +26,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint
-from .config import RUN_KEYS, TrainConfig
+from . import checkpoint, rundir
+from .config import HYPERPARAMETERS, RUN_KEYS, TrainConfig
+from .config import check as check_config
 from .pictures import plot_loss
+from .stopping import DeferredStop
 from .tasks import TASKS
 
-__all__ = ["Run", "TrainConfig", "learning_rate", "load_trained", "train", "trained_weights"]
+__all__ = ["Run", "TrainConfig", "TrainingDiverged", "learning_rate", "load_trained", "train", "trained_weights"]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient became NaN or infinite: the run stopped before the weights did."""
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -42,6 +53,7 @@ class Run:
     """The state of one process in a (possibly distributed) run."""
 
     def __init__(self, cfg: TrainConfig):
+        check_config(cfg)  # a TrainConfig checks itself when made; fields set afterwards are checked here
         if cfg.model not in TASKS:
             raise ValueError(f"model must be one of {sorted(TASKS)}, got {cfg.model!r}")
         if cfg.preset not in TASKS[cfg.model].presets:
@@ -54,6 +66,8 @@ class Run:
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
+        if cfg.batch_size % self.world:
+            raise ValueError(f"batch_size {cfg.batch_size} must divide by the number of processes {self.world}")
         if torch.cuda.is_available():
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
@@ -72,6 +86,10 @@ class Run:
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
         self.out = Path(cfg.out)
         self.step = 0
+        self.window: list[float] = []  # the losses since the last log record (saved: a resume continues it)
+        self.history: list[dict] = []  # hyperparameter changes of earlier resumes
+        self.busy = False  # inside a step: the state may be half an update, never saved
+        self.saved_step: int | None = None
 
     def _wrap(self, model):
         if not self.distributed:
@@ -108,16 +126,23 @@ class Run:
         return {"model": model, "ema": ema, "optimizer": optim}
 
     def save(self) -> None:
+        """Write the checkpoint of this step (a whole number of steps: never called inside one)."""
         state = self.state()
         if self.rank == 0:
-            checkpoint.save(self.out / "checkpoint.safetensors", step=self.step, run=asdict(self.cfg), **state)
+            extra = {"window": self.window, "history": self.history}
+            checkpoint.save(
+                self.out / "checkpoint.safetensors", step=self.step, run=asdict(self.cfg), extra=extra, **state
+            )
+        self.saved_step = self.step
 
     def restore(self) -> None:
         saved = checkpoint.load(self.out / "checkpoint.safetensors", run=asdict(self.cfg), keys=RUN_KEYS)
+        changed = self._changes(saved["run"])
         params = dict(self.model.named_parameters())
-        missing = set(params) - set(saved["model"])
+        missing = set(params) - set(saved["model"]) | set(params) - set(saved["ema"])
         if missing:
             raise checkpoint.CheckpointError(f"checkpoint lacks parameters {sorted(missing)[:5]}")
+        self._check_optimizer(saved["optimizer"], saved["step"])
         with torch.no_grad():
             for (name, p), e in zip(params.items(), self.ema):
                 for target, source in ((p, saved["model"][name]), (e, saved["ema"][name])):
@@ -126,15 +151,43 @@ class Run:
 
                         source = distribute_tensor(source.to(self.device), target.device_mesh, target.placements)
                     target.copy_(source)
-        if self.cfg.fsdp and self.distributed:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        try:
+            if self.cfg.fsdp and self.distributed:
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-            set_optimizer_state_dict(
-                self.model, self.optimizer, saved["optimizer"], options=StateDictOptions(full_state_dict=True)
+                options = StateDictOptions(full_state_dict=True)
+                set_optimizer_state_dict(self.model, self.optimizer, saved["optimizer"], options=options)
+            else:
+                self.optimizer.load_state_dict(saved["optimizer"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as err:
+            raise checkpoint.CheckpointError(f"checkpoint's optimizer state does not fit this model ({err})") from err
+        self.step = self.saved_step = saved["step"]
+        self.window = list(saved["extra"].get("window", []))
+        self.history = list(saved["extra"].get("history", []))
+        if changed:
+            self.history.append({"step": self.step, "changed": changed})
+
+    def _changes(self, saved: dict) -> dict[str, list]:
+        """``{name: [checkpoint, now]}`` of the changed hyperparameters; refused unless ``allow_changes``."""
+        now = asdict(self.cfg)
+        changed = {k: [saved.get(k), now[k]] for k in HYPERPARAMETERS if saved.get(k) != now[k]}
+        if changed and not self.cfg.allow_changes:
+            detail = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in changed.items())
+            raise checkpoint.CheckpointError(
+                f"{self.out} was trained with other settings ({detail}): resume with the same ones, or pass "
+                "--allow-changes to continue with the new ones (recorded in log.jsonl and config.json)"
             )
-        else:
-            self.optimizer.load_state_dict(saved["optimizer"])
-        self.step = saved["step"]
+        return changed
+
+    @staticmethod
+    def _check_optimizer(optim: dict, step: int) -> None:
+        """Every parameter's AdamW step count must be the checkpoint's: otherwise it was saved mid-step."""
+        counts = {float(entry["step"]) for entry in optim["state"].values() if "step" in entry}
+        if counts and counts != {float(step)}:
+            raise checkpoint.CheckpointError(
+                f"checkpoint of step {step} holds optimizer step counts {sorted(counts)}: saved in the middle "
+                "of a step, not resumable exactly"
+            )
 
     def ema_model(self) -> torch.nn.Module:
         """An unwrapped copy of the model holding the EMA weights (collective under FSDP)."""
@@ -154,16 +207,29 @@ class Run:
             loss = self.task.loss(self.trained, self.step, cfg.batch_size, self.rank, self.world)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        # the norm is needed unclipped too: a non-finite gradient stops the run before the update
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        loss = loss.detach()
+        if self.distributed:  # every rank sees the same loss and gradient norm: they stop together
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+        if not (torch.isfinite(loss) and torch.isfinite(norm)):
+            raise TrainingDiverged(
+                f"training diverged at step {self.step + 1} (loss {float(loss)}, gradient norm {float(norm)}): "
+                f"stopped before the update; {self._kept()}. Lower --lr or --grad-clip and --resume"
+            )
+        # from here to the step's log record the state is half a step: a forced stop saves nothing
+        self.busy = True
         self.optimizer.step()
         with torch.no_grad():
             torch._foreach_lerp_(self.ema, [p.detach() for p in self.model.parameters()], 1 - cfg.ema)
-        loss = loss.detach()
-        if self.distributed:
-            dist.all_reduce(loss, op=dist.ReduceOp.AVG)
         self.step += 1
         return float(loss)
+
+    def _kept(self) -> str:
+        if self.saved_step is None:
+            return "no checkpoint was written"
+        return f"the checkpoint of step {self.saved_step} is kept"
 
     def log(self, record: dict) -> None:
         if self.rank == 0:
@@ -186,55 +252,82 @@ class Run:
             self.task.save_samples(model, self.out / name, steps=self.cfg.sample_steps)
             plot_loss(self.out / "log.jsonl", self.out / "loss.png")
 
-    def train(self) -> dict:
+    def _start(self) -> None:
+        """Resume or start fresh (rank 0 holds the folder's lock), and write config.json."""
         cfg = self.cfg
         if self.rank == 0:
-            self.out.mkdir(parents=True, exist_ok=True)
+            checkpoint.remove_temporaries(self.out)  # left by a save that was killed
         if cfg.resume:
             self.restore()
+            if self.rank == 0:
+                rundir.truncate_log(self.out / "log.jsonl", self.step)  # a killed run logged steps past it
+                if self.history and self.history[-1]["step"] == self.step:
+                    self.log(self.history[-1])
         elif self.rank == 0:
-            (self.out / "log.jsonl").unlink(missing_ok=True)
+            rundir.start_fresh(self.out, cfg.overwrite)
         if self.rank == 0:  # the settings that trained the checkpoint from here on (resumes included)
-            (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
-        bar = None
-        if cfg.progress and self.rank == 0:
-            from tqdm import tqdm
+            settings = asdict(cfg) | ({"history": self.history} if self.history else {})
+            (self.out / "config.json").write_text(json.dumps(settings, indent=2))
 
-            bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.model}", dynamic_ncols=True)
-        losses, tic, interrupted = [], time.perf_counter(), False
-        try:
-            while self.step < cfg.steps:
-                loss = self.train_step()
-                losses.append(loss)
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                    elapsed = time.perf_counter() - tic
-                    rate = len(losses) * cfg.batch_size / elapsed
-                    self.log(
-                        {
-                            "step": self.step,
-                            "loss": sum(losses) / len(losses),
-                            "lr": learning_rate(cfg, self.step - 1),
-                            "samples_per_s": rate,
-                        }
-                    )
+    def _stop_requested(self, stop: DeferredStop) -> bool:
+        if not self.distributed:
+            return stop.requested is not None
+        flag = torch.tensor(float(stop.requested is not None), device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one rank's signal stops all, at the same step
+        return bool(flag)
+
+    def _after_step(self, loss: float, tic: float) -> float:
+        """Log, save and report as the settings say; returns the start time of the next log window."""
+        cfg = self.cfg
+        self.window.append(loss)
+        if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+            rate = len(self.window) * cfg.batch_size / (time.perf_counter() - tic)
+            mean = sum(self.window) / len(self.window)
+            self.log({"step": self.step, "loss": mean, "lr": learning_rate(cfg, self.step - 1), "samples_per_s": rate})
+            self.window, tic = [], time.perf_counter()
+        if self.step % cfg.ckpt_every == 0:
+            self.save()
+        return tic
+
+    def train(self) -> dict:
+        cfg = self.cfg
+        lock = rundir.RunLock(self.out) if self.rank == 0 else contextlib.nullcontext()
+        with lock, DeferredStop() as stop:
+            self._start()
+            bar = None
+            if cfg.progress and self.rank == 0:
+                from tqdm import tqdm
+
+                bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.model}", dynamic_ncols=True)
+            tic, interrupted, consistent = time.perf_counter(), False, True
+            try:
+                while self.step < cfg.steps:
+                    if self._stop_requested(stop):
+                        interrupted = True
+                        break
+                    loss = self.train_step()  # sets busy when it starts changing the state
+                    tic = self._after_step(loss, tic)
+                    self.busy = False  # the step, its loss in the log window and its record: all done
                     if bar is not None:
-                        bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=f"{rate:.0f}")
-                    losses, tic = [], time.perf_counter()
+                        bar.set_postfix(loss=f"{loss:.4f}")
+                        bar.update(1)
+                    if cfg.report and self.step % cfg.val_every == 0 and self.step < cfg.steps:
+                        if stop.requested is None:
+                            self.report()
+            except KeyboardInterrupt:  # a second Ctrl-C (or one raised by code, not a signal we defer)
+                interrupted, consistent = True, not self.busy
+            finally:
                 if bar is not None:
-                    bar.update(1)
-                if self.step % cfg.ckpt_every == 0:
-                    self.save()
-                if cfg.report and self.step % cfg.val_every == 0 and self.step < cfg.steps:
-                    self.report()
-        except KeyboardInterrupt:
-            interrupted = True  # Ctrl-C: keep what was trained, then stop cleanly
-        finally:
-            if bar is not None:
-                bar.close()
-        self.save()
-        if cfg.report and not interrupted:
-            self.report(final=True)
-        return {"step": self.step, "interrupted": interrupted, "out": str(self.out)}
+                    bar.close()
+            interrupted = interrupted or stop.requested is not None
+            if consistent and self.saved_step != self.step:
+                self.save()
+            if cfg.report and not interrupted:
+                self.report(final=True)
+        result = {"step": self.step, "interrupted": interrupted, "out": str(self.out)}
+        if not consistent:  # stopped inside a step: only the last checkpoint holds (None: there is none)
+            result |= {"step": self.saved_step, "unsaved": True}
+        return result
 
 
 def trained_weights(path: str | Path, *, use_ema: bool = True) -> tuple[dict, dict[str, torch.Tensor]]:
