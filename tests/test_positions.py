@@ -80,3 +80,49 @@ def test_text_positions_flux_zeros_and_mrope_diagonal():
 def test_position_builders_reject_bad_arguments(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# -- positions_for_size: the one rule for a size not seen in training ------------------------------
+
+
+def test_positions_for_size_formulas_per_mode():
+    sizes, train = (4, 6), (4, 3)  # y as trained, x twice as long
+    none = ar.positions_for_size(sizes, train, "none")
+    assert torch.equal(none.pos, ar.grid(4, 6)) and none.scaling == (None, None) and none.factors == (1.0, 2.0)
+    interp = ar.positions_for_size(sizes, train, "interpolate")
+    assert torch.equal(interp.pos, ar.grid(4, 6, scale=(1.0, 0.5)))  # only the longer axis: i / s_a
+    ntk = ar.positions_for_size(sizes, train, "ntk")
+    assert torch.equal(ntk.pos, ar.grid(4, 6)) and ntk.scaling == (None, ar.scaling.NTK(2.0))
+    yarn = ar.positions_for_size(sizes, train, "yarn")
+    assert yarn.scaling == (None, ar.scaling.YaRN(2.0, 3))  # original length: the axis' training extent
+    norm = ar.positions_for_size(sizes, train, "normalize")
+    # (i + 1/2 - n_a / 2) * M / m with M = max(train) = 4, m = max(sizes) = 6
+    expected = torch.stack(torch.meshgrid(*[(torch.arange(n) + 0.5 - n / 2) * 4 / 6 for n in sizes], indexing="ij"), -1)
+    torch.testing.assert_close(norm.pos, expected.reshape(-1, 2).float(), rtol=0, atol=1e-7)
+
+
+def test_positions_for_size_normalize_is_centred_unit_spacing_at_the_training_size():
+    pos = ar.positions_for_size((4, 4), 4, "normalize").pos
+    assert torch.equal(pos, ar.grid(4, 4, center=True))
+
+
+def test_positions_for_size_per_axis_modes_and_smaller_sizes():
+    sized = ar.positions_for_size((16, 8, 8), (8, 4, 4), ("none", "yarn", "interpolate"))
+    assert sized.scaling[0] is None and sized.scaling[1] == ar.scaling.YaRN(2.0, 4) and sized.scaling[2] is None
+    assert torch.equal(sized.pos[:, 0], ar.grid(16, 8, 8)[:, 0])  # time extrapolates
+    smaller = ar.positions_for_size((2, 2), (4, 4), "interpolate")  # below the training size: untouched
+    assert torch.equal(smaller.pos, ar.grid(2, 2)) and smaller.factors == (1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (((4, 4), (4,), "none"), "one size per axis"),
+        (((4, 4), 4, "stretch"), "mode must be one of"),
+        (((4, 4), 4, ("none",)), "one per axis"),
+        (((4, 0), 4, "none"), "positive ints"),
+    ],
+)
+def test_positions_for_size_bad_arguments(args, match):
+    with pytest.raises(ValueError, match=match):
+        ar.positions_for_size(*args)
