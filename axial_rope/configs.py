@@ -57,16 +57,7 @@ DIFFUSERS_CLASSES: dict[str, Callable] = {
     "LTXVideoTransformer3DModel": lambda c: conv.ltx_video(
         _get(c, "num_attention_heads"), _get(c, "attention_head_dim")
     ),
-    "LTX2VideoTransformer3DModel": lambda c: conv.ltx2(
-        _get(c, "num_attention_heads"),
-        _get(c, "attention_head_dim"),
-        pos_embed_max_pos=_get(c, "pos_embed_max_pos"),
-        base_height=_get(c, "base_height"),
-        base_width=_get(c, "base_width"),
-        rope_theta=_get(c, "rope_theta"),
-        rope_double_precision=_get(c, "rope_double_precision"),
-        rope_type=_get(c, "rope_type"),
-    ),
+    "LTX2VideoTransformer3DModel": lambda c: _ltx2(c, "video"),
     "Lumina2Transformer2DModel": lambda c: conv.lumina2(
         _axes_sum(c, "axes_dim_rope", "hidden_size", "num_attention_heads"), _get(c, "axes_lens")
     ),
@@ -151,7 +142,7 @@ def rope_from_config(
                 f"_class_name {class_name!r} has no RoPE convention here; supported: {sorted(DIFFUSERS_CLASSES)}"
             )
         if class_name == "LTX2VideoTransformer3DModel" and modality == "audio":
-            return _ltx2_audio(config)
+            return _ltx2(config, "audio")
         return DIFFUSERS_CLASSES[class_name](config)
     text = _text_config(config)
     model_type = _get(text, "model_type", None) or _get(config, "model_type", None) or ""
@@ -165,15 +156,19 @@ def rope_from_config(
     )
 
 
-def _ltx2_audio(config) -> AxialRoPE:
+def _ltx2(config, modality: str) -> AxialRoPE:
+    """LTX-2's video rope, or its audio rope from the ``audio_*`` fields (audio has no spatial bases)."""
+    prefix = "audio_" if modality == "audio" else ""
+    bases = {} if prefix else dict(base_height=_get(config, "base_height"), base_width=_get(config, "base_width"))
     return conv.ltx2(
-        _get(config, "audio_num_attention_heads"),
-        _get(config, "audio_attention_head_dim"),
-        pos_embed_max_pos=_get(config, "audio_pos_embed_max_pos"),
+        _get(config, prefix + "num_attention_heads"),
+        _get(config, prefix + "attention_head_dim"),
+        pos_embed_max_pos=_get(config, prefix + "pos_embed_max_pos"),
         rope_theta=_get(config, "rope_theta"),
         rope_double_precision=_get(config, "rope_double_precision"),
         rope_type=_get(config, "rope_type"),
-        modality="audio",
+        modality=modality,
+        **bases,
     )
 
 

@@ -1,7 +1,9 @@
-"""Test helpers: the per-dtype tolerance table and a comparison that uses it."""
+"""Test helpers: the per-dtype tolerance table and a comparison that uses it, tiny transformers configs, and the
+model set-up several test modules share."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 # One tolerance per dtype (atol, rtol), used by every backend-vs-reference comparison.
@@ -18,13 +20,24 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     torch.testing.assert_close(actual, expected.to(actual.dtype), atol=atol, rtol=rtol)
 
 
-def llama_config(
-    head_dim: int, rope_parameters: dict, max_position_embeddings: int = 4096, num_key_value_heads: int = 2
-):
-    """A tiny transformers ``LlamaConfig`` whose RoPE transformers reads exactly as a real checkpoint's."""
-    from transformers import LlamaConfig
+# transformers ``rope_parameters`` of the Llama family that the parity and the convention tests both check
+LLAMA_ROPE_PARAMETERS = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024},
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 1024,
+    },
+}
 
-    return LlamaConfig(
+
+def text_config(config_cls, head_dim: int, rope_parameters: dict, num_key_value_heads: int = 2, **fields):
+    """A tiny transformers text config (2 heads of ``head_dim``, one layer) whose RoPE reads as a real checkpoint's."""
+    return config_cls(
         hidden_size=2 * head_dim,
         num_attention_heads=2,
         num_key_value_heads=num_key_value_heads,
@@ -32,6 +45,54 @@ def llama_config(
         intermediate_size=8,
         num_hidden_layers=1,
         vocab_size=8,
-        max_position_embeddings=max_position_embeddings,
         rope_parameters=dict(rope_parameters),
+        **fields,
     )
+
+
+def llama_config(
+    head_dim: int, rope_parameters: dict, max_position_embeddings: int = 4096, num_key_value_heads: int = 2
+):
+    """A tiny transformers ``LlamaConfig`` whose RoPE transformers reads exactly as a real checkpoint's."""
+    from transformers import LlamaConfig
+
+    return text_config(
+        LlamaConfig, head_dim, rope_parameters, num_key_value_heads, max_position_embeddings=max_position_embeddings
+    )
+
+
+def qwen_vl_config(config_cls, rope_parameters: dict, head_dim: int):
+    """A tiny Qwen-VL text config (``Qwen2VLTextConfig``, ...): one kv head, no special tokens."""
+    return text_config(
+        config_cls, head_dim, rope_parameters, 1, bos_token_id=None, eos_token_id=None, pad_token_id=None
+    )
+
+
+def perturb(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with every weight moved (seeded), in eval mode.
+
+    adaLN-Zero starts with zero modulation and a zero final layer (the velocity is 0): moved, the
+    outputs depend on input, time, label and position.
+    """
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
+def one_torch_thread():
+    """A module-scoped autouse fixture that runs the module's tests on one torch thread.
+
+    Tiny models gain nothing from threads, and OpenMP threads spin against other jobs on shared
+    cores. Use it as ``_one_thread = one_torch_thread()`` at module level.
+    """
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _one_thread():
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        yield
+        torch.set_num_threads(threads)
+
+    return _one_thread

@@ -23,7 +23,7 @@ from conventions_support import (
     max_diff,
     seeded,
 )
-from helpers import llama_config
+from helpers import LLAMA_ROPE_PARAMETERS, llama_config
 
 import axial_rope as ar
 from axial_rope import conventions as conv
@@ -72,17 +72,10 @@ def check_llama_like(name: str, rope, embed, apply, D: int, starts=(0, 7), kv_he
 
 
 LLAMA_PARAMS = {
-    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "default": LLAMA_ROPE_PARAMETERS["default"],
     "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
-    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024},
-    "llama3": {
-        "rope_type": "llama3",
-        "rope_theta": 500000.0,
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 1024,
-    },  # fmt: skip
+    "yarn": LLAMA_ROPE_PARAMETERS["yarn"],
+    "llama3": LLAMA_ROPE_PARAMETERS["llama3"],
 }
 
 

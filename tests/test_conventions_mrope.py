@@ -12,17 +12,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conventions_support import EPS32, angle_gap, assert_close, check_documented, exact_tables, max_diff, seeded
+from helpers import qwen_vl_config
 
 import axial_rope as ar
 from axial_rope import conventions as conv
 
 pytest.importorskip("transformers")
-
-
-def qwen_config(config_cls, rope_parameters: dict, head_dim: int = 32):
-    return config_cls(hidden_size=2 * head_dim, num_attention_heads=2, num_key_value_heads=1, head_dim=head_dim,
-                      intermediate_size=8, num_hidden_layers=1, vocab_size=8, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=None, rope_parameters=dict(rope_parameters))  # fmt: skip
 
 
 def upstream_rope_index(model_cls, segments, merge: int, tokens_per_second=None) -> torch.Tensor:
@@ -78,7 +73,7 @@ def test_qwen2_vl():
     from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig
 
     params = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]}
-    embed = qwen2.Qwen2VLRotaryEmbedding(qwen_config(Qwen2VLTextConfig, params))
+    embed = qwen2.Qwen2VLRotaryEmbedding(qwen_vl_config(Qwen2VLTextConfig, params, 32))
     pos = conv.mrope_positions(SEGMENTS, spatial_merge_size=2)
     assert torch.equal(pos, upstream_rope_index(qwen2.Qwen2VLModel, SEGMENTS, 2))
     rope = conv.qwen2_vl(32, 1e6, (4, 6, 6))
@@ -91,7 +86,7 @@ def test_qwen2_5_vl_absolute_time(seconds):
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
 
     params = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]}
-    embed = qwen25.Qwen2_5_VLRotaryEmbedding(qwen_config(Qwen2_5_VLTextConfig, params))
+    embed = qwen25.Qwen2_5_VLRotaryEmbedding(qwen_vl_config(Qwen2_5_VLTextConfig, params, 32))
     segments = [4, (1, 4, 4), 3, (4, 4, 6, seconds), 2]  # an image, then a video of 4 temporal patches
     pos = conv.mrope_positions(segments, spatial_merge_size=2, tokens_per_second=25)
     assert torch.equal(pos, upstream_rope_index(qwen25.Qwen2_5_VLModel, segments, 2, tokens_per_second=25))
@@ -106,7 +101,7 @@ def test_qwen3_vl_interleaved():
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
 
     params = {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5], "mrope_interleaved": True}
-    embed = qwen3.Qwen3VLTextRotaryEmbedding(qwen_config(Qwen3VLTextConfig, params))
+    embed = qwen3.Qwen3VLTextRotaryEmbedding(qwen_vl_config(Qwen3VLTextConfig, params, 32))
     # a video as Qwen3-VL feeds it: one (1, h, w) grid per frame, each after its timestamp text
     segments = [3, 2, (1, 4, 4), 2, (1, 4, 4), 1]
     pos = conv.mrope_positions(segments, spatial_merge_size=2)

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import one_torch_thread, perturb
 
 import axial_rope as ar
 from models.dit import PRESETS as DIT_PRESETS
@@ -24,22 +25,7 @@ from models.gpt import GPT, GPTConfig, sample
 from models.video_dit import PRESETS as VIDEO_PRESETS
 from models.video_dit import VideoDiT, VideoDiTConfig
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models; threads only spin against other jobs on shared cores
-    yield
-    torch.set_num_threads(threads)
-
-
-def _perturb(model: torch.nn.Module) -> torch.nn.Module:
-    # adaLN-Zero starts at zero output: move every weight so outputs depend on everything
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    return model.eval()
+_one_thread = one_torch_thread()
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -66,9 +52,9 @@ def test_generate_refuses_negative_temperature_and_top_k_zero():
 def test_dit_timesteps_of_any_wrong_shape_are_a_clear_error(kind):
     y = torch.tensor([0, 1])
     if kind == "image":
-        model, x = _perturb(DiT(DIT_PRESETS["tiny"])), torch.randn(2, 3, 8, 8)
+        model, x = perturb(DiT(DIT_PRESETS["tiny"])), torch.randn(2, 3, 8, 8)
     else:
-        model, x = _perturb(VideoDiT(replace(VIDEO_PRESETS["tiny"], depth=1))), torch.randn(2, 3, 2, 4, 4)
+        model, x = perturb(VideoDiT(replace(VIDEO_PRESETS["tiny"], depth=1))), torch.randn(2, 3, 2, 4, 4)
     with torch.no_grad():
         expected = model(x, torch.tensor([300.0, 300.0]), y)
         for one in (torch.tensor(300.0), torch.tensor([300.0]), 300.0, 300):  # before: IndexError for a 0-d tensor
@@ -82,8 +68,8 @@ def test_diffusers_wrappers_check_timestep_shapes():
     pytest.importorskip("diffusers")
     from models.diffusers_models import AxialDiT2DModel, AxialDiT3DModel
 
-    image = _perturb(AxialDiT2DModel.from_preset("tiny", depth=1))
-    video = _perturb(AxialDiT3DModel.from_preset("tiny", depth=1))
+    image = perturb(AxialDiT2DModel.from_preset("tiny", depth=1))
+    video = perturb(AxialDiT3DModel.from_preset("tiny", depth=1))
     for model, x in ((image, torch.randn(2, 3, 8, 8)), (video, torch.randn(2, 3, 2, 4, 4))):
         with torch.no_grad():
             expected = model(x, torch.tensor([300.0, 300.0]), torch.tensor([0, 1])).sample
@@ -129,7 +115,7 @@ def saved_image(tmp_path):
     pytest.importorskip("diffusers")
     from models.diffusers_models import AxialDiT2DModel
 
-    model = _perturb(AxialDiT2DModel.from_preset("tiny", depth=2, qk_norm="rms"))
+    model = perturb(AxialDiT2DModel.from_preset("tiny", depth=2, qk_norm="rms"))
     model.save_pretrained(tmp_path)
     return model, tmp_path
 
@@ -187,7 +173,7 @@ def test_weights_copied_between_configs_keep_their_own_fingerprint(tmp_path):
     pytest.importorskip("diffusers")
     from models.diffusers_models import AxialDiT3DModel
 
-    plain = _perturb(AxialDiT3DModel.from_preset("tiny", depth=1))
+    plain = perturb(AxialDiT3DModel.from_preset("tiny", depth=1))
     riflex = AxialDiT3DModel.from_preset("tiny", depth=1, temporal_scaling=ar.scaling.RIFLEx(2, 6))
     riflex.load_state_dict(plain.state_dict())  # weights only: riflex's config still describes riflex
     riflex.save_pretrained(tmp_path)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import one_torch_thread
 
 from models.training import checkpoint, rundir, trainer
 from models.training.checkpoint import CheckpointError
@@ -39,13 +40,7 @@ TINY = TrainConfig(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny models gain nothing from threads, and threads spin against other jobs on shared cores
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = one_torch_thread()
 
 
 def records(out: Path) -> list[tuple]:

@@ -26,6 +26,17 @@ from axial_rope.integrations.diffusers import (  # noqa: E402
 B = 2
 
 
+def _video_inputs(latent_fhw=(3, 4, 6), n_txt: int = 5, **extra) -> dict:
+    """A video transformer's inputs: latent video ``[B, 4, F, H, W]``, timesteps in [0, 1000), text states."""
+    return dict(
+        hidden_states=torch.randn(B, 4, *latent_fhw),
+        timestep=torch.rand(B) * 1000,
+        encoder_hidden_states=torch.randn(B, n_txt, 16),
+        return_dict=False,
+        **extra,
+    )
+
+
 def _flux():
     model = diffusers.FluxTransformer2DModel(
         patch_size=1,
@@ -67,85 +78,59 @@ def _hunyuan_video():
         pooled_projection_dim=8,
         rope_axes_dim=(2, 4, 4),
     )
-    inputs = dict(
-        hidden_states=torch.randn(B, 4, 3, 4, 6),
-        timestep=torch.rand(B) * 1000,
-        encoder_hidden_states=torch.randn(B, 5, 16),
+    inputs = _video_inputs(
         encoder_attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
         pooled_projections=torch.randn(B, 8),
         guidance=torch.full((B,), 3000.0),
-        return_dict=False,
     )
     return model, inputs
+
+
+WAN = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=12,
+    in_channels=4,
+    out_channels=4,
+    text_dim=16,
+    freq_dim=32,
+    ffn_dim=32,
+    num_layers=1,
+    qk_norm="rms_norm_across_heads",
+)
 
 
 def _wan():
-    model = diffusers.WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=12,
-        in_channels=4,
-        out_channels=4,
-        text_dim=16,
-        freq_dim=32,
-        ffn_dim=32,
-        num_layers=1,
-        cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads",
-        rope_max_seq_len=32,
-    )
-    inputs = dict(
-        hidden_states=torch.randn(B, 4, 3, 4, 6),
-        timestep=torch.rand(B) * 1000,
-        encoder_hidden_states=torch.randn(B, 5, 16),
-        return_dict=False,
-    )
-    return model, inputs
+    model = diffusers.WanTransformer3DModel(**WAN, cross_attn_norm=True, rope_max_seq_len=32)
+    return model, _video_inputs()
 
 
 def _wan_i2v():
     # image-to-video: image tokens attend through extra k/v projections; Wan fixes the text length at 512
-    model = diffusers.WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=12,
-        in_channels=4,
-        out_channels=4,
-        text_dim=16,
-        freq_dim=32,
-        ffn_dim=32,
-        num_layers=1,
-        qk_norm="rms_norm_across_heads",
-        image_dim=8,
-        added_kv_proj_dim=24,
-    )
-    inputs = dict(
-        hidden_states=torch.randn(B, 4, 2, 4, 4),
-        timestep=torch.rand(B) * 1000,
-        encoder_hidden_states=torch.randn(B, 512, 16),
-        encoder_hidden_states_image=torch.randn(B, 3, 8),
-        return_dict=False,
-    )
-    return model, inputs
+    model = diffusers.WanTransformer3DModel(**WAN, image_dim=8, added_kv_proj_dim=24)
+    return model, _video_inputs((2, 4, 4), 512, encoder_hidden_states_image=torch.randn(B, 3, 8))
+
+
+COGVIDEOX = dict(
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=4,
+    time_embed_dim=2,
+    text_embed_dim=16,
+    num_layers=1,
+    sample_width=8,
+    sample_height=8,
+    sample_frames=9,
+    patch_size=2,
+    temporal_compression_ratio=4,
+    max_text_seq_length=5,
+    use_rotary_positional_embeddings=True,
+)
 
 
 def _cogvideox():
-    model = diffusers.CogVideoXTransformer3DModel(
-        num_attention_heads=2,
-        attention_head_dim=16,
-        in_channels=4,
-        out_channels=4,
-        time_embed_dim=2,
-        text_embed_dim=16,
-        num_layers=1,
-        sample_width=8,
-        sample_height=8,
-        sample_frames=9,
-        patch_size=2,
-        temporal_compression_ratio=4,
-        max_text_seq_length=5,
-        use_rotary_positional_embeddings=True,
-    )
+    model = diffusers.CogVideoXTransformer3DModel(**COGVIDEOX)
     # the pipeline's tables for a 3 x 4 x 4 token grid (crop (0, 0)-(4, 4): integer positions)
     tables = get_3d_rotary_pos_embed(16, ((0, 0), (4, 4)), (4, 4), 3)
     inputs = dict(
@@ -167,6 +152,12 @@ MODELS = {
 }
 
 
+def _eval(name: str):
+    """The model ``name`` of :data:`MODELS` in eval mode, and its inputs."""
+    model, inputs = MODELS[name]()
+    return model.eval(), inputs
+
+
 def _run(model, inputs) -> torch.Tensor:
     with torch.no_grad():
         return model(**inputs)[0]
@@ -174,8 +165,7 @@ def _run(model, inputs) -> torch.Tensor:
 
 @pytest.fixture(params=list(MODELS))
 def model_and_inputs(request):
-    model, inputs = MODELS[request.param]()
-    return model.eval(), inputs
+    return _eval(request.param)
 
 
 def test_unscaled_processors_match_stock_output(model_and_inputs):
@@ -219,8 +209,8 @@ def test_remove_restores_original_processors(model_and_inputs):
 
 
 def test_reinstalling_replaces_not_stacks():
-    model, inputs = _flux()
-    stock = _run(model.eval(), inputs)
+    model, inputs = _eval("flux")
+    stock = _run(model, inputs)
     set_rope_processors(model, scaling=ar.scaling.NTK(4.0))
     handle = set_rope_processors(model)  # replaces the scaled install
     torch.testing.assert_close(_run(model, inputs), stock, atol=1e-5, rtol=1e-5)
@@ -270,10 +260,10 @@ def test_foreign_processors_in_rotary_blocks_are_not_replaced():
 
 
 def test_backend_is_checked_and_used():
-    model, inputs = _flux()
+    model, inputs = _eval("flux")
     with pytest.raises(ValueError, match="backend"):
         set_rope_processors(model, backend="cuda")
-    stock = _run(model.eval(), inputs)
+    stock = _run(model, inputs)
     handle = set_rope_processors(model, backend="reference")  # the complex-number oracle
     assert handle.rope.backend == "reference"
     torch.testing.assert_close(_run(model, inputs), stock, atol=1e-5, rtol=1e-5)
@@ -281,8 +271,7 @@ def test_backend_is_checked_and_used():
 
 def test_flux_linear_scaling_equals_stock_at_half_positions():
     # Flux's angles are ids * inv_freq, so dividing every frequency by 2 is the stock model at ids / 2
-    model, inputs = _flux()
-    model.eval()
+    model, inputs = _eval("flux")
     halved = dict(inputs, img_ids=inputs["img_ids"] / 2)
     expected = _run(model, halved)
     handle = set_rope_processors(model, scaling=ar.scaling.Linear(2.0))
@@ -320,8 +309,7 @@ def _stock_with_tables(model, inputs, rope: ar.AxialRoPE, shape) -> torch.Tensor
     ],
 )
 def test_video_scaling_uses_scaled_frequencies(name, scaling, table_shape):
-    model, inputs = MODELS[name]()
-    model.eval()
+    model, inputs = _eval(name)
     stock = _run(model, inputs)
     handle = set_rope_processors(model, scaling=scaling)
     out = _run(model, inputs)
@@ -339,8 +327,7 @@ def test_video_scaling_uses_scaled_frequencies(name, scaling, table_shape):
 
 
 def test_cogvideox_scaling_rotates_the_integer_latent_grid():
-    model, inputs = _cogvideox()
-    model.eval()
+    model, inputs = _eval("cogvideox")
     scaling = (None, ar.scaling.Linear(2.0), ar.scaling.Linear(2.0))
     rope = ar.AxialRoPE((4, 6, 6), scaling=scaling)
     expected = _run(model, dict(inputs, image_rotary_emb=rope.cos_sin(ar.grid(3, 4, 4))))
@@ -431,8 +418,7 @@ def test_gradient_checkpointing_recomputes_with_each_forwards_own_positions():
 
 
 def test_fusing_projections_after_installing_is_refused_at_the_next_forward():
-    model, inputs = _cogvideox()
-    model.eval()
+    model, inputs = _eval("cogvideox")
     set_rope_processors(model, scaling=(ar.scaling.RIFLEx(1, 6), None, None))
     model.fuse_qkv_projections()  # diffusers replaces every processor with its own fused one
     with pytest.raises(RuntimeError, match="were replaced.*fuse_qkv_projections"):
@@ -444,18 +430,13 @@ def test_fusing_projections_after_installing_is_refused_at_the_next_forward():
 
 
 def test_cogvideox_head_dim_not_divisible_by_16_is_a_clear_error():
-    model = diffusers.CogVideoXTransformer3DModel(
-        num_attention_heads=2, attention_head_dim=24, in_channels=4, out_channels=4, time_embed_dim=2,
-        text_embed_dim=16, num_layers=1, sample_width=8, sample_height=8, sample_frames=9, patch_size=2,
-        temporal_compression_ratio=4, max_text_seq_length=5, use_rotary_positional_embeddings=True,
-    )  # fmt: skip
+    model = diffusers.CogVideoXTransformer3DModel(**dict(COGVIDEOX, attention_head_dim=24))
     with pytest.raises(ValueError, match="attention_head_dim divisible by 16, got 24"):
         set_rope_processors(model)
 
 
 def test_flux_mode_interpolate_equals_stock_at_interpolated_ids():
-    model, inputs = _flux()  # a 4 x 6 image grid
-    model.eval()
+    model, inputs = _eval("flux")  # a 4 x 6 image grid
     half = dict(inputs, img_ids=ar.grid(1, 4, 6, scale=(1.0, 0.5, 0.5)))
     stock = _run(model, half)
     set_rope_processors(model, mode="interpolate", train_size=(2, 3))  # 2x the training grid per axis
@@ -463,8 +444,7 @@ def test_flux_mode_interpolate_equals_stock_at_interpolated_ids():
 
 
 def test_video_mode_sizes_each_forward_like_the_explicit_scaling():
-    model, inputs = _wan()  # latent 3 x 4 x 6, patch (1, 2, 2): a 3 x 2 x 3 token grid
-    model.eval()
+    model, inputs = _eval("wan")  # latent 3 x 4 x 6, patch (1, 2, 2): a 3 x 2 x 3 token grid
     set_rope_processors(model, scaling=(None, ar.scaling.NTK(2.0), ar.scaling.NTK(3.0)))
     explicit = _run(model, inputs)
     set_rope_processors(model, mode=("none", "ntk", "ntk"), train_size=(3, 1, 1))

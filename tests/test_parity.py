@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import assert_close, llama_config
+from helpers import LLAMA_ROPE_PARAMETERS, assert_close, llama_config, qwen_vl_config
 
 import axial_rope as ar
 from axial_rope.scaling import DynamicNTK, Llama3, LongRoPE, YaRN
@@ -33,6 +33,18 @@ def check_tables(rope: ar.AxialRoPE, pos: torch.Tensor, cos: torch.Tensor, sin: 
     assert ours_cos.dtype == torch.float32 and ours_cos.shape == cos.shape, (ours_cos.shape, cos.shape)
     assert_close(ours_cos, cos.float(), TOL32)
     assert_close(ours_sin, sin.float(), TOL32)
+
+
+def check_qk_rotation(rope: ar.AxialRoPE, pos: torch.Tensor, cos, sin, apply_rotary_pos_emb, head_dim: int):
+    """``rope(q, k)`` in bhsd with grouped-query k (2 query heads, 1 kv head) equals the library's own
+    ``apply_rotary_pos_emb`` on its tables; returns q and its expected rotation."""
+    S = pos.shape[-2]
+    q, k = randn(2, 2, S, head_dim), randn(2, 1, S, head_dim)
+    expected_q, expected_k = apply_rotary_pos_emb(q, k, cos, sin)
+    got_q, got_k = rope(q, k, pos, layout="bhsd")
+    assert_close(got_q, expected_q)
+    assert_close(got_k, expected_k)
+    return q, expected_q
 
 
 # -- diffusers -----------------------------------------------------------------------------
@@ -219,26 +231,9 @@ LONG = [1.0 + 0.25 * i for i in range(32)]
 # below ~100 so its tables are within 1e-5 of the float64 angles AxialRoPE uses
 LLAMA_CASES = {
     # id: (rope_parameters, axial_rope scaling, max_position_embeddings, positions (per sample))
-    "default": ({"rope_type": "default", "rope_theta": 10000.0}, None, 4096, [0, 7]),
-    "yarn": (
-        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024},
-        YaRN(4.0, 1024),
-        4096,
-        [0, 20],
-    ),
-    "llama3": (
-        {
-            "rope_type": "llama3",
-            "rope_theta": 500000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 1024,
-        },
-        Llama3(8.0, 1024, 1.0, 4.0),
-        8192,
-        [5, 30],
-    ),
+    "default": (LLAMA_ROPE_PARAMETERS["default"], None, 4096, [0, 7]),
+    "yarn": (LLAMA_ROPE_PARAMETERS["yarn"], YaRN(4.0, 1024), 4096, [0, 20]),
+    "llama3": (LLAMA_ROPE_PARAMETERS["llama3"], Llama3(8.0, 1024, 1.0, 4.0), 8192, [5, 30]),
     # length-dependent methods: both sides use max(position_ids) + 1 as the length seen
     "dynamic-beyond-max": (
         {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
@@ -274,13 +269,7 @@ def test_llama_rotary_embedding(name: str):
     rope = ar.AxialRoPE(D, theta=params["rope_theta"], scaling=scaling, pairing="half")
     pos = position_ids[..., None].float()  # [B, S, 1]
     check_tables(rope, pos, cos, sin)
-
-    # rotation in bhsd with grouped-query k (2 query heads, 1 kv head)
-    q, k = randn(2, 2, S, D), randn(2, 1, S, D)
-    expected_q, expected_k = apply_rotary_pos_emb(q, k, cos, sin)
-    got_q, got_k = rope(q, k, pos, layout="bhsd")
-    assert_close(got_q, expected_q)
-    assert_close(got_k, expected_k)
+    q, expected_q = check_qk_rotation(rope, pos, cos, sin, apply_rotary_pos_emb, D)
     assert_close(ar.apply_rope(q, cos, sin, pairing="half", layout="bhsd"), expected_q)
     # and bshd: the same numbers, transposed
     got_q_bshd = rope.apply(q.transpose(1, 2), pos, layout="bshd")
@@ -316,28 +305,12 @@ def mrope_positions() -> torch.Tensor:
     return torch.stack([one, one + 5])
 
 
-def qwen_config(config_cls, rope_parameters: dict):
-    return config_cls(
-        hidden_size=256,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=128,
-        intermediate_size=8,
-        num_hidden_layers=1,
-        vocab_size=8,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        rope_parameters=dict(rope_parameters),
-    )
-
-
 def test_qwen2_vl_mrope():
     from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2
     from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig
 
     params = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}
-    embed = qwen2.Qwen2VLRotaryEmbedding(qwen_config(Qwen2VLTextConfig, params))
+    embed = qwen2.Qwen2VLRotaryEmbedding(qwen_vl_config(Qwen2VLTextConfig, params, 128))
     pos = mrope_positions()  # [B, S, 3]
     cos, sin = embed(torch.zeros(1), pos.permute(2, 0, 1).long())  # position_ids [3, B, S]
     # mrope_section counts planes: axes_dim is twice it; one spectrum over 128 cut into sections
@@ -345,12 +318,7 @@ def test_qwen2_vl_mrope():
     check_tables(rope, pos, cos, sin)
 
     # transformers 5.x rotates with the Llama rule on the recomposed table (no apply_multimodal_rotary_pos_emb)
-    S = pos.shape[1]
-    q, k = randn(2, 2, S, 128), randn(2, 1, S, 128)
-    expected_q, expected_k = qwen2.apply_rotary_pos_emb(q, k, cos, sin)
-    got_q, got_k = rope(q, k, pos, layout="bhsd")
-    assert_close(got_q, expected_q)
-    assert_close(got_k, expected_k)
+    check_qk_rotation(rope, pos, cos, sin, qwen2.apply_rotary_pos_emb, 128)
 
 
 def test_qwen3_vl_interleaved_mrope():
@@ -358,20 +326,14 @@ def test_qwen3_vl_interleaved_mrope():
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
 
     params = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20], "mrope_interleaved": True}
-    embed = qwen3.Qwen3VLTextRotaryEmbedding(qwen_config(Qwen3VLTextConfig, params))
+    embed = qwen3.Qwen3VLTextRotaryEmbedding(qwen_vl_config(Qwen3VLTextConfig, params, 128))
     pos = mrope_positions()
     cos, sin = embed(torch.zeros(1), pos.permute(2, 0, 1).long())
     # planes cycle t, h, w, t, h, w, ... until h and w (20 planes each) run out; t keeps the last 4
     rope = ar.AxialRoPE((48, 40, 40), theta=5000000.0, pairing="half", spectrum="cycled")
     assert rope.plane_axis[:6] == [0, 1, 2, 0, 1, 2] and rope.plane_axis[-4:] == [0, 0, 0, 0]
     check_tables(rope, pos, cos, sin)
-
-    S = pos.shape[1]
-    q, k = randn(2, 2, S, 128), randn(2, 1, S, 128)
-    expected_q, expected_k = qwen3.apply_rotary_pos_emb(q, k, cos, sin)
-    got_q, got_k = rope(q, k, pos, layout="bhsd")
-    assert_close(got_q, expected_q)
-    assert_close(got_k, expected_k)
+    check_qk_rotation(rope, pos, cos, sin, qwen3.apply_rotary_pos_emb, 128)
 
 
 # -- DINOv3: normalised coordinates ----------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import one_torch_thread, perturb
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # models/ is not installed: import it from the repository root
@@ -26,37 +27,19 @@ from models.flow import T_SCALE, sample_euler  # noqa: E402
 from models.pipeline import AxialDiTPipeline, AxialVideoDiTPipeline  # noqa: E402
 from models.video_dit import VideoDiTConfig  # noqa: E402
 
-
-def _perturb(model: torch.nn.Module) -> torch.nn.Module:
-    # adaLN-Zero starts with zero modulation and a zero final layer (the velocity is 0):
-    # move every weight so that outputs depend on input, time, label and position
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    return model.eval()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny models gain nothing from threads, and OpenMP threads spin against other jobs on
-    # shared cores (this file: about 15 s with one thread, 50-60 s with two on 2 busy cores)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = one_torch_thread()  # this file: about 15 s with one thread, 50-60 s with two on 2 busy cores
 
 
 @pytest.fixture(scope="module")
 def image_model() -> AxialDiT2DModel:
     torch.manual_seed(0)
-    return _perturb(AxialDiT2DModel.from_preset("tiny"))
+    return perturb(AxialDiT2DModel.from_preset("tiny"))
 
 
 @pytest.fixture(scope="module")
 def video_model() -> AxialDiT3DModel:
     torch.manual_seed(0)
-    return _perturb(AxialDiT3DModel.from_preset("tiny"))
+    return perturb(AxialDiT3DModel.from_preset("tiny"))
 
 
 def _pipe(cls, model, scheduler=None):
@@ -151,7 +134,7 @@ def test_image_run_converts_with_its_ema_weights(tmp_path):
     from models.training.trainer import Run, TrainConfig
 
     run = Run(TrainConfig(resolution=16, out=str(tmp_path), progress=False))
-    _perturb(run.model)  # stands in for training: raw weights and their EMA now differ, outputs non-zero
+    perturb(run.model)  # stands in for training: raw weights and their EMA now differ, outputs non-zero
     with torch.no_grad():
         for e, p in zip(run.ema, run.model.parameters()):
             e.copy_(p + 0.02 * torch.randn_like(p))
@@ -175,7 +158,7 @@ def test_video_run_converts_with_its_preset_and_ema_weights(tmp_path):
     from models.training.trainer import Run, TrainConfig
 
     run = Run(TrainConfig(model="video_dit", resolution=8, frames=2, out=str(tmp_path), progress=False))
-    _perturb(run.model)
+    perturb(run.model)
     with torch.no_grad():
         for e, p in zip(run.ema, run.model.parameters()):
             e.copy_(p + 0.02 * torch.randn_like(p))

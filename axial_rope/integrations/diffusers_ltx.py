@@ -19,11 +19,10 @@ from __future__ import annotations
 import inspect
 
 import torch
-from diffusers.models.attention_dispatch import dispatch_attention_fn
 
 from ..conventions import ltx_video
 from ..ops import apply_rope
-from .diffusers_processors import RopeState, _RopeProcessor
+from .diffusers_processors import RopeState, _head_mask, _RopeProcessor
 
 __all__ = ["LTXVideoRopeProcessor", "ltx_rope", "ltx_hook", "ltx_positions"]
 
@@ -87,27 +86,13 @@ class LTXVideoRopeProcessor(_RopeProcessor):
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
-        batch, seq, _ = context.shape
-        if attention_mask is not None:
-            attention_mask = attn.prepare_attention_mask(attention_mask, seq, batch)
-            attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
+        attention_mask = _head_mask(attn, attention_mask, *context.shape[:2])
         q, k, v = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
         q, k = attn.norm_q(q), attn.norm_k(k)  # RMSNorm over H * D channels
         q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))  # [B, S, H, D]
         if image_rotary_emb is not None:
             q, k = self._rotate(q, k, image_rotary_emb)
-        out = dispatch_attention_fn(
-            q,
-            k,
-            v,
-            attn_mask=attention_mask,
-            dropout_p=0.0,
-            is_causal=False,
-            backend=self._attention_backend,
-            parallel_config=self._parallel_config,
-        )
-        out = out.flatten(2, 3).to(q.dtype)  # [B, S, H * D]
-        return attn.to_out[1](attn.to_out[0](out))
+        return attn.to_out[1](attn.to_out[0](self._attend(q, k, v, attention_mask)))
 
     def _rotate(self, q: torch.Tensor, k: torch.Tensor, tables) -> tuple[torch.Tensor, torch.Tensor]:
         state = self.state

@@ -186,6 +186,14 @@ def _norm(norm, x: torch.Tensor) -> torch.Tensor:
     return x if norm is None else norm(x)
 
 
+def _head_mask(attn, mask: torch.Tensor | None, batch: int, seq: int) -> torch.Tensor | None:
+    """The stock processors' attention mask over ``seq`` keys, per head ``[B, H, -1, seq]`` (None stays None)."""
+    if mask is None:
+        return None
+    mask = attn.prepare_attention_mask(mask, seq, batch)
+    return mask.view(batch, attn.heads, -1, mask.shape[-1])
+
+
 class _RopeProcessor:
     """Shared plumbing: the state, and diffusers' attention-backend attributes (set by ``set_attention_backend``)."""
 
@@ -197,6 +205,23 @@ class _RopeProcessor:
         if original is not None:  # keep the attention backend the user chose for the stock processor
             self._attention_backend = getattr(original, "_attention_backend", None)
             self._parallel_config = getattr(original, "_parallel_config", None)
+
+    def _attend(self, q, k, v, mask=None, *, parallel: bool = True) -> torch.Tensor:
+        """diffusers' attention of ``bshd`` q, k, v on the chosen backend, heads merged: ``[B, S, H * D]`` in q's dtype.
+
+        ``parallel``: pass the context-parallel config (diffusers leaves it out of cross-attention).
+        """
+        out = dispatch_attention_fn(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=0.0,
+            is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config if parallel else None,
+        )
+        return out.flatten(2, 3).to(q.dtype)
 
 
 class FluxRopeProcessor(_RopeProcessor):
@@ -236,10 +261,7 @@ class FluxRopeProcessor(_RopeProcessor):
         if joint:
             q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
 
-        out = dispatch_attention_fn(
-            q, k, v, attn_mask=attention_mask, backend=self._attention_backend, parallel_config=self._parallel_config
-        )
-        out = out.flatten(2, 3).to(q.dtype)  # [B, S, H * D]
+        out = self._attend(q, k, v, attention_mask)
         if encoder_hidden_states is None:
             return out
         txt, img = out.split_with_sizes(
@@ -282,17 +304,7 @@ class HunyuanVideoRopeProcessor(_RopeProcessor):
             eq, ek = _norm(attn.norm_added_q, eq), _norm(attn.norm_added_k, ek)
             q, k, v = torch.cat([q, eq], dim=1), torch.cat([k, ek], dim=1), torch.cat([v, ev], dim=1)
 
-        out = dispatch_attention_fn(
-            q,
-            k,
-            v,
-            attn_mask=attention_mask,
-            dropout_p=0.0,
-            is_causal=False,
-            backend=self._attention_backend,
-            parallel_config=self._parallel_config,
-        )
-        out = out.flatten(2, 3).to(q.dtype)  # [B, S, H * D]
+        out = self._attend(q, k, v, attention_mask)
         if encoder_hidden_states is None:
             return out, encoder_hidden_states
         n_txt = encoder_hidden_states.shape[1]
@@ -340,21 +352,8 @@ class WanRopeProcessor(_RopeProcessor):
                 k_img, v_img = attn.add_k_proj(context_img), attn.add_v_proj(context_img)
             k_img = attn.norm_added_k(k_img).unflatten(2, (attn.heads, -1))
             v_img = v_img.unflatten(2, (attn.heads, -1))
-            out_img = dispatch_attention_fn(
-                q, k_img, v_img, attn_mask=None, dropout_p=0.0, is_causal=False, backend=self._attention_backend
-            )
-            out_img = out_img.flatten(2, 3).type_as(q)
-        out = dispatch_attention_fn(
-            q,
-            k,
-            v,
-            attn_mask=attention_mask,
-            dropout_p=0.0,
-            is_causal=False,
-            backend=self._attention_backend,
-            parallel_config=self._parallel_config if encoder_hidden_states is None else None,
-        )
-        out = out.flatten(2, 3).type_as(q)  # [B, S, H * D]
+            out_img = self._attend(q, k_img, v_img, parallel=False)
+        out = self._attend(q, k, v, attention_mask, parallel=encoder_hidden_states is None)
         if out_img is not None:
             out = out + out_img
         return attn.to_out[1](attn.to_out[0](out))
@@ -374,9 +373,7 @@ class CogVideoXRopeProcessor(_RopeProcessor):
         n_txt = encoder_hidden_states.shape[1]
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)  # [B, S, C]
         batch, seq, _ = hidden_states.shape
-        if attention_mask is not None:
-            attention_mask = attn.prepare_attention_mask(attention_mask, seq, batch)
-            attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
+        attention_mask = _head_mask(attn, attention_mask, batch, seq)
         if getattr(attn, "fused_projections", False):
             q, k, v = attn.to_qkv(hidden_states).chunk(3, dim=-1)
         else:

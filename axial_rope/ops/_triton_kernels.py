@@ -145,6 +145,22 @@ def _angle_cos_sin(pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, b,
 
 
 @triton.jit
+def _program_cos_sin(pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ, N: tl.constexpr,
+                     N_AXES: tl.constexpr, BLOCK_N: tl.constexpr, PER_HEAD: tl.constexpr, CONJ: tl.constexpr,
+                     F64: tl.constexpr, FAST_TRIG: tl.constexpr, HEADS: tl.constexpr, BLOCK_S: tl.constexpr):  # fmt: skip
+    """The tile of a q/k kernel's program (sample, tokens, token mask, is k, first head) and its cos, sin.
+
+    Per-head F: head h of q or k uses F[h] (:func:`_angle_cos_sin`).
+    """
+    b, tokens, token_mask = _tokens(S, BLOCK_S)
+    is_k, h0 = _group(HQ, HEADS)
+    heads = h0 + tl.arange(0, HEADS).to(tl.int64)
+    c, s = _angle_cos_sin(pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, b, tokens, token_mask, heads,
+                          N, N_AXES, BLOCK_N, PER_HEAD, CONJ, F64, FAST_TRIG)  # fmt: skip
+    return b, tokens, token_mask, is_k, h0, c, s
+
+
+@triton.jit
 def _table_cos_sin(cos_ptr, sin_ptr, table_strides, b, tokens, token_mask, heads, N: tl.constexpr,
                    BLOCK_N: tl.constexpr, PER_HEAD: tl.constexpr, CONJ: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
     """cos, sin ``[HEADS|1, BLOCK_S, BLOCK_N]`` read from plane tables ``[B|1, S, H|1, N]`` (strides b, s, h, j)."""
@@ -204,12 +220,9 @@ def rope_kernel(
     ``k_ptr`` None: q alone. ``scale_ptr`` None: no attention factor. Outputs may be the
     inputs (in place).
     """
-    b, tokens, token_mask = _tokens(S, BLOCK_S)
-    is_k, h0 = _group(HQ, HEADS)
-    heads = h0 + tl.arange(0, HEADS).to(tl.int64)  # per-head F: head h of q or k uses F[h]
-    c, s = _angle_cos_sin(
-        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, b, tokens, token_mask, heads,
-        N, N_AXES, BLOCK_N, PER_HEAD, CONJ, F64, FAST_TRIG,
+    b, tokens, token_mask, is_k, h0, c, s = _program_cos_sin(
+        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ,
+        N, N_AXES, BLOCK_N, PER_HEAD, CONJ, F64, FAST_TRIG, HEADS, BLOCK_S,
     )  # fmt: skip
     if is_k:
         if k_ptr is not None:  # (without k the grid has q's groups only)

@@ -184,20 +184,46 @@ def _angles(q: Tensor, pos: Tensor, freqs: Tensor, scale: Tensor | None) -> tupl
 # -- plans, one per kernel ---------------------------------------------------------------------------
 
 
+@dataclass
+class _QKPlan:
+    """What the plans of the q/k kernels share (rotation, fused norm and its backward, F gradient).
+
+    ``views``: the tensors as ``[B, S, H, D]`` views (q and k first; None stays None); ``angles``
+    ``(pos, F, scale)`` and ``strides`` (the views', then pos's and F's) follow the tensors' pointers
+    in every kernel's arguments, ``sizes`` ``(S, HQ, HK)`` (HK 0 without k) close them; ``rest``:
+    channels past ``2N`` (half pairs, partial rotary).
+    """
+
+    views: list
+    grid: tuple[int, int, int]
+    meta: dict
+    angles: tuple
+    strides: tuple
+    sizes: tuple[int, int, int]
+    rest: bool
+
+
+def _qk_plan(kernel: str, tensors: tuple, pos, freqs, scale, interleaved: bool, layout: str, tile: Tile | None,
+             n_sm: int | None) -> _QKPlan:  # fmt: skip
+    views = [_bshd(t, layout) for t in tensors]
+    qc, kc = views[:2]
+    heads = tuple(t.shape[2] for t in (qc, kc) if t is not None)
+    n = freqs.shape[-1]
+    grid, meta = _grid_and_meta(kernel, qc, heads, n, interleaved, [t for t in views if t is not None], tile, n_sm)
+    (pos, freqs, scale, *angle_strides), angle_meta = _angles(tensors[0], pos, freqs, scale)
+    strides = (*(_strides(t, meta["VEC"]) for t in views), *angle_strides)
+    sizes = (qc.shape[1], heads[0], heads[1] if kc is not None else 0)
+    rest = not interleaved and qc.shape[3] > 2 * n
+    return _QKPlan(views, grid, meta | angle_meta, (pos, freqs, scale), strides, sizes, rest)
+
+
 def plan_rope(q, k, qo, ko, pos, freqs, scale, interleaved: bool, layout: str, conj: bool, *,
               tile: Tile | None = None, n_sm: int | None = None) -> Launch:  # fmt: skip
     """q (and k, or None) rotated by ``pos @ freqs`` into qo (and ko), which may be q and k (in place)."""
-    qc, kc, qoc, koc = (_bshd(t, layout) for t in (q, k, qo, ko))
-    tensors = [t for t in (qc, kc, qoc, koc) if t is not None]
-    heads = tuple(t.shape[2] for t in (qc, kc) if t is not None)
-    n = freqs.shape[-1]
-    grid, meta = _grid_and_meta("rope", qc, heads, n, interleaved, tensors, tile, n_sm)
-    (pos, freqs, scale, *angle_strides), angle_meta = _angles(q, pos, freqs, scale)
-    strides = [_strides(t, meta["VEC"]) for t in (qc, kc, qoc, koc)]
-    hk = 0 if k is None else heads[1]
-    args = (qc, kc, qoc, koc, pos, freqs, scale, *strides, *angle_strides, qc.shape[1], heads[0], hk)
-    copy_rest = not interleaved and qc.shape[3] > 2 * n and qo is not q  # in place: already there
-    return Launch(rope_kernel, grid, args, meta | angle_meta | dict(CONJ=conj, COPY_REST=copy_rest))
+    p = _qk_plan("rope", (q, k, qo, ko), pos, freqs, scale, interleaved, layout, tile, n_sm)
+    args = (*p.views, *p.angles, *p.strides, *p.sizes)
+    copy_rest = p.rest and qo is not q  # in place: already there
+    return Launch(rope_kernel, p.grid, args, p.meta | dict(CONJ=conj, COPY_REST=copy_rest))
 
 
 def plan_rope_table(x, o, cos, sin, interleaved: bool, layout: str, conj: bool, *,
@@ -219,49 +245,32 @@ def plan_rope_table(x, o, cos, sin, interleaved: bool, layout: str, conj: bool, 
 def plan_norm_rope(q, k, q_weight, k_weight, qo, ko, eps, pos, freqs, scale, interleaved: bool, layout: str, *,
                    tile: Tile | None = None, n_sm: int | None = None) -> Launch:  # fmt: skip
     """Per-head RMSNorm of q and k (weights ``[D]`` or None), then rotation, into qo and ko."""
-    qc, kc, qoc, koc = (_bshd(t, layout) for t in (q, k, qo, ko))
-    n, heads = freqs.shape[-1], (qc.shape[2], kc.shape[2])
-    grid, meta = _grid_and_meta("norm_rope", qc, heads, n, interleaved, [qc, kc, qoc, koc], tile, n_sm)
-    (pos, freqs, scale, *angle_strides), angle_meta = _angles(q, pos, freqs, scale)
-    strides = [_strides(t, meta["VEC"]) for t in (qc, kc, qoc, koc)]
-    args = (qc, kc, q_weight, k_weight, qoc, koc, pos, freqs, scale, *strides, *angle_strides, eps, qc.shape[1], *heads)
-    meta |= angle_meta | dict(HAS_REST=qc.shape[3] > 2 * n and not interleaved)
-    return Launch(norm_rope_kernel, grid, args, meta)
+    p = _qk_plan("norm_rope", (q, k, qo, ko), pos, freqs, scale, interleaved, layout, tile, n_sm)
+    qc, kc, qoc, koc = p.views
+    args = (qc, kc, q_weight, k_weight, qoc, koc, *p.angles, *p.strides, eps, *p.sizes)
+    return Launch(norm_rope_kernel, p.grid, args, p.meta | dict(HAS_REST=p.rest))
 
 
 def plan_norm_rope_bwd(gq, gk, q, k, q_weight, k_weight, dq, dk, eps, pos, freqs, scale, interleaved: bool,
                        layout: str, *, tile: Tile | None = None, n_sm: int | None = None) -> Launch:  # fmt: skip
     """Gradients of :func:`plan_norm_rope` into dq, dk; ``partial``: one weight-gradient row ``[D]`` per program."""
-    views = [_bshd(t, layout) for t in (q, k, gq, gk, dq, dk)]
-    qc, kc = views[:2]
-    n, heads = freqs.shape[-1], (qc.shape[2], kc.shape[2])
-    grid, meta = _grid_and_meta("norm_rope_bwd", qc, heads, n, interleaved, views, tile, n_sm)
-    (pos, freqs, scale, *angle_strides), angle_meta = _angles(q, pos, freqs, scale)
+    p = _qk_plan("norm_rope_bwd", (q, k, gq, gk, dq, dk), pos, freqs, scale, interleaved, layout, tile, n_sm)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     has_weight = q_weight is not None or k_weight is not None
-    partial = torch.empty(math.prod(grid), qc.shape[3], device=q.device, dtype=acc) if has_weight else None
-    strides = [_strides(t, meta["VEC"]) for t in views]
-    args = (*views[:4], q_weight, k_weight, *views[4:], partial, pos, freqs, scale, *strides, *angle_strides, eps,
-            qc.shape[1], *heads)  # fmt: skip
-    meta |= angle_meta | dict(HAS_REST=qc.shape[3] > 2 * n and not interleaved)
-    return Launch(norm_rope_bwd_kernel, grid, args, meta, partial, triton.cdiv(heads[0], meta["HEADS"]))
+    partial = torch.empty(math.prod(p.grid), q.shape[-1], device=q.device, dtype=acc) if has_weight else None
+    args = (*p.views[:4], q_weight, k_weight, *p.views[4:], partial, *p.angles, *p.strides, eps, *p.sizes)
+    meta = p.meta | dict(HAS_REST=p.rest)
+    return Launch(norm_rope_bwd_kernel, p.grid, args, meta, partial, triton.cdiv(p.sizes[1], meta["HEADS"]))
 
 
 def plan_freqs_grad(q, k, gq, gk, pos, freqs, scale, interleaved: bool, layout: str, *,
                     tile: Tile | None = None, n_sm: int | None = None) -> Launch:  # fmt: skip
     """Gradient of F from q, k and their output gradients; ``partial`` ``[programs, HEADS|1, BLOCK_A, BLOCK_N]``."""
-    qc, kc, gqc, gkc = (_bshd(t, layout) for t in (q, k, gq, gk))
-    tensors = [t for t in (qc, kc, gqc, gkc) if t is not None]
-    heads = tuple(t.shape[2] for t in (qc, kc) if t is not None)
-    n = freqs.shape[-1]
-    grid, meta = _grid_and_meta("freqs_grad", qc, heads, n, interleaved, tensors, tile, n_sm)
-    (pos, freqs, scale, *angle_strides), angle_meta = _angles(q, pos, freqs, scale)
-    rows = meta["HEADS"] if angle_meta["PER_HEAD"] else 1
-    block_a = triton.next_power_of_2(freqs.shape[1])
+    p = _qk_plan("freqs_grad", (q, k, gq, gk), pos, freqs, scale, interleaved, layout, tile, n_sm)
+    rows = p.meta["HEADS"] if p.meta["PER_HEAD"] else 1
+    block_a = triton.next_power_of_2(p.angles[1].shape[1])  # F [H|1, A, n]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    partial = torch.empty(math.prod(grid), rows, block_a, meta["BLOCK_N"], device=q.device, dtype=acc)
-    strides = [_strides(t, meta["VEC"]) for t in (qc, kc, gqc, gkc)]
-    hk = 0 if k is None else heads[1]
-    args = (qc, kc, gqc, gkc, partial, pos, freqs, scale, *strides, *angle_strides, qc.shape[1], heads[0], hk)
-    meta |= angle_meta | dict(BLOCK_A=block_a)
-    return Launch(freqs_grad_kernel, grid, args, meta, partial, triton.cdiv(heads[0], meta["HEADS"]))
+    partial = torch.empty(math.prod(p.grid), rows, block_a, p.meta["BLOCK_N"], device=q.device, dtype=acc)
+    args = (*p.views, partial, *p.angles, *p.strides, *p.sizes)
+    meta = p.meta | dict(BLOCK_A=block_a)
+    return Launch(freqs_grad_kernel, p.grid, args, meta, partial, triton.cdiv(p.sizes[1], meta["HEADS"]))

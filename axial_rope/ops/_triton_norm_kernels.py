@@ -14,14 +14,12 @@ import triton
 import triton.language as tl
 
 from ._triton_kernels import (
-    _angle_cos_sin,
-    _group,
     _load_planes,
+    _program_cos_sin,
     _rest,
     _rotate,
     _rows,
     _store_planes,
-    _tokens,
 )
 
 
@@ -95,12 +93,9 @@ def norm_rope_kernel(
     BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
     """Per-head RMSNorm of q and k (weights ``[D]`` or None) then rotation by ``pos @ F``; the grid of ``rope_kernel``."""
-    b, tokens, token_mask = _tokens(S, BLOCK_S)
-    is_k, h0 = _group(HQ, HEADS)
-    heads = h0 + tl.arange(0, HEADS).to(tl.int64)
-    c, s = _angle_cos_sin(
-        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, b, tokens, token_mask, heads,
-        N, N_AXES, BLOCK_N, PER_HEAD, False, F64, FAST_TRIG,
+    b, tokens, token_mask, is_k, h0, c, s = _program_cos_sin(
+        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ,
+        N, N_AXES, BLOCK_N, PER_HEAD, False, F64, FAST_TRIG, HEADS, BLOCK_S,
     )  # fmt: skip
     if is_k:
         _norm_rotate_heads(k_ptr, kw_ptr, ko_ptr, k_strides, ko_strides, HK, b, h0, tokens, token_mask, c, s, eps,
@@ -174,12 +169,9 @@ def norm_rope_bwd_kernel(
     Rows of q's programs belong to q's weight, rows of k's programs to k's; a tensor
     without a weight writes none (its ``w_ptr`` is None).
     """
-    b, tokens, token_mask = _tokens(S, BLOCK_S)
-    is_k, h0 = _group(HQ, HEADS)
-    heads = h0 + tl.arange(0, HEADS).to(tl.int64)
-    c, s = _angle_cos_sin(
-        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, b, tokens, token_mask, heads,
-        N, N_AXES, BLOCK_N, PER_HEAD, True, F64, FAST_TRIG,
+    b, tokens, token_mask, is_k, h0, c, s = _program_cos_sin(
+        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ,
+        N, N_AXES, BLOCK_N, PER_HEAD, True, F64, FAST_TRIG, HEADS, BLOCK_S,
     )  # fmt: skip
     if is_k:
         _norm_rotate_heads_bwd(k_ptr, gk_ptr, kw_ptr, dk_ptr, dw_ptr, k_strides,
@@ -221,12 +213,9 @@ def freqs_grad_kernel(
     Writes ``out[program, HEADS|1, BLOCK_A, BLOCK_N]`` (compute dtype, one row per head
     for a per-head F); the launcher sums the programs.
     """
-    b, tokens, token_mask = _tokens(S, BLOCK_S)
-    is_k, h0 = _group(HQ, HEADS)
-    heads = h0 + tl.arange(0, HEADS).to(tl.int64)
-    c, s = _angle_cos_sin(
-        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, b, tokens, token_mask, heads,
-        N, N_AXES, BLOCK_N, PER_HEAD, False, F64, FAST_TRIG,
+    b, tokens, token_mask, is_k, h0, c, s = _program_cos_sin(
+        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ,
+        N, N_AXES, BLOCK_N, PER_HEAD, False, F64, FAST_TRIG, HEADS, BLOCK_S,
     )  # fmt: skip
     d_angle = tl.zeros([HEADS, BLOCK_S, BLOCK_N], dtype=c.dtype)
     if is_k:
