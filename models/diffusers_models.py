@@ -207,6 +207,7 @@ class AxialDiT3DModel(CheckedConfigMixin, ModelMixin, ConfigMixin):
         *,
         temporal_scaling: ar.scaling.Scaling | dict | None = None,
         force_drop_ids: torch.Tensor | None = None,
+        context_parallel=None,
         return_dict: bool = True,
     ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
         """Predict from noisy videos.
@@ -218,11 +219,15 @@ class AxialDiT3DModel(CheckedConfigMixin, ModelMixin, ConfigMixin):
             cond: ``[B, cond_dim]`` (configs with ``cond_dim``).
             temporal_scaling: the t axis' scaling for this call (e.g. ``ar.scaling.RIFLEx(k, T)``);
                 ``None``: the config's.
+            context_parallel: an :class:`~axial_rope.parallel.ContextParallel`: the tokens sharded over
+                its group (collective; see :meth:`models.video_dit.VideoDiT.forward`).
 
         Returns:
-            ``sample [B, out_channels, T, H, W]``: the velocity in the first ``C`` channels.
+            ``sample [B, out_channels, T, H, W]``: the velocity in the first ``C`` channels (the whole
+            video on every rank, also under context parallel).
         """
         scaling = _temporal_scaling(self.config.temporal_scaling if temporal_scaling is None else temporal_scaling)
         t = _timesteps(timestep, hidden_states.shape[0], hidden_states.device)
-        out = self.dit(hidden_states, t, class_labels, cond, temporal_scaling=scaling, force_drop_ids=force_drop_ids)
+        kwargs = {"temporal_scaling": scaling, "force_drop_ids": force_drop_ids, "context_parallel": context_parallel}
+        out = self.dit(hidden_states, t, class_labels, cond, **kwargs)
         return Transformer2DModelOutput(sample=out) if return_dict else (out,)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.pipelines.pipeline_utils import DiffusionPipeline, ImagePipelineOutput
@@ -26,6 +27,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
 
 import axial_rope as ar
+from axial_rope.parallel import ContextParallel
 
 from .diffusers_models import AxialDiT2DModel, AxialDiT3DModel
 from .flow import T_SCALE, classifier_free_guidance
@@ -143,6 +145,17 @@ def _video_conditioning(cfg, class_labels, cond: torch.Tensor | None, per_video:
     return labels, cond
 
 
+def _same_on_group(latents: torch.Tensor, cp: ContextParallel | None) -> torch.Tensor:
+    """``latents`` as the first rank of ``cp.group`` holds them (a broadcast): ranks sharing a video must
+    start from the same noise, whatever generator each was given."""
+    if cp is None or cp.world == 1:
+        return latents
+    group = dist.group.WORLD if cp.group is None else cp.group
+    latents = latents.clone()  # never the caller's tensor, overwritten in place
+    dist.broadcast(latents, src=dist.get_global_rank(group, 0), group=group)
+    return latents
+
+
 class AxialDiTPipeline(DiffusionPipeline):
     """Class-conditional image sampling with :class:`~models.diffusers_models.AxialDiT2DModel` (pixel space).
 
@@ -247,6 +260,7 @@ class AxialVideoDiTPipeline(DiffusionPipeline):
         latents: torch.Tensor | None = None,
         output_type: str = "np",
         return_dict: bool = True,
+        context_parallel: ContextParallel | None = None,
     ) -> AxialVideoDiTPipelineOutput | tuple:
         """Sample videos of ``num_frames`` frames.
 
@@ -259,6 +273,10 @@ class AxialVideoDiTPipeline(DiffusionPipeline):
             cond: ``[B, cond_dim]`` conditioning vectors (configs with ``cond_dim``), shared by both guidance passes.
             latents: initial noise ``[B, 3, num_frames, height, width]``.
             output_type: ``"np"`` (``[B, F, H, W, 3]``), ``"pt"`` (``[B, F, 3, H, W]``), ``"pil"`` (lists of images).
+            context_parallel: shard each video's tokens over ``context_parallel.group`` (e.g.
+                ``ContextParallel(None, "ring")``: all ranks of the initialised default group). Every rank
+                of the group calls the pipeline with the same arguments; the initial noise is the group's
+                first rank's (broadcast), and every rank returns the whole videos.
 
         Returns:
             ``AxialVideoDiTPipelineOutput(frames=...)``, or ``(frames,)`` with ``return_dict=False``.
@@ -275,10 +293,11 @@ class AxialVideoDiTPipeline(DiffusionPipeline):
             latents = randn_tensor(shape, generator=generator, device=device, dtype=self.transformer.dtype)
         elif tuple(latents.shape) != shape:
             raise ValueError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
+        latents = _same_on_group(latents.to(device), context_parallel)
         null = self.transformer.null_label
 
         def velocity(x, t):
-            kwargs = {"cond": cond, "temporal_scaling": temporal_scaling}
+            kwargs = {"cond": cond, "temporal_scaling": temporal_scaling, "context_parallel": context_parallel}
             return guided(self.transformer, x, t, labels, null, guidance_scale, **kwargs)
 
         video = denoise(

@@ -7,10 +7,17 @@ added to the timestep embedding that drives adaLN-Zero. The temporal axis can be
 rescaled at inference (``temporal_scaling``, per call: any method of
 :mod:`axial_rope.scaling`, RIFLEx included) to generate more frames than in training;
 space keeps integer coordinates. Weights start as DiT's (:func:`models.dit.initialize_weights`).
+
+Context parallel (``forward(..., context_parallel=cp)``, docs/distributed.md): the tokens are
+sharded over the ranks of ``cp.group`` right after the patch embedding, each rank keeps its
+tokens' global ``(t, y, x)`` coordinates, the conditioning is computed whole on every rank,
+and only attention communicates; the output is gathered before the unpatchify (or kept
+sharded for :func:`flow_loss_shard`, the training loss on this rank's tokens).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,11 +25,13 @@ from torch import nn
 
 import axial_rope as ar
 from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
+from axial_rope.parallel import ContextParallel
 
 from .checks import batch_timesteps, check_fields
 from .dit import initialize_weights
+from .flow import T_SCALE, noisy
 
-__all__ = ["VideoDiT", "VideoDiTConfig", "PRESETS", "default_axes_dim"]
+__all__ = ["VideoDiT", "VideoDiTConfig", "PRESETS", "default_axes_dim", "flow_loss_shard", "patchify"]
 
 
 def default_axes_dim(head_dim: int) -> tuple[int, int, int]:
@@ -151,6 +160,8 @@ class VideoDiT(nn.Module):
         *,
         temporal_scaling: ar.scaling.Scaling | None = None,
         force_drop_ids: torch.Tensor | None = None,
+        context_parallel: ContextParallel | None = None,
+        gather: bool = True,
     ) -> torch.Tensor:
         """Predict from a noisy video latent.
 
@@ -161,16 +172,64 @@ class VideoDiT(nn.Module):
             cond: conditioning vectors ``[B, cond_dim]`` (configs with ``cond_dim``).
             temporal_scaling: a scaling method for the t axis at inference, e.g.
                 ``ar.scaling.RIFLEx(k, test_length=T_latent)``.
+            context_parallel: a :class:`~axial_rope.parallel.ContextParallel`: every rank of its group
+                passes the same whole ``x``, ``t``, ``y``, ``cond`` (collective) and computes ``1/P`` of
+                the tokens; attention spans all of them.
+            gather: ``False``: return the output tokens ``[B, L, p_t * p_y * p_x * out_channels]``
+                before the unpatchify (with ``context_parallel``: this rank's ``L`` slots, padding
+                included, in ``cp.indices`` order; without: all ``S`` tokens).
 
         Returns:
-            ``[B, out_channels, T, H, W]``.
+            ``[B, out_channels, T, H, W]`` (the whole video on every rank, also under context parallel).
         """
         t = batch_timesteps(t, x.shape[0], x.device)
         x, grid = self.x_embedder(x)  # [B, S, C], grid (t, h, w), S = t * h * w
         pos = ar.grid(*grid, device=x.device)  # [S, 3], t slowest as the tokens
+        cp, seq_len = None, None
+        if context_parallel is not None:
+            cp = context_parallel.for_length(x.shape[1])
+            # [B, L, C] and [L, 3]: this rank's tokens at their global coordinates; a length-dependent
+            # scaling is told the whole grid (what it infers from unsharded positions: max + 1 per axis)
+            x, pos, seq_len = cp.shard(x), cp.positions(pos), tuple(grid)
         rope = self.rope_for(temporal_scaling)
-        c = self.condition(t, y, cond, force_drop_ids)
+        c = self.condition(t, y, cond, force_drop_ids)  # [B, C]: the same on every rank of the group
         for block in self.blocks:
-            x = block(x, c, pos, rope=rope)
-        x = self.final_layer(x, c)  # [B, S, p_t * p_y * p_x * out_channels]
+            x = block(x, c, pos, rope=rope, seq_len=seq_len, context_parallel=cp)
+        x = self.final_layer(x, c)  # [B, S | L, p_t * p_y * p_x * out_channels]
+        if not gather:
+            return x
+        if cp is not None:
+            x = cp.gather(x)  # [B, S, ...] on every rank, padding dropped
         return unpatchify(x, grid, self.config.patch_size, self.out_channels)
+
+
+def patchify(x: torch.Tensor, patch_size: tuple[int, int, int]) -> torch.Tensor:
+    """``[B, C, T, H, W]`` -> ``[B, S, p_t * p_y * p_x * C]``: :func:`unpatchify`'s inverse (tokens t-major,
+    each token's channels ordered ``(p_t, p_y, p_x, C)``), e.g. a loss target in the model's token layout."""
+    B, C, T, H, W = x.shape
+    pt, py, px = patch_size
+    x = x.reshape(B, C, T // pt, pt, H // py, py, W // px, px)
+    return x.permute(0, 2, 4, 6, 3, 5, 7, 1).reshape(B, -1, pt * py * px * C)  # [B, t, h, w, pt, py, px, C]
+
+
+def flow_loss_shard(
+    model, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor, cp: ContextParallel, patch_size, **model_kwargs
+) -> torch.Tensor:
+    """This rank's share of :func:`models.flow.flow_loss` under context parallel (collective).
+
+    Every rank of ``cp.group`` passes the same ``x0 [B, C, T, H, W]``, ``t [B]`` and ``noise``; the
+    model (a :class:`VideoDiT`, possibly wrapped by DDP or FSDP) returns this rank's output tokens,
+    compared with the same tokens of the target. The share is the squared error summed over this
+    rank's valid tokens, divided by ``x0.numel()`` (the whole batch's ``B * S * prod(patch) * C``),
+    so the shares of the group add up to the unsharded mean, and so do their gradients (the ring's
+    or all-to-all's backward carries each rank's share of the other ranks' keys and values home).
+    """
+    pred = model(noisy(x0, t, noise), t * T_SCALE, context_parallel=cp, gather=False, **model_kwargs)
+    target = patchify(noise - x0, patch_size)  # [B, S, n * C], n = prod(patch)
+    cp = cp.for_length(target.shape[1])
+    target = cp.shard(target)  # [B, L, n * C]: this rank's tokens, zero at padding slots
+    B, L = pred.shape[:2]
+    n = math.prod(patch_size)
+    pred = pred.reshape(B, L, n, -1)[..., : x0.shape[1]].reshape(B, L, -1)  # a learned variance's channels dropped
+    err = (pred.float() - target.float()).square()[:, cp.valid(device=pred.device)]  # [B, valid L, n * C]
+    return err.sum() / x0.numel()

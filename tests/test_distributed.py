@@ -1,4 +1,8 @@
-"""Distributed training on CPU: DDP over 2 processes equals one process; context-parallel RoPE."""
+"""Distributed training on CPU: DDP, FSDP2 and context parallel over 2 or 4 processes equal one process.
+
+Context parallel's single-step gradients, samples and forward are checked in
+tests/test_context_parallel_models.py; here, the losses of whole runs through torchrun.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +50,21 @@ def test_fsdp2_two_processes_with_a_resume_match_one_process(tmp_path):
     _train(tmp_path / "fsdp", 2, "--fsdp", "--steps", "2")  # sharded checkpoint gathered at step 2
     fsdp = _train(tmp_path / "fsdp", 2, "--fsdp", "--resume")
     torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(single), rtol=1e-5, atol=1e-6)
+
+
+# the tiny video DiT, 4 frames of 16 x 16 (256 tokens); a large lr so 3 steps move the weights
+VIDEO = ("--model", "video_dit", "--frames", "4", "--lr", "0.01", "--warmup", "0")
+
+
+@pytest.mark.slow
+def test_video_dit_under_context_parallel_alone_and_with_data_parallel_matches_one_process(tmp_path):
+    single = _train(tmp_path / "single", 1, *VIDEO)
+    context = _train(tmp_path / "cp2", 2, *VIDEO, "--context-parallel", "2", "--cp-layout", "zigzag")
+    both = _train(tmp_path / "cp2x2", 4, *VIDEO, "--context-parallel", "2", "--cp-method", "ulysses")
+    assert len(single) == len(context) == len(both) == 3
+    assert single[0] > single[-1] + 0.1  # the steps did move the weights
+    for losses in (context, both):
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(single), rtol=1e-5, atol=1e-6)
 
 
 def _context_parallel_worker(rank: int, world: int, init_file: str, result_file: str) -> None:
