@@ -17,6 +17,7 @@ from torch import nn
 from .cache import KVCache
 from .parallel import ContextParallel, sequence_parallel_attention
 from .rope import AxialRoPE
+from .varlen import Segments, check_packed_attention, varlen_attention
 
 __all__ = ["Attention", "QK_NORMS", "FACTOR_PLACEMENTS", "uniform_attention_factor", "xavier_linear"]
 
@@ -177,6 +178,7 @@ class Attention(nn.Module):
         input_pos: torch.Tensor | None = None,
         seq_len: int | Sequence[int] | None = None,
         context_parallel: ContextParallel | None = None,
+        segments: Segments | None = None,
     ) -> torch.Tensor:
         """Attend over the tokens of ``x`` (and, with a cache, over the cached ones).
 
@@ -194,6 +196,9 @@ class Attention(nn.Module):
                 are this rank's shard (``cp.shard(x)``, ``cp.positions(pos)``: global coordinates) of a
                 sequence of ``cp.seq_len`` tokens, and attention spans the whole sequence across the
                 group (ring or Ulysses). Collective: every rank of the group calls it. No mask or cache.
+            segments: a packed sequence's boundaries (:class:`~axial_rope.varlen.Segments`): the ``B * S``
+                tokens of ``x`` hold several items end to end and each attends within its own item
+                (:func:`~axial_rope.varlen.varlen_attention`, the device's fastest path). No mask or cache.
 
         Returns:
             ``[B, S, C]`` (with ``context_parallel``: ``[B, L, C]``, this rank's rows).
@@ -210,8 +215,15 @@ class Attention(nn.Module):
             raise ValueError("pos is required when the attention has a rope")
         if context_parallel is not None:
             _check_context_parallel(mask, cache, rope, seq_len)
+        if segments is not None:
+            excluded = {"mask": mask, "cache": cache, "context_parallel": context_parallel}
+            check_packed_attention(x, pos, segments, rope=rope, seq_len=seq_len, **excluded)
         q, k, v = self._project(x)
         q, k, gain = self._norm_and_rotate(q, k, pos, rope, seq_len)
+        if segments is not None:  # packed: [B * S] tokens of several items, attention within each
+            scale = gain / math.sqrt(self.head_dim)
+            out = varlen_attention(*(t.flatten(0, 1) for t in (q, k, v)), segments, causal=self.causal, scale=scale)
+            return self.proj(out.reshape(B, S, self.num_heads * self.head_dim))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, D] for SDPA
         if context_parallel is not None:  # S is this rank's L; rotation above used its global positions
             scale = gain / math.sqrt(self.head_dim)

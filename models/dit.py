@@ -1,5 +1,9 @@
 """Class-conditional image DiT (Peebles & Xie 2023) with 2D axial RoPE instead of a sin-cos table.
 
+Native resolution in one batch (:meth:`DiT.forward_packed`, docs/packing.md): images of
+different sizes are packed into one token sequence, each at its own grid and scaling, and
+attention stays within each image (``axial_rope.varlen``).
+
 Patches of the latent ``[B, C, H, W]`` become tokens at coordinates ``ar.grid(h, w)``;
 every block rotates q and k by those coordinates, so the model runs at any height,
 width and aspect ratio whose sides divide by the patch. How positions are scaled
@@ -20,6 +24,7 @@ video DiT (``models/video_dit.py``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,9 +32,11 @@ from torch import nn
 
 import axial_rope as ar
 from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
+from axial_rope.packing import Item, Packed, pack, unpack
 
 from .checks import batch_timesteps, check_fields
 from .flow import classifier_free_guidance
+from .packed import packed_block, packed_final, patch_tokens
 
 __all__ = ["DiT", "DiTConfig", "PRESETS", "POS_MODES", "initialize_weights"]
 
@@ -158,14 +165,17 @@ class DiT(nn.Module):
         """Predict from a noisy latent.
 
         Args:
-            x: latent ``[B, C, H, W]``, ``H`` and ``W`` divisible by the patch.
+            x: latent ``[B, C, H, W]``, ``H`` and ``W`` divisible by the patch; or a list of latents
+                ``[C, H_i, W_i]`` of different sizes: :meth:`forward_packed` (one packed sequence).
             t: timesteps ``[B]``, or one value for every sample.
             y: class labels ``[B]`` (``y_embedder.null_label`` = unconditional).
             pos_mode: overrides ``config.pos_mode`` for this call.
 
         Returns:
-            ``[B, out_channels, H, W]``.
+            ``[B, out_channels, H, W]`` (for a list: a list of ``[out_channels, H_i, W_i]``).
         """
+        if isinstance(x, (list, tuple)):  # through forward, so DDP and hooks see packed batches too
+            return self.forward_packed(x, t, y, pos_mode=pos_mode, force_drop_ids=force_drop_ids)
         t = batch_timesteps(t, x.shape[0], x.device)
         x, (h, w) = self.x_embedder(x)  # [B, S, C], S = h * w
         pos, rope = self.positions(h, w, pos_mode, device=x.device)
@@ -174,6 +184,74 @@ class DiT(nn.Module):
             x = block(x, c, pos, rope=rope)
         x = self.final_layer(x, c)  # [B, S, p * p * out_channels]
         return unpatchify(x, (h, w), self.config.patch_size, self.out_channels)
+
+    def pack(self, xs: Sequence[torch.Tensor], pos_mode: str | None = None) -> Packed:
+        """Latents ``[C, H_i, W_i]`` -> their patches packed (``tokens [T, C p p]``), each image at its own grid
+        and with its own scaling under ``pos_mode`` (:func:`axial_rope.positions_for_size`, as :meth:`positions`)."""
+        mode = self.config.pos_mode if pos_mode is None else pos_mode
+        if mode not in POS_MODES:
+            raise ValueError(f"pos_mode must be one of {POS_MODES}, got {mode!r}")
+        items, sized = [], {}
+        for i, x in enumerate(xs):
+            patches = patch_tokens(x, self.config.patch_size, i)  # [h, w, C p p]
+            h, w = patches.shape[:2]
+            if (h, w) not in sized:  # one rule per size, computed once per batch
+                sized[h, w] = ar.positions_for_size((h, w), self.train_grid, mode, device=x.device)
+            pos, scaling = sized[h, w].pos, sized[h, w].scaling
+            items.append(Item(patches.reshape(h * w, -1), pos, (h, w), scaling=scaling))
+        return pack(items)
+
+    def forward_packed(
+        self,
+        xs: Sequence[torch.Tensor],
+        t: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        pos_mode: str | None = None,
+        force_drop_ids: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """Predict for images of different sizes in one packed sequence (equal to :meth:`forward` on each alone).
+
+        Args:
+            xs: ``N`` latents ``[C, H_i, W_i]``, sides divisible by the patch.
+            t: timesteps ``[N]`` (or one value); y: labels ``[N]``.
+            pos_mode: as in :meth:`forward`, applied per image (each its own factor: block axes,
+                ``axial_rope.packed_rope``).
+
+        Returns:
+            ``N`` predictions ``[out_channels, H_i, W_i]``.
+        """
+        if not len(xs):
+            raise ValueError("forward_packed needs at least one image")
+        if not isinstance(y, torch.Tensor) or tuple(y.shape) != (len(xs),):
+            raise ValueError(f"y must be one label per image, [{len(xs)}], got {getattr(y, 'shape', y)}")
+        packed = self.pack(xs, pos_mode)
+        p, out = self.config.patch_size, self.out_channels
+        w = self.x_embedder.proj  # the patch conv as one matmul over every image's patches
+        x = (packed.tokens @ w.weight.flatten(1).T + w.bias)[None]  # [1, T, hidden]
+        rope, ids = packed.rope(self.rope), packed.segment_ids
+        t = batch_timesteps(t, packed.n_items, x.device)
+        c = self.t_embedder(t) + self.y_embedder(y, force_drop_ids)  # [N, C]: modulation per image, then per token
+        for block in self.blocks:
+            x = packed_block(block, x, c, ids, packed.pos, rope, packed.segments)
+        x = packed_final(self.final_layer, x, c, ids)  # [1, T, p * p * out]
+        return [unpatchify(o.reshape(1, -1, o.shape[-1]), o.shape[:2], p, out)[0] for o in unpack(packed, x)]
+
+    def forward_packed_with_cfg(
+        self, xs: Sequence[torch.Tensor], t: torch.Tensor, y: torch.Tensor, cfg_scale: float, **kwargs
+    ) -> list[torch.Tensor]:
+        """:meth:`forward_with_cfg` for a packed batch: one sequence of ``2N`` images (conditional, then null label)."""
+        if cfg_scale == 1.0:
+            return self.forward_packed(xs, t, y, **kwargs)
+        n, null = len(xs), torch.full_like(y, self.y_embedder.null_label)
+        t = batch_timesteps(t, n, y.device)
+        both = self.forward_packed([*xs, *xs], torch.cat([t, t]), torch.cat([y, null]), **kwargs)
+        c = xs[0].shape[0]
+        guided = []
+        for cond, uncond in zip(both[:n], both[n:]):
+            mixed = uncond[:c] + cfg_scale * (cond[:c] - uncond[:c])
+            guided.append(torch.cat([mixed, cond[c:]]))
+        return guided
 
     def forward_with_cfg(
         self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float, **kwargs

@@ -10,6 +10,9 @@ fastest RoPE of the run.
 
 Writes ``<out>/bench/<device>[-small].json`` and ``<out>/img/bench_<device>[-small].png``,
 then regenerates ``<out>/benchmarks.md`` from every JSON found there (``--report``: only that).
+
+``--packed``: packed vs padded vs bucketed DiT training steps on a mix of image sizes instead
+(``scripts/bench_packed.py``, which takes the remaining arguments; docs/packing.md).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import importlib
 import json
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -294,7 +298,14 @@ def _peak_gbps() -> float | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--packed" in argv:  # the packing benchmark, its own arguments
+        from . import bench_packed
+
+        bench_packed.main([a for a in argv if a != "--packed"])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--packed", action="store_true", help="packed vs padded DiT steps (scripts/bench_packed.py)")
     parser.add_argument("--small", action="store_true", help="small shapes that finish on a 2-core CPU in a minute")
     parser.add_argument("--out", default="docs", help="docs folder to write into")
     parser.add_argument("--shapes", default="dit,video,llm", help=f"comma list of {list(SHAPES)}")

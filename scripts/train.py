@@ -7,7 +7,8 @@ into ``runs/dit``. Each model starts from its default run (``RUN_DEFAULTS`` in
 fields, and every value is checked before anything runs. ``--resume`` continues a run;
 Ctrl-C or SIGTERM saves at the end of the current step and exits. A folder that holds a run
 is never replaced without ``--overwrite``. Runs under ``torchrun --nproc_per_node N``
-unchanged (DDP; ``--fsdp`` for FSDP2).
+unchanged (DDP; ``--fsdp`` for FSDP2); ``--model video_dit --context-parallel P`` shards
+each video over P ranks (``--cp-method ring|ulysses``), the batch over the N / P groups.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from models.training.config import RUN_DEFAULTS, TrainConfig, run_config
 from models.training.rundir import RunFolderError
 from models.training.trainer import TrainingDiverged, train
 
-FLAGS = ("resume", "overwrite", "allow_changes", "fsdp", "progress", "report")  # booleans, set by the flags below
+# booleans, set by the flags below
+FLAGS = ("resume", "overwrite", "allow_changes", "fsdp", "packed", "progress", "report")
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -38,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         "--allow-changes", action="store_true", help="resume with other optimisation settings (recorded in the log)"
     )
     parser.add_argument("--fsdp", action="store_true", help="shard with FSDP2 under torchrun")
+    parser.add_argument(
+        "--packed", action="store_true", help="image DiT: mixed sizes and aspects packed per step (docs/packing.md)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-report", action="store_true", help="no validation, samples or loss curve")
     args = parser.parse_args(argv)

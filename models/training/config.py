@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
+from axial_rope.parallel import LAYOUTS, METHODS
+
 __all__ = [
     "TrainConfig",
     "RUN_DEFAULTS",
@@ -56,6 +58,10 @@ class TrainConfig:
     report: bool = True  # validation, samples and loss curve (periodic and at the end)
     precision: str = "auto"  # "auto": bf16 autocast on GPUs with bf16, else float32; "bf16"; "fp32"
     fsdp: bool = False
+    packed: bool = False  # image DiT at native resolution: mixed sizes packed per step (docs/packing.md)
+    context_parallel: int = 1  # P: each video's tokens sharded over P ranks (world / P data-parallel replicas)
+    cp_method: str = "ring"  # "ring" or "ulysses" (num_heads divisible by P)
+    cp_layout: str = "contiguous"  # or "zigzag" (balances causal masks; the DiTs attend bidirectionally)
     progress: bool = True
 
     def __post_init__(self):
@@ -97,6 +103,33 @@ def check(cfg: TrainConfig) -> None:
         _fail("precision", f"one of {PRECISIONS}", cfg.precision)
     if cfg.resume and cfg.overwrite:
         raise ValueError("resume and overwrite exclude each other: resume continues the run, overwrite replaces it")
+    check_context_parallel(cfg)
+    check_packed(cfg)
+
+
+# models whose trainer loss shards a sequence over a context-parallel group (tasks.py: VideoTask.loss)
+CONTEXT_PARALLEL_MODELS = ("video_dit",)
+
+
+def check_context_parallel(cfg: TrainConfig) -> None:
+    """The context-parallel settings alone; that ``context_parallel`` divides the world is checked at launch."""
+    if cfg.context_parallel < 1:
+        _fail("context_parallel", ">= 1 (1: no context parallelism)", cfg.context_parallel)
+    if cfg.cp_method not in METHODS:
+        _fail("cp_method", f"one of {METHODS}", cfg.cp_method)
+    if cfg.cp_layout not in LAYOUTS:
+        _fail("cp_layout", f"one of {LAYOUTS}", cfg.cp_layout)
+    if cfg.context_parallel > 1 and cfg.model not in CONTEXT_PARALLEL_MODELS:
+        rule = f"1 for model {cfg.model!r} (the models trained sharded: {CONTEXT_PARALLEL_MODELS})"
+        _fail("context_parallel", rule, cfg.context_parallel)
+
+
+def check_packed(cfg: TrainConfig) -> None:
+    """``packed`` trains the image DiT on mixed sizes (tasks.py: PackedImageTask); other models have no packed task."""
+    if cfg.packed and cfg.model != "dit":
+        _fail("packed", f"False for model {cfg.model!r} (native-resolution packing trains the image DiT)", cfg.packed)
+    if cfg.packed and cfg.resolution < 8:
+        _fail("resolution", ">= 8 with packed (sides from resolution / 2 to 3 resolution / 2)", cfg.resolution)
 
 
 # The default run of each model (docs/training.md, docs/experiments.md). The video DiT trains at
@@ -110,7 +143,7 @@ RUN_DEFAULTS: dict[str, TrainConfig] = {
 }
 
 # settings a resumed run must share with its checkpoint (the model, the data order, the batch)
-RUN_KEYS = ("model", "preset", "resolution", "frames", "context", "seed", "batch_size")
+RUN_KEYS = ("model", "preset", "resolution", "frames", "context", "seed", "batch_size", "packed")
 
 # settings of the optimisation: a resume keeps them unless allow_changes (then the log records the change);
 # steps may grow on any resume (train longer)
@@ -128,6 +161,10 @@ WEIGHT_NEUTRAL = (
     "val_every",
     "ckpt_every",
     "sample_steps",
+    # how a step is spread over processes, not what it computes (equal to rounding: tests/test_distributed.py)
+    "context_parallel",
+    "cp_method",
+    "cp_layout",
 )
 
 

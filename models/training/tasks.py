@@ -17,8 +17,10 @@ from pathlib import Path
 import torch
 
 from .. import dit, gpt, video_dit
-from ..flow import classifier_free_guidance, flow_loss, logit_normal, sample_euler
-from .data import CLASSES, MovingShapes, Shapes, StdlibText
+from ..flow import T_SCALE, classifier_free_guidance, flow_loss, logit_normal, sample_euler
+from . import needles
+from .data import CLASSES, MovingShapes, Shapes, StdlibText, uniform
+from .packed_data import MixedSizes, pick, render_images
 from .pictures import save_gif, save_grid
 
 
@@ -48,6 +50,8 @@ class ImageTask:
 
     @classmethod
     def from_run(cls, run: Mapping) -> ImageTask:
+        if cls is ImageTask and run.get("packed"):  # a native-resolution run (scripts.train --packed)
+            return PackedImageTask.from_run(run)
         return cls(run["preset"], run["resolution"], run["seed"])
 
     def build(self) -> torch.nn.Module:
@@ -157,6 +161,23 @@ class VideoTask(ImageTask):
         video, y = MovingShapes(seed=10_000 + self.seed).batch(range(n), resolution, frames or self.frames)
         return video.transpose(1, 2), y
 
+    def loss(self, model, step, batch_size, rank=0, world=1, *, context_parallel=None, **kw) -> torch.Tensor:
+        """As :meth:`ImageTask.loss`; with ``context_parallel`` (collective over its group), this rank's
+        share of the loss (:func:`models.video_dit.flow_loss_shard`), and ``rank`` / ``world`` are the
+        data-parallel ones: every rank of a context group draws the same samples, noise and timesteps."""
+        if context_parallel is None:
+            return super().loss(model, step, batch_size, rank, world, **kw)
+        gen = step_generator(self.seed, step, "noise")  # ImageTask.loss's draws, in its order
+        noise = torch.randn(batch_size, *self.shape(), generator=gen)
+        t = logit_normal(batch_size, gen)
+        drop = torch.rand(batch_size, generator=gen) < self.config.class_dropout_prob
+        part = _shard(batch_size, rank, world)
+        x0, y = self.inputs(range(step * batch_size + part.start, step * batch_size + part.stop))
+        device = next(model.parameters()).device
+        x0, t, noise = (v.to(device) for v in (x0, t[part], noise[part]))
+        kw |= {"y": y.to(device), "force_drop_ids": drop[part].to(device)}
+        return video_dit.flow_loss_shard(model, x0, t, noise, context_parallel, self.config.patch_size, **kw)
+
     @torch.no_grad()
     def sample(
         self,
@@ -168,24 +189,50 @@ class VideoTask(ImageTask):
         seed: int = 0,
         **kw,
     ) -> torch.Tensor:
-        """Videos ``[classes * per_class, 3, T, R, R]`` in [-1, 1]."""
+        """Videos ``[classes * per_class, 3, T, R, R]`` in [-1, 1].
+
+        ``context_parallel=cp`` (in ``kw``, passed to the model) shards every video's tokens over
+        ``cp.group``: collective, the same noise on every rank, the whole videos returned on each.
+        """
         frames = frames or self.frames
         y = torch.arange(len(CLASSES)).repeat_interleave(per_class)
         shape = (len(y), 3, frames, self.resolution, self.resolution)
         noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
         null = model.y_embedder.null_label
+        device = next(model.parameters()).device  # a GPU under torchrun: the collectives need its tensors
+        y, noise = y.to(device), noise.to(device)
 
         def velocity(x, t):
             return classifier_free_guidance(model, x, t, y, null, cfg_scale, **kw)
 
-        return sample_euler(velocity, noise, steps).clamp(-1, 1)
+        return sample_euler(velocity, noise, steps).clamp(-1, 1).cpu()
 
-    def save_samples(self, model, path: Path, steps: int = 30) -> Path:
-        return save_gif(self.sample(model, steps=steps), path.with_suffix(".gif"))
+    def save_samples(self, model, path: Path, steps: int = 30, **kw) -> Path:
+        return save_gif(self.sample(model, steps=steps, **kw), path.with_suffix(".gif"))
+
+
+_STDLIB: dict[str, StdlibText] = {}
+
+
+def stdlib_text(split: str) -> StdlibText:
+    """The standard library's bytes of ``split``, read once per process (11 MB; a study builds many tasks)."""
+    if split not in _STDLIB:
+        _STDLIB[split] = StdlibText(split)
+    return _STDLIB[split]
+
+
+NEEDLE_RATE = 0.25  # the share of a study model's training windows that hold a planted key
+NEEDLE_STREAM = 0x6E656564  # offsets the seed of the needle draws ("need")
 
 
 class TextTask:
-    """Byte-level language model on the standard library's source, next-byte cross-entropy."""
+    """Byte-level language model on the standard library's source, next-byte cross-entropy.
+
+    The length study's presets (``gpt.STUDY_PRESETS``) also see planted keys: in a share
+    :data:`NEEDLE_RATE` of their training windows a ``secret_key = '...'`` line is inserted and
+    asked for at the window's end (:mod:`models.training.needles`), so that the retrieval probe
+    measures how far a model that can retrieve keeps doing so, not whether copying emerged.
+    """
 
     name = "gpt"
     presets = gpt.PRESETS
@@ -193,23 +240,34 @@ class TextTask:
     def __init__(self, preset: str, context: int, seed: int):
         self.config = replace(gpt.PRESETS[preset], max_seq_len=context)
         self.context, self.seed = context, seed
-        self.train_data, self._val_data = StdlibText("train"), None
+        self.needle_rate = NEEDLE_RATE if preset in gpt.STUDY_PRESETS else 0.0
+
+    def batch(self, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training windows ``x, y [batch_size, context]`` of ``step`` (planted keys included)."""
+        x, y = self.train_data.batch(step, batch_size, self.context, seed=self.seed)
+        if self.needle_rate:  # a stream of its own: independent of the window starts drawn from `seed`
+            rows = torch.arange(step * batch_size, (step + 1) * batch_size)
+            u = uniform(self.seed + NEEDLE_STREAM, rows, 2 + needles.KEY_LENGTH)  # [B, 7]
+            x, y = needles.plant_batch(x, y, u, self.needle_rate)
+        return x, y
 
     @classmethod
     def from_run(cls, run: Mapping) -> TextTask:
         return cls(run["preset"], run["context"], run["seed"])
 
     @property
+    def train_data(self) -> StdlibText:
+        return stdlib_text("train")
+
+    @property
     def val_data(self) -> StdlibText:
-        if self._val_data is None:
-            self._val_data = StdlibText("val")
-        return self._val_data
+        return stdlib_text("val")
 
     def build(self) -> torch.nn.Module:
         return gpt.GPT(self.config)
 
     def loss(self, model, step: int, batch_size: int, rank: int = 0, world: int = 1, **kw) -> torch.Tensor:
-        x, y = self.train_data.batch(step, batch_size, self.context, seed=self.seed)
+        x, y = self.batch(step, batch_size)
         part = _shard(batch_size, rank, world)
         device = next(model.parameters()).device
         logits = model(x[part].to(device), **kw)
@@ -244,6 +302,77 @@ class TextTask:
         path = path.with_suffix(".txt")
         path.write_bytes(bytes(out[0].tolist()))
         return path
+
+
+class PackedImageTask(ImageTask):
+    """The image DiT at native resolution (``--packed``, docs/packing.md): each step packs images of mixed
+    sizes and aspect ratios (sides ``R / 2 .. 3 R / 2``, up to 3:1) into one sequence of a token budget.
+
+    The budget is ``batch_size`` images of the training size ``R`` (``batch_size * (R / patch)^2`` tokens),
+    so a step costs about what an unpacked step of ``batch_size`` does. The loss is the mean squared
+    velocity error over every pixel of the step (larger images weigh more, as in token-level losses).
+    Validation and the square sample grid are :class:`ImageTask`'s, so runs compare at ``R``.
+    """
+
+    def __init__(self, preset: str, resolution: int, seed: int):
+        super().__init__(preset, resolution, seed)
+        p = self.config.patch_size
+        low, high = max(p, (resolution // 2) // p * p), (resolution * 3 // 2) // p * p
+        self.sizes = MixedSizes(low, high, 3.0, p, seed)
+
+    def budget(self, batch_size: int) -> int:
+        return batch_size * (self.resolution // self.config.patch_size) ** 2
+
+    def images(self, step: int, batch_size: int, rank: int = 0, world: int = 1):
+        """This rank's images of ``step`` (``[3, H_i, W_i]``), labels ``[N]`` and the unused share of the budget."""
+        pool = 8 * batch_size  # candidates per rank and step: enough to fill the budget closely
+        first = (step * world + rank) * pool
+        indices, sizes, waste = pick(self.sizes, first, pool, self.budget(batch_size), self.config.patch_size)
+        images, labels = render_images(self.data, indices, sizes)
+        return images, labels, waste
+
+    def loss(self, model, step: int, batch_size: int, rank: int = 0, world: int = 1, **model_kwargs) -> torch.Tensor:
+        """Rectified-flow loss of this rank's packed step (each rank packs its own images)."""
+        x0, y, _ = self.images(step, batch_size, rank, world)
+        gen = step_generator(self.seed, step, f"packed-noise{rank}")
+        noise = [torch.randn(x.shape, generator=gen) for x in x0]
+        t = logit_normal(len(x0), gen)
+        drop = torch.rand(len(x0), generator=gen) < self.config.class_dropout_prob
+        device = next(model.parameters()).device
+        x0, noise = [x.to(device) for x in x0], [n.to(device) for n in noise]
+        xt = [(1 - ti) * x + ti * n for x, n, ti in zip(x0, noise, t.tolist())]
+        preds = model(xt, (t * T_SCALE).to(device), y.to(device), force_drop_ids=drop.to(device), **model_kwargs)
+        err = [(p[: x.shape[0]].float() - (n - x).float()).square().sum() for p, x, n in zip(preds, x0, noise)]
+        return torch.stack(err).sum() / sum(x.numel() for x in x0)
+
+    @torch.no_grad()
+    def sample_sizes(self, model, sizes, labels, cfg_scale: float = 3.0, steps: int = 40, seed: int = 0) -> list:
+        """Images ``[3, H_i, W_i]`` in [-1, 1] at ``sizes`` (pixels), one packed batch, Euler from noise."""
+        device = next(model.parameters()).device
+        gen = torch.Generator().manual_seed(seed)
+        xs = [torch.randn(3, h, w, generator=gen).to(device) for h, w in sizes]
+        y = torch.as_tensor(labels, device=device)
+        ts = torch.linspace(1.0, 0.0, steps + 1)
+        for t, t_next in zip(ts[:-1].tolist(), ts[1:].tolist()):
+            tt = torch.full((len(xs),), t * T_SCALE, device=device)
+            v = model.forward_packed_with_cfg(xs, tt, y, cfg_scale)
+            xs = [x + (t_next - t) * vi[: x.shape[0]] for x, vi in zip(xs, v)]
+        return [x.clamp(-1, 1).cpu() for x in xs]
+
+    def save_samples(self, model, path: Path, steps: int = 40, **kw) -> Path:
+        """The square grid of :meth:`ImageTask.save_samples`, and ``<name>_mixed.png``: one packed batch of sizes."""
+        out = super().save_samples(model, path, steps=steps)
+        sizes = [(16, 48), (48, 16), (24, 40), (32, 32), (48, 48), (20, 36), (40, 24), (16, 16)]
+        side = self.resolution / 32  # the sizes above are for R = 32
+        sizes = [tuple(max(4, round(s * side / 4) * 4) for s in hw) for hw in sizes]
+        labels = [i % len(CLASSES) for i in range(len(sizes))]
+        images = self.sample_sizes(model, sizes, labels, steps=steps)
+        H, W = max(h for h, _ in sizes), max(w for _, w in sizes)
+        sheet = torch.ones(len(images), 3, H, W)  # white around each image
+        for cell, img in zip(sheet, images):
+            cell[:, : img.shape[1], : img.shape[2]] = img
+        save_grid(sheet, path.with_name(path.stem + "_mixed.png"), nrow=4)
+        return out
 
 
 TASKS = {task.name: task for task in (ImageTask, VideoTask, TextTask)}

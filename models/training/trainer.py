@@ -3,7 +3,9 @@
 AdamW with warm-up, gradient clipping, EMA weights, bf16 autocast on GPUs that have
 it, a JSONL log, a loss curve, periodic validation and samples, and checkpoints that
 resume to the same loss curve (data and noise are pure functions of seed and step).
-Runs unchanged under ``torchrun``: DistributedDataParallel, or FSDP2 with ``fsdp``.
+Runs unchanged under ``torchrun``: DistributedDataParallel, or FSDP2 with ``fsdp``; with
+``context_parallel`` P > 1 (the video DiT), each video is sharded over P consecutive ranks
+and the batch over the ``world / P`` data-parallel replicas (docs/distributed.md).
 The settings are :class:`~models.training.config.TrainConfig`; each run writes them to
 ``OUT/config.json`` when it starts (or resumes), next to its checkpoint.
 
@@ -25,6 +27,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from axial_rope.parallel import ContextParallel, split_groups
 
 from . import checkpoint, rundir
 from .config import HYPERPARAMETERS, RUN_KEYS, TrainConfig
@@ -66,8 +70,9 @@ class Run:
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
-        if cfg.batch_size % self.world:
-            raise ValueError(f"batch_size {cfg.batch_size} must divide by the number of processes {self.world}")
+        self.cp, self.data_rank, self.data_world = self._context_parallel()
+        if cfg.batch_size % self.data_world:  # the processes, or under context parallel the groups (world / P)
+            raise ValueError(f"batch_size {cfg.batch_size} must divide by the data-parallel ranks {self.data_world}")
         if torch.cuda.is_available():
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
@@ -103,6 +108,42 @@ class Run:
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    # -- context parallel (docs/distributed.md) -------------------------------------------
+
+    def _context_parallel(self) -> tuple[ContextParallel | None, int, int]:
+        """``(cp, data_rank, data_world)``: this rank's sharding of a video (``None``: P = 1) and its
+        data-parallel replica. Ranks ``[kP, (k + 1) P)`` share the videos of replica ``k`` of ``W / P``."""
+        cfg, P = self.cfg, self.cfg.context_parallel
+        if P == 1:
+            return None, self.rank, self.world
+        if self.world % P:
+            raise ValueError(
+                f"context_parallel {P} must divide the number of processes {self.world} (torchrun --nproc_per_node)"
+            )
+        heads = getattr(TASKS[cfg.model].presets[cfg.preset], "num_heads", P)
+        if cfg.cp_method == "ulysses" and heads % P:
+            raise ValueError(f"cp_method 'ulysses' shards the {heads} heads over {P} ranks: use 'ring'")
+        context_group, _ = split_groups(P)  # collective: every rank makes every group
+        return ContextParallel(context_group, cfg.cp_method, cfg.cp_layout), self.rank // P, self.world // P
+
+    def _loss(self) -> torch.Tensor:
+        """The loss this rank backpropagates (under context parallel: its share, times P)."""
+        cfg = self.cfg
+        if self.cp is None:
+            return self.task.loss(self.trained, self.step, cfg.batch_size, self.rank, self.world)
+        share = self.task.loss(
+            self.trained, self.step, cfg.batch_size, self.data_rank, self.data_world, context_parallel=self.cp
+        )
+        # The P shares of a context group add up to its replica's mean loss, and their gradients to its
+        # gradient. DDP and FSDP2 average gradients over all W = P * D ranks, which is 1/P of the mean over
+        # the D replicas of each group's sum: times P, it is the global batch's gradient, as one process
+        # computes it. The logged loss, the world average of these, is then the global mean loss too.
+        return share * self.cp.world
+
+    def _report_sharding(self) -> tuple[dict, bool]:
+        """The report's model keywords, and whether this rank (not 0) takes part: rank 0's context group."""
+        return ({}, False) if self.cp is None else ({"context_parallel": self.cp}, 0 < self.rank < self.cp.world)
 
     # -- state -------------------------------------------------------------------------
 
@@ -204,7 +245,7 @@ class Run:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(cfg, self.step)
         with self.autocast:
-            loss = self.task.loss(self.trained, self.step, cfg.batch_size, self.rank, self.world)
+            loss = self._loss()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         # the norm is needed unclipped too: a non-finite gradient stops the run before the update
@@ -239,8 +280,12 @@ class Run:
     def report(self, final: bool = False) -> None:
         """Validation loss, samples and the loss curve, from the EMA weights."""
         model = self.ema_model()
+        kw, collective = self._report_sharding()
+        if collective:  # the other ranks of rank 0's context group: the same collectives, nothing written
+            self.task.val_loss(model, **kw)
+            self.task.sample(model, steps=self.cfg.sample_steps, **kw)
         if self.rank == 0:
-            val = self.task.val_loss(model)
+            val = self.task.val_loss(model, **kw)
             self.log(
                 {
                     "step": self.step,
@@ -249,7 +294,7 @@ class Run:
                 }
             )
             name = "samples" if final else f"samples_{self.step:06d}"
-            self.task.save_samples(model, self.out / name, steps=self.cfg.sample_steps)
+            self.task.save_samples(model, self.out / name, steps=self.cfg.sample_steps, **kw)
             plot_loss(self.out / "log.jsonl", self.out / "loss.png")
 
     def _start(self) -> None:
@@ -312,7 +357,7 @@ class Run:
                         bar.set_postfix(loss=f"{loss:.4f}")
                         bar.update(1)
                     if cfg.report and self.step % cfg.val_every == 0 and self.step < cfg.steps:
-                        if stop.requested is None:
+                        if not self._stop_requested(stop):  # agreed by all ranks: the report may be collective
                             self.report()
             except KeyboardInterrupt:  # a second Ctrl-C (or one raised by code, not a signal we defer)
                 interrupted, consistent = True, not self.busy

@@ -1,0 +1,116 @@
+"""The image DiT on packed batches of mixed sizes: equal to each image alone; the --packed trainer and benchmark."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from models.dit import PRESETS, DiT
+from models.training.config import TrainConfig
+from models.training.packed_data import MixedSizes, pick
+from models.training.tasks import ImageTask, PackedImageTask
+
+SIZES = [(16, 24), (32, 32), (48, 16), (8, 40)]  # pixels; the tiny DiT trains at 32 (8 x 8 tokens)
+
+
+def _model(**overrides) -> DiT:
+    torch.manual_seed(0)
+    model = DiT(replace(PRESETS["tiny"], depth=2, **overrides))
+    with torch.no_grad():  # away from adaLN-Zero's zeros, so every branch counts
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+def _batch():
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(3, h, w, generator=gen) for h, w in SIZES]
+    return xs, torch.tensor([100.0, 400.0, 700.0, 900.0]), torch.tensor([0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("pos_mode", ["none", "yarn", "interpolate"])
+def test_packed_forward_equals_each_image_alone(pos_mode):
+    model = _model()
+    xs, t, y = _batch()
+    packed = model(xs, t, y, pos_mode=pos_mode)  # a list goes to forward_packed
+    for i, (x, out) in enumerate(zip(xs, packed)):
+        alone = model(x[None], t[i : i + 1], y[i : i + 1], pos_mode=pos_mode)[0]
+        torch.testing.assert_close(out, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_gradients_equal_the_per_image_sum():
+    model = _model(qk_norm="rms")
+    xs, t, y = _batch()
+    params = list(model.parameters())
+    packed = torch.autograd.grad(sum(o.square().sum() for o in model(xs, t, y, pos_mode="yarn")), params)
+    alone = sum(model(x[None], t[i : i + 1], y[i : i + 1], pos_mode="yarn").square().sum() for i, x in enumerate(xs))
+    for a, b in zip(packed, torch.autograd.grad(alone, params)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_guidance_on_a_packed_batch_equals_each_image_alone():
+    model = _model()
+    xs, t, y = _batch()
+    guided = model.forward_packed_with_cfg(xs, t, y, 3.0)
+    for i, (x, out) in enumerate(zip(xs, guided)):
+        torch.testing.assert_close(
+            out, model.forward_with_cfg(x[None], t[i : i + 1], y[i : i + 1], 3.0)[0], atol=1e-5, rtol=1e-5
+        )
+
+
+def test_bad_packed_inputs_name_the_image():
+    model = _model()
+    with pytest.raises(ValueError, match="item 1: sides 30 x 32 must be divisible by the patch size 4"):
+        model.forward_packed(
+            [torch.randn(3, 8, 8), torch.randn(3, 30, 32)], torch.zeros(2), torch.zeros(2, dtype=torch.long)
+        )
+    with pytest.raises(ValueError, match="at least one image"):
+        model.forward_packed([], torch.zeros(0), torch.zeros(0, dtype=torch.long))
+
+
+def test_packed_task_fills_the_token_budget_with_mixed_sizes():
+    sizes = MixedSizes(16, 48, 3.0, 4, seed=0)
+    drawn = sizes.sizes(range(500))
+    assert all(16 <= s <= 48 and s % 4 == 0 for hw in drawn for s in hw)
+    assert all(max(hw) <= 3 * min(hw) for hw in drawn) and len(set(drawn)) > 30
+    indices, chosen, waste = pick(sizes, 0, 256, 32 * 64, 4)
+    assert sum((h // 4) * (w // 4) for h, w in chosen) <= 32 * 64 and waste < 0.01
+    task = ImageTask.from_run({"preset": "tiny", "resolution": 32, "seed": 0, "packed": True})
+    assert isinstance(task, PackedImageTask)
+    model = task.build()
+    a, b = task.loss(model, 3, 8), task.loss(model, 3, 8)
+    assert torch.isfinite(a) and torch.equal(a, b)  # a pure function of seed and step (label dropout aside: eval)
+    images, labels, _ = task.images(3, 8)
+    assert len(images) == len(labels) and len({tuple(x.shape) for x in images}) > 1
+
+
+def test_sampling_a_mix_of_sizes_in_one_batch():
+    task = PackedImageTask("tiny", 32, 0)
+    out = task.sample_sizes(task.build().eval(), [(16, 48), (32, 32)], [0, 1], steps=2)
+    assert [tuple(x.shape) for x in out] == [(3, 16, 48), (3, 32, 32)] and all(x.abs().max() <= 1 for x in out)
+
+
+def test_packed_is_a_checked_run_setting():
+    from scripts.train import parse_args
+
+    assert parse_args(["--packed", "--steps", "1"]).packed
+    with pytest.raises(ValueError, match="packed"):
+        TrainConfig(model="gpt", packed=True)
+
+
+def test_packed_training_runs_end_to_end(tmp_path):
+    from models.training.trainer import train
+
+    cfg = TrainConfig(packed=True, steps=1, batch_size=2, out=str(tmp_path / "run"), report=False, progress=False)
+    assert train(cfg)["step"] == 1
+
+
+def test_the_benchmark_strategies_compute_the_same_function():
+    from scripts.bench_packed import main
+
+    result = main(["--images", "6", "--repeat", "1", "--no-attention"])
+    assert result["max_difference"] < 1e-5
+    rows = {r["strategy"]: r for r in result["rows"]}
+    assert rows["packed"]["padding"] == 0 and rows["padded"]["padding"] > rows["bucketed"]["padding"] > 0

@@ -1,0 +1,246 @@
+"""Packing (axial_rope.packing) and per-item scaling on packed tokens (axial_rope.packed_rope): equal to per item."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import axial_rope as ar
+from axial_rope.packed_rope import PackedRoPE, item_rope
+from axial_rope.packing import Item, greedy_pack, pack, unpack
+
+C = 6
+
+
+def _mixed_items():
+    return [
+        Item.grid(torch.randn(3, 4, C)),  # image
+        Item.grid(torch.randn(2, 2, 3, C)),  # video
+        Item.text(torch.randn(5, C)),  # text
+        Item.grid(torch.randn(2, 2, C), prefix=torch.randn(3, C)),  # caption, then image
+    ]
+
+
+def test_pack_lays_items_end_to_end_with_their_own_grids():
+    items = _mixed_items()
+    p = pack(items)
+    assert p.tokens.shape == (12 + 12 + 5 + 7, C) and p.pos.shape == (36, 3)
+    assert p.segments.bounds == (0, 12, 24, 29, 36) and p.cu_seqlens.tolist() == [0, 12, 24, 29, 36]
+    assert p.segment_ids.tolist() == [0] * 12 + [1] * 12 + [2] * 5 + [3] * 7
+    # an image is frame 0 of a video; a video keeps its grid; text has its coordinate on every axis
+    torch.testing.assert_close(p.pos[:12], torch.cat([torch.zeros(12, 1), ar.grid(3, 4)], 1))
+    torch.testing.assert_close(p.pos[12:24], ar.grid(2, 2, 3))
+    torch.testing.assert_close(p.pos[24:29], ar.text_positions(5, 3))
+    # the caption at 0, 1, 2 on every axis, the image after it (offset 3 on its axes)
+    torch.testing.assert_close(p.pos[29:32], ar.text_positions(3, 3))
+    torch.testing.assert_close(p.pos[32:], torch.cat([torch.zeros(4, 1), ar.grid(2, 2, offset=3.0)], 1))
+
+
+def test_unpack_inverts_pack_and_padding_is_its_own_segment():
+    items = _mixed_items()
+    p = pack(items, pad_to=40)
+    assert p.pad == 4 and p.segments.n == 5 and p.lengths == (12, 12, 5, 7)
+    assert torch.equal(p.tokens[36:], torch.zeros(4, C))
+    grids = unpack(p, p.tokens)
+    assert torch.equal(grids[0], items[0].tokens.reshape(3, 4, C))
+    assert torch.equal(grids[1], items[1].tokens.reshape(2, 2, 3, C))
+    assert torch.equal(grids[2], items[2].tokens)
+    text, image = unpack(p, p.tokens[None], prefix=True)[3]
+    assert torch.equal(text, items[3].tokens[:3]) and torch.equal(image, items[3].tokens[3:].reshape(2, 2, C))
+
+
+def test_flux_convention_puts_text_at_zero():
+    item = Item.grid(torch.randn(2, 3, C), prefix=torch.randn(4, C), prefix_step=0.0)
+    assert torch.equal(item.pos[:4], torch.zeros(4, 2)) and torch.equal(item.pos[4:], ar.grid(2, 3))
+
+
+def test_greedy_pack_is_first_fit_decreasing_and_reports_waste():
+    plan = greedy_pack([5, 9, 3, 7, 2, 8, 6], 12)
+    assert plan.bins == ((1, 2), (5, 4), (3, 0), (6,)) and plan.loads == (12, 10, 12, 6)
+    assert plan.waste == pytest.approx(1 - 40 / 48)
+    capped = greedy_pack([5, 9, 3, 7, 2, 8, 6], 12, max_bins=2)
+    assert capped.bins == ((1, 2), (5, 4)) and capped.dropped == (0, 3, 6)
+    with pytest.raises(ValueError, match="item 1 has 13 tokens"):
+        greedy_pack([4, 13], 12)
+
+
+@pytest.mark.parametrize(
+    "items, match",
+    [
+        ([], "at least one item"),
+        ([Item.text(torch.randn(2, C)), Item.text(torch.randn(2, C + 1))], "item 1 has token width 7"),
+        ([Item.text(torch.randn(2, C)), Item.text(torch.randn(2, C).double())], "item 1 has token dtype"),
+    ],
+)
+def test_bad_items_name_the_item(items, match):
+    with pytest.raises(ValueError, match=match):
+        pack(items)
+
+
+def test_bad_item_contents_are_refused():
+    with pytest.raises(ValueError, match="has 6 tokens"):
+        Item(torch.randn(5, C), torch.zeros(5, 2), (2, 3))
+    with pytest.raises(ValueError, match="empty"):
+        Item(torch.randn(0, C), torch.zeros(0, 1), (0,))
+    with pytest.raises(TypeError, match="bfloat16"):
+        Item(torch.randn(2, C), torch.zeros(2, 1, dtype=torch.bfloat16), (2,))
+    with pytest.raises(ValueError, match="item 0 has 3 position axes, the pack has 2"):
+        pack([Item.grid(torch.randn(1, 2, 2, C))], n_axes=2)
+    with pytest.raises(ValueError, match=r"item 3 \(tokens 29..35\) lies past its end"):
+        unpack(pack(_mixed_items()), torch.randn(30, 2))
+
+
+# -- per-item scaling --------------------------------------------------------------------------------
+
+SIZES = [(4, 4), (6, 3), (5, 8), (8, 8), (3, 7), (8, 5)]  # trained at 4 x 4: factors 1 .. 2 per axis
+
+
+def _packed_case(mode, heads=2, dim=16):
+    """Per-item positions and scalings under ``mode``, their q and k, and the packed sequence."""
+    items, qs = [], []
+    for h, w in SIZES:
+        sized = ar.positions_for_size((h, w), 4, mode)
+        q = torch.randn(1, h * w, heads, dim)
+        items.append(Item(q[0].reshape(h * w, -1), sized.pos, (h, w), scaling=sized.scaling))
+        qs.append(q)
+    return items, qs, pack(items)
+
+
+def _rotate_both(rope, q, k, pos, backend, norm):
+    if norm:
+        w = torch.linspace(0.5, 1.5, q.shape[-1])
+        return rope.norm_and_rotate(q, k, pos, w, w, backend=backend)
+    return rope(q, k, pos, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("mode, norm", [("ntk", False), ("yarn", False), ("yarn", True), ("ntk", True)])
+def test_per_item_scaling_equals_each_item_rotated_by_its_own_rope(backend, mode, norm):
+    rope = ar.AxialRoPE((8, 8), theta=100.0)
+    items, qs, p = _packed_case(mode)
+    packed = p.rope(rope)
+    assert isinstance(packed, PackedRoPE) and (packed.factor is not None) == (mode == "yarn")
+    q = p.tokens.reshape(1, -1, 2, 16).clone().requires_grad_()
+    k = (2 * q.detach()).requires_grad_()
+    qo, ko = _rotate_both(packed, q, k, p.pos, backend, norm)
+    ref = [_rotate_both(rope.with_scaling(it.scaling), x, 2 * x, it.pos, backend, norm) for it, x in zip(items, qs)]
+    torch.testing.assert_close(qo[0], torch.cat([r[0][0] for r in ref]), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ko[0], torch.cat([r[1][0] for r in ref]), atol=1e-6, rtol=1e-6)
+    # backward: the adjoint of each item's rotation
+    g = torch.randn(qo.shape)
+    grad_q, grad_k = torch.autograd.grad((qo * g).sum() + (ko * g).sum(), (q, k))
+    parts = torch.split(g[0], p.lengths)
+    ref_grads = []
+    for it, x, gi in zip(items, qs, parts):
+        xq, xk = x.clone().requires_grad_(), (2 * x).requires_grad_()
+        a, b = _rotate_both(rope.with_scaling(it.scaling), xq, xk, it.pos, backend, norm)
+        ref_grads.append(torch.autograd.grad((a[0] * gi).sum() + (b[0] * gi).sum(), (xq, xk)))
+    torch.testing.assert_close(grad_q[0], torch.cat([r[0][0] for r in ref_grads]), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grad_k[0], torch.cat([r[1][0] for r in ref_grads]), atol=1e-6, rtol=1e-6)
+
+
+def test_block_rows_are_shared_per_axis():
+    rope = ar.AxialRoPE((8, 8), theta=100.0)
+    _, _, p = _packed_case("ntk")
+    packed = p.rope(rope)
+    # heights 4, 6, 5, 8, 3, 8 -> y factors {1, 1.5, 1.25, 2}; widths 4, 3, 8, 8, 7, 5 -> x {1, 2, 1.75, 1.25}
+    assert packed.inner.n_axes == 8
+    block = packed.block_positions(p.pos)
+    assert block.shape == (p.pos.shape[0], 8) and torch.equal(
+        (block != 0).sum(1) <= 2, torch.ones(len(block), dtype=torch.bool)
+    )
+
+
+def test_one_scaling_for_every_item_is_the_plain_rope():
+    rope = ar.AxialRoPE((8, 8))
+    _, _, p = _packed_case("interpolate")  # positions squeezed, frequencies untouched
+    assert p.rope(rope) is rope
+
+
+def test_length_dependent_scaling_sees_each_items_own_length():
+    rope = ar.AxialRoPE(16, scaling=ar.scaling.DynamicNTK(2.0, max_position_embeddings=6))
+    lengths = [4, 9, 13]
+    xs = [torch.randn(1, n, 1, 16) for n in lengths]
+    p = pack([Item.text(x[0, :, 0]) for x in xs])
+    packed = p.rope(rope)
+    out = packed.apply(p.tokens[None, :, None], p.pos)
+    ref = torch.cat([rope.apply(x, torch.arange(n)) for x, n in zip(xs, lengths)], 1)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="length-dependent"):
+        ar.Attention(16, 1, rope)(torch.randn(1, 26, 16), p.pos, segments=p.segments)
+
+
+def test_item_rope_refuses_what_it_cannot_pack():
+    _, _, p = _packed_case("ntk")
+    with pytest.raises(ValueError, match="learns its own"):
+        p.rope(ar.AxialRoPE((8, 8), learnable=True))
+    normalized = ar.Frequencies(ar.AxialRoPE((8, 8)).freqs, transform=ar.PositionTransform(normalize="max"))
+    with pytest.raises(ValueError, match="normalise each item"):
+        item_rope(ar.AxialRoPE.from_frequencies(normalized), [None] * 6, p.segments)
+    with pytest.raises(ValueError, match="4 item scalings for 6 segments"):
+        item_rope(ar.AxialRoPE((8, 8)), [None] * 4, p.segments)
+    packed = p.rope(ar.AxialRoPE((8, 8)))
+    with pytest.raises(ValueError, match="does not fit this packed rope"):
+        packed.apply(torch.randn(1, 10, 1, 16), p.pos[:10])
+
+
+TRITON_SCRIPT = textwrap.dedent(
+    """
+    import torch, axial_rope as ar
+    from axial_rope.packing import Item, pack
+    torch.manual_seed(0)
+    rope = ar.AxialRoPE((4, 6, 6), theta=100.0)
+    sizes = [(t, h, w) for t, h, w in zip(range(1, 9), range(8, 0, -1), (2, 3, 5, 7, 4, 6, 8, 1))]
+    for mode in ("ntk", "yarn"):
+        items, xs = [], []
+        for s in sizes:  # 8 items, every axis with its own factor per item: up to 24 block rows
+            sized = ar.positions_for_size(s, 1, mode)
+            x = torch.randn(1, sized.pos.shape[0], 2, 16)
+            items.append(Item(x[0].flatten(1), sized.pos, s, scaling=sized.scaling)); xs.append(x)
+        p = pack(items)
+        packed = p.rope(rope)
+        rows = packed.inner.n_axes
+        q = p.tokens.reshape(1, -1, 2, 16).clone().requires_grad_()
+        qo, _ = packed(q, None, p.pos, backend="triton")
+        ref = torch.cat([rope.with_scaling(it.scaling).apply(x, it.pos, backend="torch") for it, x in zip(items, xs)], 1)
+        torch.testing.assert_close(qo, ref, atol=1e-6, rtol=1e-6)
+        g = torch.randn(qo.shape)
+        (gq,) = torch.autograd.grad((qo * g).sum(), q)
+        xr = torch.cat(xs, 1).requires_grad_()
+        parts = torch.split(xr, p.lengths, 1)
+        out = torch.cat([rope.with_scaling(it.scaling).apply(x, it.pos, backend="torch") for it, x in zip(items, parts)], 1)
+        (gr,) = torch.autograd.grad((out * g).sum(), xr)
+        torch.testing.assert_close(gq, gr, atol=1e-6, rtol=1e-6)
+        print(mode, rows, "ok")
+    """
+)
+
+
+def test_per_item_scaling_on_the_triton_kernels_under_the_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = Path(__file__).parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", TRITON_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.split()
+    assert "ntk" in lines and "yarn" in lines and lines.count("ok") == 2
+    assert int(lines[1]) == 24  # 24 rows compiled and ran
+
+
+def test_the_packing_page_examples_run():
+    pytest.importorskip("timm")
+    page = (Path(__file__).parents[1] / "docs" / "packing.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert len(blocks) >= 6
+    namespace: dict = {}
+    for block in blocks:  # one namespace, as a reader's session
+        exec(compile(block, "docs/packing.md:example", "exec"), namespace)
