@@ -19,6 +19,7 @@ from torch import nn
 from .attention import FACTOR_PLACEMENTS, QK_NORMS, Attention, xavier_linear
 from .parallel import ContextParallel
 from .rope import AxialRoPE
+from .segments import Segments
 
 __all__ = [
     "Attention",
@@ -62,9 +63,16 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale) + shift
 
 
-def _per_token(c: torch.Tensor) -> torch.Tensor:
-    # conditioning [B, C] (one vector per sample) or [B, S, C] (per token) -> broadcastable over S
-    return c[:, None] if c.ndim == 2 else c
+def _per_token(mod: torch.Tensor, segments: Segments | None = None) -> torch.Tensor:
+    """A modulation ``[B, k C]`` per sample (or ``[B, S, k C]`` per token) -> broadcastable over the tokens.
+
+    In a packed sequence (``segments``: ``x [1, T, C]`` holds ``N`` items) it is one row per item
+    ``[N, k C]``, gathered per token: the numbers of a per-token conditioning at ``N / T`` of the
+    cost (``index_select``, whose backward is a fast ``index_add_``).
+    """
+    if segments is not None:
+        return mod.index_select(0, segments.segment_ids)[None]  # [1, T, k C]
+    return mod[:, None] if mod.ndim == 2 else mod
 
 
 class DiTBlock(nn.Module):
@@ -112,16 +120,21 @@ class DiTBlock(nn.Module):
         rope: AxialRoPE | None = None,
         seq_len: int | Sequence[int] | None = None,
         context_parallel: ContextParallel | None = None,
+        segments: Segments | None = None,
     ) -> torch.Tensor:
         """x ``[B, S, C]``, conditioning c ``[B, C]`` (or per token ``[B, S, C]``), pos as in :class:`Attention`.
 
         With ``context_parallel`` (passed to the attention), ``x`` and ``pos`` are this rank's shard
         ``[B, L, C]`` and ``c`` is the same on every rank of the group; only attention communicates.
+        With ``segments``, ``x [1, T, C]`` is a packed sequence of ``N`` items, ``c [N, C]`` one
+        conditioning per item, and attention stays within each item.
         """
-        mods = _per_token(self.adaLN_modulation(c)).chunk(6, dim=-1)  # each [B, 1 | S, C]
+        mods = _per_token(self.adaLN_modulation(c), segments).chunk(6, dim=-1)  # each [B, 1 | S, C]
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
         h = modulate(self.norm1(x), shift_msa, scale_msa)
-        attn = self.attn(h, pos, mask=mask, rope=rope, seq_len=seq_len, context_parallel=context_parallel)
+        attn = self.attn(
+            h, pos, mask=mask, rope=rope, seq_len=seq_len, context_parallel=context_parallel, segments=segments
+        )
         x = x + gate_msa * attn
         return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 
@@ -146,9 +159,9 @@ class FinalLayer(nn.Module):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """x ``[B, S, C]``, c ``[B, C]`` -> ``[B, S, prod(patch) * out_channels]``."""
-        shift, scale = _per_token(self.adaLN_modulation(c)).chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, c: torch.Tensor, *, segments: Segments | None = None) -> torch.Tensor:
+        """x ``[B, S, C]``, c ``[B, C]`` -> ``[B, S, prod(patch) * out_channels]`` (packed: see :class:`DiTBlock`)."""
+        shift, scale = _per_token(self.adaLN_modulation(c), segments).chunk(2, dim=-1)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
 

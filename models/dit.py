@@ -36,7 +36,7 @@ from axial_rope.packing import Item, Packed, pack, unpack
 
 from .checks import batch_timesteps, check_fields
 from .flow import classifier_free_guidance
-from .packed import packed_block, packed_final, patch_tokens
+from .packed import patch_tokens
 
 __all__ = ["DiT", "DiTConfig", "PRESETS", "POS_MODES", "initialize_weights"]
 
@@ -229,12 +229,12 @@ class DiT(nn.Module):
         p, out = self.config.patch_size, self.out_channels
         w = self.x_embedder.proj  # the patch conv as one matmul over every image's patches
         x = (packed.tokens @ w.weight.flatten(1).T + w.bias)[None]  # [1, T, hidden]
-        rope, ids = packed.rope(self.rope), packed.segment_ids
+        rope, segments = packed.rope(self.rope), packed.segments
         t = batch_timesteps(t, packed.n_items, x.device)
         c = self.t_embedder(t) + self.y_embedder(y, force_drop_ids)  # [N, C]: modulation per image, then per token
         for block in self.blocks:
-            x = packed_block(block, x, c, ids, packed.pos, rope, packed.segments)
-        x = packed_final(self.final_layer, x, c, ids)  # [1, T, p * p * out]
+            x = block(x, c, packed.pos, rope=rope, segments=segments)
+        x = self.final_layer(x, c, segments=segments)  # [1, T, p * p * out]
         return [unpatchify(o.reshape(1, -1, o.shape[-1]), o.shape[:2], p, out)[0] for o in unpack(packed, x)]
 
     def forward_packed_with_cfg(
