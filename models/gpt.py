@@ -1,9 +1,12 @@
-"""Decoder-only language model with 1-D RoPE, grouped-query attention and a static KV cache.
+"""Decoder-only language model with a choice of position scheme, grouped-query attention and a static KV cache.
 
 Pre-norm (RMSNorm) blocks with SwiGLU feed-forward, tied input/output embeddings by
-default. RoPE is one axis (``AxialRoPE(head_dim, pairing="half")``, Llama's layout)
-with any scaling method of :mod:`axial_rope.scaling`. ``generate`` decodes with one
-:class:`~axial_rope.cache.KVCache` per layer: each key is rotated once, when written.
+default. Positions (``GPTConfig.position``, :mod:`models.gpt_positions`): RoPE by default,
+one axis (``AxialRoPE(head_dim, pairing="half")``, Llama's layout) with any scaling
+method of :mod:`axial_rope.scaling`; or none, sinusoidal or learned absolute, T5 buckets,
+ALiBi; and linear attention, a sliding window or Dual Chunk Attention. ``generate`` decodes
+with one :class:`~axial_rope.cache.KVCache` per layer (each key is rotated once, when
+written), or one :class:`~models.gpt_positions.LinearState` per layer for linear attention.
 
 Length-dependent scaling (DynamicNTK, LongRoPE) picks its frequencies from ``seq_len``.
 ``generate`` fixes it to the final length (prompt + new tokens) for every step, so all
@@ -14,7 +17,7 @@ that ``seq_len``; a plain ``forward`` without ``seq_len`` uses its own length.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +27,10 @@ import axial_rope as ar
 from axial_rope.cache import KVCache
 from axial_rope.layers import Attention
 
-__all__ = ["GPT", "GPTConfig", "PRESETS", "check_sampling", "sample"]
+from . import gpt_positions as positions
+from .gpt_positions import DualChunk
+
+__all__ = ["GPT", "GPTConfig", "DualChunk", "PRESETS", "STUDY_PRESETS", "check_sampling", "sample"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,15 @@ class GPTConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     qk_norm: str | None = None
+    position: str = "rope"  # one of models.gpt_positions.POSITIONS
+    attention: str = "softmax"  # or "linear" (Su et al.'s linear attention; rope or nope)
+    window: int | None = None  # sliding window: each token attends to the last `window` tokens (itself included)
+    dual_chunk: DualChunk | None = None  # Dual Chunk Attention (rope, training-free)
+    t5_buckets: int = 32  # T5 relative bias: buckets per direction ...
+    t5_max_distance: int = 128  # ... and the distance from which all share the last bucket
+
+    def __post_init__(self):
+        positions.check_config(self)
 
     @property
     def head_dim(self) -> int:
@@ -61,6 +76,23 @@ PRESETS: dict[str, GPTConfig] = {
     "small": GPTConfig(vocab_size=50304, depth=12, num_heads=12, num_kv_heads=4, hidden_size=768, max_seq_len=1024),
 }
 
+# the models of the length study (docs/experiments/length.md): one width, one preset per position scheme
+_STUDY = GPTConfig(depth=3, num_heads=4, hidden_size=128)
+STUDY_PRESETS: dict[str, GPTConfig] = {
+    "lm-rope": _STUDY,
+    "lm-nope": replace(_STUDY, position="nope"),
+    "lm-sinusoidal": replace(_STUDY, position="sinusoidal"),
+    "lm-learned": replace(_STUDY, position="learned"),
+    "lm-t5": replace(_STUDY, position="t5"),
+    "lm-alibi": replace(_STUDY, position="alibi"),
+    "lm-linear": replace(_STUDY, attention="linear"),
+    # the fine-tuned arms: RoPE scaled by 4 (trained at 256, fine-tuned at 1024)
+    "lm-rope-pi4": replace(_STUDY, scaling=ar.scaling.Linear(4.0)),
+    "lm-rope-ntk4": replace(_STUDY, scaling=ar.scaling.NTK(4.0)),
+    "lm-rope-yarn4": replace(_STUDY, scaling=ar.scaling.YaRN(4.0, 256)),
+}
+PRESETS.update(STUDY_PRESETS)
+
 
 class FeedForward(nn.Module):
     """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
@@ -75,11 +107,19 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, rope: ar.AxialRoPE):
+    def __init__(self, config: GPTConfig, rope: ar.AxialRoPE | None):
         super().__init__()
         c = config
         self.attention_norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
-        self.attention = Attention(
+        kwargs = {}
+        if c.attention == "linear":
+            kind = positions.LinearAttention
+        elif c.dual_chunk is not None:
+            kind, kwargs = positions.DualChunkAttention, {"dual_chunk": c.dual_chunk}
+        else:
+            kind = Attention
+        # the same parameter names for every kind: a RoPE model's weights load into its DCA variant
+        self.attention = kind(
             c.hidden_size,
             c.num_heads,
             rope,
@@ -88,12 +128,14 @@ class Block(nn.Module):
             out_bias=False,
             qk_norm=c.qk_norm,
             causal=True,
+            **kwargs,
         )
         self.ffn_norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
         self.feed_forward = FeedForward(c.hidden_size, c.mlp_width)
 
-    def forward(self, x, pos, cache, input_pos, seq_len):
-        x = x + self.attention(self.attention_norm(x), pos, cache=cache, input_pos=input_pos, seq_len=seq_len)
+    def forward(self, x, pos, cache, input_pos, seq_len, mask=None):
+        h = self.attention(self.attention_norm(x), pos, mask=mask, cache=cache, input_pos=input_pos, seq_len=seq_len)
+        x = x + h
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -130,11 +172,21 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = c = config
-        self.rope = ar.AxialRoPE(c.head_dim, theta=c.theta, scaling=c.scaling, pairing="half")
+        rope = c.position == "rope"
+        self.rope = ar.AxialRoPE(c.head_dim, theta=c.theta, scaling=c.scaling, pairing="half") if rope else None
         self.tok_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList([Block(c, self.rope) for _ in range(c.depth)])
         self.norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
         self.output = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        # absolute positions (added to the embeddings) or a logit bias (shared by the layers, as in T5)
+        self.absolute = {
+            "sinusoidal": lambda: positions.SinusoidalPositions(c.hidden_size),
+            "learned": lambda: positions.LearnedPositions(c.max_seq_len, c.hidden_size),
+        }.get(c.position, lambda: None)()
+        self.bias = {
+            "t5": lambda: positions.T5Bias(c.num_heads, c.t5_buckets, c.t5_max_distance),
+            "alibi": lambda: positions.ALiBi(c.num_heads),
+        }.get(c.position, lambda: None)()
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
@@ -142,10 +194,14 @@ class GPT(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def new_caches(self, batch_size: int, max_seq_len: int, *, dtype: torch.dtype | None = None) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer for ``batch_size`` sequences of up to ``max_seq_len`` tokens."""
+        """One empty :class:`KVCache` per layer for ``batch_size`` sequences of up to ``max_seq_len`` tokens
+        (linear attention: one :class:`~models.gpt_positions.LinearState`, running sums instead of keys)."""
         weight = self.tok_embeddings.weight
         c = self.config
         n_kv = c.num_kv_heads or c.num_heads
+        if c.attention == "linear":
+            kw = {"dtype": dtype or weight.dtype, "device": weight.device}
+            return [positions.LinearState(batch_size, c.num_heads, c.head_dim, max_seq_len, **kw) for _ in self.layers]
         return [
             KVCache(batch_size, max_seq_len, n_kv, c.head_dim, dtype=dtype or weight.dtype, device=weight.device)
             for _ in range(c.depth)
@@ -180,9 +236,14 @@ class GPT(nn.Module):
         if seq_len is None:
             seq_len = caches[0].max_seq_len if caches is not None else S
         x = self.tok_embeddings(idx)  # [B, S, C]
+        if self.absolute is not None:
+            x = self.absolute(x, input_pos)
+        # keys: this call's tokens, or every cache slot (its position); the mask is None on the fused path
+        k_pos = input_pos if caches is None else torch.arange(caches[0].max_seq_len, device=idx.device)
+        mask = positions.attention_mask(self.bias, self.config.window, input_pos, k_pos)
         for i, layer in enumerate(self.layers):
             cache = None if caches is None else caches[i]
-            x = layer(x, input_pos, cache, input_pos if cache is not None else None, seq_len)
+            x = layer(x, input_pos, cache, input_pos if cache is not None else None, seq_len, mask)
         return self.output(self.norm(x))
 
     @torch.no_grad()
@@ -212,6 +273,8 @@ class GPT(nn.Module):
         if max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         check_sampling(temperature, top_k)  # before the prefill, not after it
+        if self.config.position == "learned":  # before any work: the table ends at max_seq_len
+            self.absolute.check(total - 1)
         caches = self.new_caches(B, total) if use_cache else None
         if use_cache:
             logits = self(idx, torch.arange(T, device=idx.device), caches, seq_len=total)[:, -1]  # prefill

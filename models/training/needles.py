@@ -1,0 +1,63 @@
+"""Planted keys in byte text: the retrieval probe of the length study and the training windows that teach its format.
+
+A needle is ``\x01 k0 k1 \x02`` (a two-byte key between two marker bytes) inserted at a line
+start near a given depth of a window of source text (0: its start, 1: its end); the window
+then ends with the question ``\n\x01`` and the key. The probe (the passkey /
+needle-in-a-haystack test of the RoPE scaling papers, in bytes) asks whether the model
+predicts the key. Markers and keys are control bytes that source text never holds, and
+each key byte has its own alphabet of 8, so a model can find the key by its bytes alone,
+without an induction circuit, and a guess passes with probability 1/64. The study's models
+see the format in a share of their training windows (:func:`plant_batch`), all within the
+training context.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["ALPHABETS", "KEY_LENGTH", "NEEDLE", "QUESTION", "draw_key", "plant", "plant_batch", "room"]
+
+# the key's bytes and the markers: control bytes that source text never holds (of 0x01 .. 0x1f only the
+# newline occurs in the standard library's .py files), so a key can only be read where it was planted
+NEEDLE, QUESTION = b"\x01%s\x02\n", b"\n\x01"
+# byte i of the key is one of 8 symbols of its own (disjoint) alphabet: a guess passes with probability 1/64
+ALPHABETS = (bytes(range(0x10, 0x18)), bytes(range(0x18, 0x20)))
+KEY_LENGTH = len(ALPHABETS)
+
+
+def room(length: int) -> int:
+    """Haystack bytes in a sequence of ``length + 1`` bytes (inputs and the last target) that holds a needle."""
+    free = length + 1 - len(NEEDLE % (b"x" * KEY_LENGTH)) - len(QUESTION) - KEY_LENGTH
+    if free < 1:
+        raise ValueError(f"length {length} is too short for a needle and its question")
+    return free
+
+
+def draw_key(u: list[float]) -> bytes:
+    """The key of ``KEY_LENGTH`` uniform draws in [0, 1): byte ``i`` from ``ALPHABETS[i]``."""
+    return bytes(alphabet[int(v * len(alphabet))] for alphabet, v in zip(ALPHABETS, u))
+
+
+def plant(hay: bytes, key: bytes, depth: float) -> bytes:
+    """``hay`` with the needle of ``key`` at the first line start at or after ``depth * len(hay)``
+    (within 80 bytes; else exactly there), then the question and the key."""
+    cut = int(round(depth * len(hay)))
+    newline = hay.find(b"\n", cut, cut + 80)  # keep the code's lines whole where one ends nearby
+    cut = cut if newline < 0 else newline + 1
+    return hay[:cut] + NEEDLE % key + hay[cut:] + QUESTION + key
+
+
+def plant_batch(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, rate: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training windows ``x, y [B, L]`` with a needle planted in the rows where ``u[:, 0] < rate``.
+
+    ``u [B, 2 + KEY_LENGTH]`` in [0, 1): the draw (a pure function of seed and step), then the
+    depth, then the key's letters. A planted row keeps its window's first bytes as the haystack.
+    """
+    x, y = x.clone(), y.clone()
+    length = x.shape[1]
+    for r in torch.nonzero(u[:, 0] < rate).flatten().tolist():
+        seq = torch.cat([x[r], y[r, -1:]]).to(torch.uint8).numpy().tobytes()  # the window's L + 1 bytes
+        key = draw_key(u[r, 2:].tolist())
+        planted = torch.tensor(list(plant(seq[: room(length)], key, float(u[r, 1]))), dtype=torch.long)
+        x[r], y[r] = planted[:-1], planted[1:]
+    return x, y
