@@ -365,10 +365,30 @@ class RIFLEx(Scaling):
     test_length: int
 
     @staticmethod
-    def intrinsic_k(dim: int, theta: float, train_length: int) -> int:
-        """The pair (1-based) whose period is closest to ``train_length``: the one RIFLEx reins in."""
-        periods = 2 * math.pi / base_inv_freq(dim, theta)
-        return int((periods - train_length).abs().argmin()) + 1
+    def intrinsic_k(dim: int, theta: float, train_length: int, *, repetition_frame: float | None = None) -> int:
+        """The intrinsic pair (1-based) that RIFLEx reins in, as the paper picks it.
+
+        A pair whose period ``N_j = 2 pi / f_j`` is at most the training length (in latent frames)
+        completes a turn inside every training clip, so the model has learnt not to repeat at it;
+        the first pair (from the highest frequency down) whose period exceeds ``train_length``
+        completes its first turn only beyond it, and the video repeats after ``N_k`` frames. With
+        ``repetition_frame`` (the first frame, in latent frames, at which a generated video was seen
+        to repeat), the pair whose period is closest to it, Eq. (7) of Zhao et al. 2025 (the authors'
+        ``identify_k``). Both give the paper's choices: HunyuanVideo (``dim=16``, ``theta=256``, 33
+        latent frames) k = 4 (period 50.3), CogVideoX (``dim=16``, ``theta=10000``, 13) k = 2 (19.9).
+
+        Raises ``ValueError`` when every period is at most ``train_length`` (nothing to rein in).
+        """
+        periods = 2 * math.pi / base_inv_freq(dim, theta)  # [dim // 2], increasing
+        if repetition_frame is not None:
+            return int((periods - repetition_frame).abs().argmin()) + 1
+        longer = (periods > train_length).nonzero()
+        if not len(longer):
+            raise ValueError(
+                f"RIFLEx: every period of the axis ({float(periods[-1]):.1f} frames at most) fits in the training "
+                f"length {train_length}: no pair first turns beyond it"
+            )
+        return int(longer[0]) + 1
 
     def __call__(self, dim: int, theta: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
         inv = base_inv_freq(dim, theta)

@@ -16,7 +16,15 @@ and only axes longer than in training are scaled):
 - ``"interpolate"``: coordinates of an axis longer than in training squeezed into the trained range;
 - ``"ntk"`` / ``"yarn"``: per-axis NTK-aware or YaRN frequency scaling by the factor;
 - ``"normalize"``: centred cell centres, the longest axis spanning the trained extent
-  (aspect kept), so the training size gets unit spacing.
+  (aspect kept), so the training size gets unit spacing;
+- ``"dype"`` / ``"time_aware_ntk"``: integer coordinates and, per axis longer than in training, a
+  scaling that follows the sampling time (:mod:`axial_rope.time_scaling`): ``DyPE(s, n_train)``
+  (Dy-YaRN) or Lumina-Next's ``TimeAwareNTK(s, head_dim)``.
+
+Any time-dependent scaling (those modes, or an explicit ``scaling=`` per call) is bound to each
+forward's timestep: ``rope.at_time(t / 1000)`` (the models take ``1000 sigma``, :data:`models.flow.T_SCALE`),
+so every sampler that calls the model (``sample_euler``, the diffusers pipelines) drives it with no
+extra argument; the batch must share one timestep (a sampler's step, both halves of guidance).
 
 :func:`initialize_weights` is DiT's initialisation, written once for the image and the
 video DiT (``models/video_dit.py``).
@@ -35,12 +43,22 @@ from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, T
 from axial_rope.packing import Item, Packed, pack, unpack
 
 from .checks import batch_timesteps, check_fields
-from .flow import classifier_free_guidance
+from .flow import T_SCALE, classifier_free_guidance
 from .packed import patch_tokens
 
-__all__ = ["DiT", "DiTConfig", "PRESETS", "POS_MODES", "initialize_weights"]
+__all__ = ["DiT", "DiTConfig", "PRESETS", "POS_MODES", "TIME_MODES", "initialize_weights", "bind_time"]
 
-POS_MODES = ar.POSITION_MODES  # the pos_mode values, as axial_rope.positions_for_size names them
+TIME_MODES = ("dype", "time_aware_ntk")  # pos_mode values whose scaling follows the sampling time
+# the pos_mode values: axial_rope.positions_for_size's names, then the time-dependent ones
+POS_MODES = (*ar.POSITION_MODES, *TIME_MODES)
+
+
+def bind_time(rope: ar.AxialRoPE, t: torch.Tensor) -> ar.AxialRoPE:
+    """``rope`` at the noise level of model timesteps ``t [B]`` (``t / T_SCALE``, one shared value): a rope
+    without a time-dependent scaling is returned as it is; torch ops on ``t`` (no host read under compile)."""
+    if not rope.time_dependent:
+        return rope
+    return rope.at_time((t.detach() / T_SCALE).clamp(0, 1))  # clamp: float rounding of 1000 * 1.0 / 1000
 
 
 @dataclass(frozen=True)
@@ -140,18 +158,39 @@ class DiT(nn.Module):
         initialize_weights(self)  # DiT's scheme, in one place (the layers drew defaults as they were built)
 
     def positions(
-        self, h: int, w: int, pos_mode: str | None = None, *, device: torch.device | str | None = None
+        self,
+        h: int,
+        w: int,
+        pos_mode: str | None = None,
+        *,
+        scaling: ar.scaling.Scaling | tuple | None = None,
+        device: torch.device | str | None = None,
     ) -> tuple[torch.Tensor, ar.AxialRoPE]:
-        """Coordinates ``[h * w, 2]`` of an ``h x w`` token grid and the rope to use, under ``pos_mode``.
+        """Coordinates ``[h * w, 2]`` of an ``h x w`` token grid and the rope to use, under ``pos_mode``
+        (or, given ``scaling``, integer coordinates and that scaling: one method or one per axis (y, x)).
 
         The rope is built per call (``with_scaling`` is cheap and returns ``self.rope`` when
-        nothing is scaled), so no rope is cached or changed inside ``forward``.
+        nothing is scaled), so no rope is cached or changed inside ``forward``. A time-dependent
+        rope still needs its time: ``forward`` binds it (:func:`bind_time`).
         """
         mode = self.config.pos_mode if pos_mode is None else pos_mode
         if mode not in POS_MODES:
             raise ValueError(f"pos_mode must be one of {POS_MODES}, got {mode!r}")
+        if scaling is not None or mode in TIME_MODES:
+            sized = ar.positions_for_size((h, w), self.train_grid, "none", device=device)
+            if scaling is None:  # per axis longer than in training: its factor
+                scaling = tuple(self._time_scaling(mode, f) if f > 1 else None for f in sized.factors)
+            return sized.pos, self.rope.with_scaling(scaling)
         sized = ar.positions_for_size((h, w), self.train_grid, mode, device=device)
         return sized.pos, self.rope.with_scaling(sized.scaling)
+
+    def _time_scaling(self, mode: str, factor: float) -> ar.scaling.Scaling:
+        """The time-dependent method of ``mode`` for an axis ``factor`` times its training length."""
+        from axial_rope.time_scaling import DyPE, TimeAwareNTK
+
+        if mode == "dype":
+            return DyPE(factor, self.train_grid)  # Dy-YaRN, the paper's default schedule
+        return TimeAwareNTK(factor, head_dim=self.config.hidden_size // self.config.num_heads)  # Lumina-Next's D
 
     def forward(
         self,
@@ -160,6 +199,7 @@ class DiT(nn.Module):
         y: torch.Tensor,
         *,
         pos_mode: str | None = None,
+        scaling: ar.scaling.Scaling | tuple | None = None,
         force_drop_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Predict from a noisy latent.
@@ -170,15 +210,22 @@ class DiT(nn.Module):
             t: timesteps ``[B]``, or one value for every sample.
             y: class labels ``[B]`` (``y_embedder.null_label`` = unconditional).
             pos_mode: overrides ``config.pos_mode`` for this call.
+            scaling: instead of ``pos_mode``, integer coordinates and this scaling (one method of
+                :mod:`axial_rope.scaling` / :mod:`axial_rope.time_scaling` or one per axis (y, x)), e.g.
+                ``(None, DyPE(2.0, 16))``. A time-dependent one (or mode) follows ``t``: ``t`` must then
+                hold one value for the batch.
 
         Returns:
             ``[B, out_channels, H, W]`` (for a list: a list of ``[out_channels, H_i, W_i]``).
         """
         if isinstance(x, (list, tuple)):  # through forward, so DDP and hooks see packed batches too
+            if scaling is not None:
+                raise ValueError("scaling= is per call for a batch of one size; packed batches take pos_mode")
             return self.forward_packed(x, t, y, pos_mode=pos_mode, force_drop_ids=force_drop_ids)
         t = batch_timesteps(t, x.shape[0], x.device)
         x, (h, w) = self.x_embedder(x)  # [B, S, C], S = h * w
-        pos, rope = self.positions(h, w, pos_mode, device=x.device)
+        pos, rope = self.positions(h, w, pos_mode, scaling=scaling, device=x.device)
+        rope = bind_time(rope, t)  # F(t / 1000) once for every block (itself when not time-dependent)
         c = self.t_embedder(t) + self.y_embedder(y, force_drop_ids)  # [B, C]
         for block in self.blocks:
             x = block(x, c, pos, rope=rope)
@@ -191,6 +238,10 @@ class DiT(nn.Module):
         mode = self.config.pos_mode if pos_mode is None else pos_mode
         if mode not in POS_MODES:
             raise ValueError(f"pos_mode must be one of {POS_MODES}, got {mode!r}")
+        if mode in TIME_MODES:  # per-image scaling is fixed per packed batch (axial_rope.packed_rope)
+            raise ValueError(
+                f"pos_mode {mode!r} follows the sampling time: not for packed batches; call forward per size"
+            )
         items, sized = [], {}
         for i, x in enumerate(xs):
             patches = patch_tokens(x, self.config.patch_size, i)  # [h, w, C p p]

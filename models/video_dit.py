@@ -5,8 +5,9 @@ Each head's channels are split per axis (``axes_dim``, default Wan's rule: ``y``
 Conditioning is a class label, a vector (e.g. a pooled text embedding), or both,
 added to the timestep embedding that drives adaLN-Zero. The temporal axis can be
 rescaled at inference (``temporal_scaling``, per call: any method of
-:mod:`axial_rope.scaling`, RIFLEx included) to generate more frames than in training;
-space keeps integer coordinates. Weights start as DiT's (:func:`models.dit.initialize_weights`).
+:mod:`axial_rope.scaling`, RIFLEx included, or a time-dependent one of :mod:`axial_rope.time_scaling`,
+bound to each forward's timestep as ``rope.at_time(t / 1000)``) to generate more frames than in
+training; space keeps integer coordinates. Weights start as DiT's (:func:`models.dit.initialize_weights`).
 
 Context parallel (``forward(..., context_parallel=cp)``, docs/distributed.md): the tokens are
 sharded over the ranks of ``cp.group`` right after the patch embedding, each rank keeps its
@@ -28,7 +29,7 @@ from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, T
 from axial_rope.parallel import ContextParallel
 
 from .checks import batch_timesteps, check_fields
-from .dit import initialize_weights
+from .dit import bind_time, initialize_weights
 from .flow import T_SCALE, noisy
 
 __all__ = ["VideoDiT", "VideoDiTConfig", "PRESETS", "default_axes_dim", "flow_loss_shard", "patchify"]
@@ -93,6 +94,19 @@ def _positive_int(value) -> bool:
 
 PRESETS: dict[str, VideoDiTConfig] = {
     "tiny": VideoDiTConfig(in_channels=3, hidden_size=128, depth=2, num_heads=4, num_classes=4),
+    # the frame-count study's model (docs/experiments/frames.md): HunyuanVideo's temporal rope (16 channels,
+    # theta 256: periods 6.3, 12.6, 25, 50 ... frames), so a model trained on 8 frames has a pair whose
+    # period (12.6) first falls inside a 16-24-frame test window; 32 px frames in 4 px patches (8 x 8 tokens)
+    "tiny-hunyuan": VideoDiTConfig(
+        patch_size=(1, 4, 4),
+        in_channels=3,
+        hidden_size=128,
+        depth=3,
+        num_heads=4,
+        axes_dim=(16, 8, 8),
+        theta=256.0,
+        num_classes=4,
+    ),  # fmt: skip
     "S": VideoDiTConfig(hidden_size=384, depth=12, num_heads=6, num_classes=1000),
     "B": VideoDiTConfig(hidden_size=768, depth=12, num_heads=12, num_classes=1000),
     # Wan 2.1 1.3B's trunk sizes (head dim 128 -> axes (44, 42, 42)) with vector conditioning
@@ -171,7 +185,8 @@ class VideoDiT(nn.Module):
             y: class labels ``[B]`` (configs with ``num_classes``).
             cond: conditioning vectors ``[B, cond_dim]`` (configs with ``cond_dim``).
             temporal_scaling: a scaling method for the t axis at inference, e.g.
-                ``ar.scaling.RIFLEx(k, test_length=T_latent)``.
+                ``ar.scaling.RIFLEx(k, test_length=T_latent)``; a time-dependent one (``DyPE(2.0, 8)``)
+                follows ``t``, which must then hold one value for the batch.
             context_parallel: a :class:`~axial_rope.parallel.ContextParallel`: every rank of its group
                 passes the same whole ``x``, ``t``, ``y``, ``cond`` (collective) and computes ``1/P`` of
                 the tokens; attention spans all of them.
@@ -191,7 +206,7 @@ class VideoDiT(nn.Module):
             # [B, L, C] and [L, 3]: this rank's tokens at their global coordinates; a length-dependent
             # scaling is told the whole grid (what it infers from unsharded positions: max + 1 per axis)
             x, pos, seq_len = cp.shard(x), cp.positions(pos), tuple(grid)
-        rope = self.rope_for(temporal_scaling)
+        rope = bind_time(self.rope_for(temporal_scaling), t)  # a time-dependent scaling at t / 1000
         c = self.condition(t, y, cond, force_drop_ids)  # [B, C]: the same on every rank of the group
         for block in self.blocks:
             x = block(x, c, pos, rope=rope, seq_len=seq_len, context_parallel=cp)

@@ -1,7 +1,8 @@
-"""Extrapolation experiments: ``python -m scripts.experiments resolution|length|frames [--smoke]``.
+"""Extrapolation experiments: ``python -m scripts.experiments resolution|length|frames [--smoke | --quick]``.
 
 Each trains its model's default run once into ``runs/<model>`` (``--run-dir`` elsewhere) and
-writes a table and pictures to ``docs/experiments/NAME.md``. A run folder is reused only
+writes a table and pictures to ``docs/experiments/NAME.md``; ``length`` trains its study's
+runs (every position scheme, several seeds) under ``runs/length``, resumably. A run folder is reused only
 when its saved ``config.json`` matches the run in every field that changes the weights;
 one holding another run is an error (remove it or pass ``--run-dir``). ``--smoke`` runs a
 seconds-long version into scratch folders, to check that everything runs.
@@ -19,9 +20,13 @@ from models.training.experiments import EXPERIMENTS
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=sorted(EXPERIMENTS))
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds; results are meaningless")
+    parser.add_argument(
+        "--smoke", "--quick", action="store_true", help="tiny sizes, seconds to a minute; results are meaningless"
+    )
     parser.add_argument("--out", default=None, help="default: docs/experiments (smoke: runs/experiments_smoke)")
-    parser.add_argument("--run-dir", default=None, help="the training run's folder; default runs/<model>[_smoke]")
+    parser.add_argument(
+        "--run-dir", default=None, help="the training run's folder; default runs/<model>[_smoke] (length: runs/length)"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out or ("runs/experiments_smoke" if args.smoke else "docs/experiments"))
     try:

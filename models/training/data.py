@@ -7,7 +7,10 @@ dataset is deterministic, indexable and resumable at any position.
   triangle, cross) in a random colour, size and position, upright, rendered
   anti-aliased at any resolution from the same continuous description.
 - :class:`MovingShapes`: the same objects bouncing off the borders and rotating,
-  for any number of frames.
+  for any number of frames (``max_speed`` and ``max_spin`` set how fast).
+- :meth:`Shapes.grown`: the same scenes at any height and width (objects grow with the image);
+  :class:`Canvas`: objects at their trained pixel size on a larger canvas, several per image
+  (the two test sets of the resolution study, ``models/training/vision_study``).
 - :class:`StdlibText`: the Python standard library's source as bytes, split into a
   training and a held-out set by a hash of each file's path.
 """
@@ -107,6 +110,11 @@ class Shapes:
     # CPU learns upright classes far sooner (tiny DiT, 32k images: recognisable triangles and squares
     # upright, round blobs rotated)
     angle_range: float = 0.0
+    # motion per frame (MovingShapes): velocity uniform in [-max_speed, max_speed] image fractions per
+    # axis, spin in [-max_spin, max_spin] radians; the defaults bounce within ~13 frames and turn a square
+    # by a quarter within ~8, so a clip can repeat on its own: slower motion for the frame study
+    max_speed: float = 0.06
+    max_spin: float = 0.2
 
     def params(self, indices: int | list[int] | range, frames: int = 1) -> dict[str, torch.Tensor]:
         """The continuous description of samples ``indices`` over ``frames`` frames (see :func:`render`)."""
@@ -117,8 +125,8 @@ class Shapes:
         size = self.min_size + (self.max_size - self.min_size) * u[2]
         center = size[:, None] + (1 - 2 * size[:, None]) * torch.stack([u[3], u[4]], -1)  # fully inside
         angle = self.angle_range * u[5]
-        velocity = (torch.stack([u[6], u[7]], -1) - 0.5) * 0.12  # image fractions per frame
-        spin = (u[8] - 0.5) * 0.4  # radians per frame
+        velocity = (torch.stack([u[6], u[7]], -1) - 0.5) * (2 * self.max_speed)  # image fractions per frame
+        spin = (u[8] - 0.5) * (2 * self.max_spin)  # radians per frame
         t = torch.arange(frames, dtype=torch.float32)
         center = _bounce(center[:, None] + velocity[:, None] * t[None, :, None], size)
         angle = angle[:, None] + spin[:, None] * t[None]
@@ -128,6 +136,21 @@ class Shapes:
         """Images ``[B, 3, R, R]`` in [-1, 1] and labels ``[B]`` (int64)."""
         images, labels = self._render(indices, resolution, frames=1)
         return images[:, 0], labels
+
+    def grown(self, indices: list[int] | range, size: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scenes of :meth:`batch` at ``size`` (``R`` or ``(H, W)``): objects scale with the shorter side,
+        centres keep their place in the free range of each axis. ``[B, 3, H, W]`` and labels ``[B]``; a square
+        ``size`` gives :meth:`batch`'s images (to float rounding)."""
+        height, width = (size, size) if isinstance(size, int) else size
+        p = self.params(indices)
+        size_px = p["size"] * min(height, width)  # [B] half size in pixels
+        # the uniform draw behind each centre ([B, 2] in [0, 1]) placed in the free range of its axis
+        free = (p["center"][:, 0] - p["size"][:, None]) / (1 - 2 * p["size"][:, None])
+        extent = torch.tensor([height, width], dtype=torch.float32)
+        center = size_px[:, None] + (extent - 2 * size_px[:, None]) * free  # [B, 2] pixels (y, x)
+        objects = {"label": p["label"][:, None], "color": p["color"][:, None], "center": center[:, None],
+                   "size": size_px[:, None], "angle": p["angle"][:, :1]}  # fmt: skip
+        return render_objects(objects, height, width), p["label"]
 
     def _render(self, indices, resolution, frames):
         params = self.params(indices, frames)
@@ -139,6 +162,87 @@ def _bounce(center: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
     low, span = size[:, None, None], (1 - 2 * size)[:, None, None]
     phase = torch.remainder(center - low, 2 * span)
     return low + torch.where(phase > span, 2 * span - phase, phase)
+
+
+def render_objects(objects: dict[str, torch.Tensor], height: int, width: int) -> torch.Tensor:
+    """Rasterise ``K`` objects per image in pixel units onto an ``height x width`` canvas.
+
+    Args:
+        objects: ``label [B, K]``, ``color [B, K, 3]`` in [0, 1], ``center [B, K, 2]`` (y, x in pixels),
+            ``size [B, K]`` (half size in pixels), ``angle [B, K]``, optionally ``present [B, K]`` (bool:
+            objects beyond an image's count are left out).
+
+    Returns:
+        float32 ``[B, 3, H, W]`` in [-1, 1]: the objects composited over the background in order.
+    """
+    label, size = objects["label"], objects["size"]
+    B, K = label.shape
+    y = (torch.arange(height, dtype=torch.float32) + 0.5)[:, None]  # [H, 1] pixel centres
+    x = (torch.arange(width, dtype=torch.float32) + 0.5)[None, :]  # [1, W]
+    dy = y - objects["center"][..., 0, None, None]  # [B, K, H, W] after broadcasting
+    dx = x - objects["center"][..., 1, None, None]
+    angle = objects["angle"]
+    cos, sin = angle.cos()[..., None, None], angle.sin()[..., None, None]
+    half = size[..., None, None]
+    u, v = (cos * dx + sin * dy) / half, (cos * dy - sin * dx) / half  # in half sizes, the shape's frame
+    distance = _shape_distance(label.reshape(-1), u.flatten(0, 1), v.flatten(0, 1)).view(B, K, height, width)
+    coverage = (0.5 - distance * half).clamp(0, 1)  # [B, K, H, W]: one-pixel anti-aliasing ramp
+    if "present" in objects:
+        coverage = coverage * objects["present"][..., None, None]
+    background = -0.8
+    image = torch.full((B, 3, height, width), background)
+    for k in range(K):  # "over" compositing, object k on top of those before it
+        color = objects["color"][:, k, :, None, None] * 2 - 1  # [B, 3, 1, 1]
+        image = image + coverage[:, k, None] * (color - image)
+    return image
+
+
+@dataclass(frozen=True)
+class Canvas:
+    """Objects of :class:`Shapes` at their trained pixel size on a larger canvas: the test set of a model
+    trained at ``train_resolution`` run at a larger size whose objects keep their size (they do not grow).
+
+    The canvas is cut into cells of ``train_resolution`` pixels (``floor(H / R0) x floor(W / R0)``, at least
+    one); an image holds 1 ... ``max_objects`` objects (no more than cells), one per distinct cell, all of
+    the image's class (its label), each in its own colour and place, none overlapping. Sizes and angles
+    are drawn as :class:`Shapes` draws them, in pixels of the training resolution.
+    """
+
+    seed: int = 0
+    train_resolution: int = 32
+    max_objects: int = 3
+    min_size: float = Shapes.min_size
+    max_size: float = Shapes.max_size
+    angle_range: float = 0.0
+
+    def batch(self, indices, size: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Images ``[B, 3, H, W]`` in [-1, 1], labels ``[B]`` and object counts ``[B]`` (int64)."""
+        height, width = (size, size) if isinstance(size, int) else size
+        r0, K = self.train_resolution, self.max_objects
+        rows, cols = max(1, height // r0), max(1, width // r0)
+        indices = torch.as_tensor(list(indices))
+        u = uniform(self.seed, indices, 2 + 5 * K)  # [B, 2 + 5K]: label, count, then 5 per object
+        label = (u[:, 0] * len(CLASSES)).long()
+        count = 1 + (u[:, 1] * min(K, rows * cols)).long()  # [B] in 1 .. min(K, cells)
+        per = u[:, 2:].view(-1, K, 5)  # [B, K, 5]: size, y, x, colour, angle
+        cells = rows * cols
+        order = uniform(self.seed + 0x63656C6C, indices, cells).argsort(-1)  # [B, cells]: a random order of cells
+        cell = order[:, :K] if cells >= K else torch.cat([order, order[:, :1].expand(-1, K - cells)], -1)  # [B, K]
+        size = r0 * (self.min_size + (self.max_size - self.min_size) * per[..., 0])  # [B, K] half size, px
+        # cell height and width; a cell of the canvas' own size when it is smaller than the training size
+        ch, cw = height / rows, width / cols
+        edge = size + 2  # 2 px from the cell's border: objects of neighbouring cells never touch
+        cy = (cell // cols).float() * ch + edge + (ch - 2 * edge).clamp(min=0) * per[..., 1]
+        cx = (cell % cols).float() * cw + edge + (cw - 2 * edge).clamp(min=0) * per[..., 2]
+        objects = {
+            "label": label[:, None].expand(-1, K),
+            "color": PALETTE[(per[..., 3] * len(PALETTE)).long()],
+            "center": torch.stack([cy, cx], -1),
+            "size": size,
+            "angle": self.angle_range * per[..., 4],
+            "present": torch.arange(K) < count[:, None],
+        }
+        return render_objects(objects, height, width), label, count
 
 
 @dataclass(frozen=True)

@@ -113,16 +113,18 @@ class ImageTask:
         self,
         model,
         per_class: int = 8,
-        resolution: int | None = None,
+        resolution: int | tuple[int, int] | None = None,
         cfg_scale: float = 3.0,
         steps: int = 40,
         seed: int = 0,
         **kw,
     ) -> torch.Tensor:
-        """Images ``[classes * per_class, 3, R, R]`` in [-1, 1], one row per class."""
+        """Images ``[classes * per_class, 3, H, W]`` in [-1, 1], one row per class; ``resolution``: ``R`` or
+        ``(H, W)``; ``kw`` go to the model (``pos_mode=``, ``scaling=``: a time-dependent one follows each step)."""
         resolution = resolution or self.resolution
+        height, width = (resolution, resolution) if isinstance(resolution, int) else resolution
         y = torch.arange(len(CLASSES)).repeat_interleave(per_class)
-        noise = torch.randn(len(y), 3, resolution, resolution, generator=torch.Generator().manual_seed(seed))
+        noise = torch.randn(len(y), 3, height, width, generator=torch.Generator().manual_seed(seed))
         device = next(model.parameters()).device
         y = y.to(device)
         out = sample_euler(lambda x, t: model.forward_with_cfg(x, t, y, cfg_scale, **kw), noise.to(device), steps)
@@ -130,6 +132,12 @@ class ImageTask:
 
     def save_samples(self, model, path: Path, steps: int = 40) -> Path:
         return save_grid(self.sample(model, steps=steps), path.with_suffix(".png"), nrow=8)
+
+
+# the motion of a preset's clips, when not MovingShapes' default: the frame study's model sees slow motion
+# (velocity <= 0.03 of the frame per axis, spin <= 0.05 rad per frame), which neither bounces back to where
+# it was nor turns a shape onto itself within 24 frames, so a repetition in its samples is the model's
+VIDEO_MOTION: dict[str, dict[str, float]] = {"tiny-hunyuan": {"max_speed": 0.03, "max_spin": 0.05}}
 
 
 class VideoTask(ImageTask):
@@ -141,7 +149,7 @@ class VideoTask(ImageTask):
     def __init__(self, preset: str, resolution: int, frames: int, seed: int):
         self.config = video_dit.PRESETS[preset]
         self.resolution, self.frames, self.seed = resolution, frames, seed
-        self.data = MovingShapes(seed=seed)
+        self.data = MovingShapes(seed=seed, **VIDEO_MOTION.get(preset, {}))
 
     @classmethod
     def from_run(cls, run: Mapping) -> VideoTask:
@@ -158,7 +166,8 @@ class VideoTask(ImageTask):
         return video.transpose(1, 2), y  # [B, 3, T, R, R]: channels first, as the model takes
 
     def val_inputs(self, n: int, resolution: int, frames: int | None = None):
-        video, y = MovingShapes(seed=10_000 + self.seed).batch(range(n), resolution, frames or self.frames)
+        held_out = replace(self.data, seed=10_000 + self.seed)  # the training motion, a seed never trained on
+        video, y = held_out.batch(range(n), resolution, frames or self.frames)
         return video.transpose(1, 2), y
 
     def loss(self, model, step, batch_size, rank=0, world=1, *, context_parallel=None, **kw) -> torch.Tensor:

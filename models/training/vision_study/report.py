@@ -1,0 +1,110 @@
+"""What both studies' pages share: results as arrays, intervals, 'best and tied' lines, the environment block."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .stats import Bootstrap, Interval, verdict
+
+__all__ = ["Metric", "Table", "best_and_tied", "environment", "interval_table", "load_results"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A column: the key in the results, its heading, whether lower is better (``None``: neither), digits."""
+
+    key: str
+    heading: str
+    lower_is_better: bool | None
+    digits: int = 3
+
+
+def load_results(root: Path, names: list[str]) -> dict[str, dict]:
+    """``{name: result}`` of ``root/eval/<name>.json`` (each written by an evaluation job)."""
+    return {name: json.loads((root / "eval" / f"{name}.json").read_text())["result"] for name in names}
+
+
+class Table:
+    """Per ``(group, arm, metric)`` an array ``[seeds, samples]`` and its bootstrap (one per sample count)."""
+
+    def __init__(self, values: dict[tuple[str, str, str], np.ndarray], draws: int):
+        self.values, self.draws, self._boot = values, draws, {}
+
+    def boot(self, key) -> Bootstrap:
+        shape = self.values[key].shape
+        if shape not in self._boot:
+            self._boot[shape] = Bootstrap(*shape, draws=self.draws)
+        return self._boot[shape]
+
+    def has(self, group: str, arm: str, metric: str) -> bool:
+        return (group, arm, metric) in self.values
+
+    def interval(self, group: str, arm: str, metric: str) -> Interval:
+        key = (group, arm, metric)
+        return self.boot(key).interval(self.values[key])
+
+    def difference(self, group: str, a: str, b: str, metric: str) -> Interval:
+        """``a - b`` on the same cells (paired)."""
+        key = (group, a, metric)
+        return self.boot(key).difference(self.values[key], self.values[(group, b, metric)])
+
+
+def interval_table(table: Table, group: str, arms: list[str], metrics: list[Metric]) -> list[str]:
+    """Markdown rows: one per arm, one column per metric with its mean and 95% interval."""
+    lines = ["| arm | " + " | ".join(m.heading for m in metrics) + " |", "|---|" + "---|" * len(metrics)]
+    for arm in arms:
+        cells = [table.interval(group, arm, m.key).format(m.digits) for m in metrics]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def best_and_tied(table: Table, group: str, arms: list[str], metric: Metric) -> tuple[str, list[str]]:
+    """The arm with the best mean and the arms whose paired difference to it has an interval including 0."""
+    means = {a: table.interval(group, a, metric.key).mean for a in arms}
+    means = {a: v for a, v in means.items() if not np.isnan(v)}
+    best = (min if metric.lower_is_better else max)(means, key=means.get)
+    tied = [
+        a for a in means if a != best and verdict(table.difference(group, a, best, metric.key)) == "no difference shown"
+    ]
+    return best, tied
+
+
+def environment(command: str, wall: float, compute: dict, hashes: dict, study: dict) -> dict:
+    """What the page cites: command, machine, versions, date, times, checkpoints and the study's settings."""
+    import diffusers
+
+    return {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "diffusers": diffusers.__version__,
+        },  # fmt: skip
+        "wall_seconds": round(wall),
+        "worker_seconds": {k: round(v) for k, v in compute.items()},
+        "checkpoints": hashes,
+        "settings": study,
+    }
+
+
+def environment_lines(env: dict) -> list[str]:
+    """The page's reproduction block."""
+    versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
+    work = ", ".join(f"{k} {v} s" for k, v in env["worker_seconds"].items())
+    hashes = ", ".join(f"`{k}` {v}" for k, v in env["checkpoints"].items())
+    return [
+        f"Command: `{env['command']}` ({env['date']}, {env['machine']}; {versions}).",
+        f"Wall time of this invocation: {env['wall_seconds']} s; worker time of the results (one thread each): {work}.",
+        f"Checkpoints (SHA-256 of `checkpoint.safetensors`, first 12 hex digits): {hashes}.",
+        "The full configuration is in the page's json (`environment.settings`).",
+    ]

@@ -1,0 +1,181 @@
+"""The resolution and frame studies (models/training/vision_study): RIFLEx's k, the test sets, the object
+metrics and their statistics on inputs with known answers, and both studies' quick variants end to end."""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from helpers import one_torch_thread
+
+import axial_rope as ar
+from models.training.data import Canvas, MovingShapes, Shapes
+from models.training.vision_study import figures, run_frames, run_resolution
+from models.training.vision_study.metrics import image_metrics, reference, repetition, video_metrics
+from models.training.vision_study.objects import BACKGROUND, components, find_objects
+from models.training.vision_study.stats import Bootstrap, verdict
+
+_one_thread = one_torch_thread()
+
+
+# -- RIFLEx's intrinsic frequency, as the paper picks it ------------------------------------------
+
+
+def test_riflex_k_reproduces_the_papers_choices():
+    k = ar.scaling.RIFLEx.intrinsic_k
+    # HunyuanVideo: temporal rope 16 channels, theta 256, 129 frames -> 33 latent frames; periods 6.3 12.6 25 50 ...
+    assert k(16, 256.0, 33) == 4
+    # CogVideoX: head dim 64 split t 16 / y 24 / x 24 (diffusers' get_3d_rotary_pos_embed), theta 10000, 49 -> 13
+    assert k(16, 10000.0, 13) == 2
+    # from the first repetition seen in a generated video (the authors' identify_k): the nearest period
+    assert k(16, 256.0, 33, repetition_frame=50) == 4 and k(16, 10000.0, 13, repetition_frame=21) == 2
+    assert k(16, 256.0, 8) == 2  # the frame study's model: period 12.6, inside a 16-24-frame window
+    with pytest.raises(ValueError, match="fits in the training length"):
+        k(4, 2.0, 100)
+
+
+# -- the test sets -------------------------------------------------------------------------------
+
+
+def test_grown_scenes_are_the_training_scenes_larger():
+    data = Shapes(seed=3)
+    torch.testing.assert_close(data.grown(range(6), 48), data.batch(range(6), 48))
+    images, labels = data.grown(range(6), (32, 64))
+    assert images.shape == (6, 3, 32, 64) and torch.equal(labels, data.batch(range(6), 32)[1])
+
+
+def test_canvas_keeps_trained_pixel_sizes_and_separate_objects():
+    canvas = Canvas(seed=1, train_resolution=32, max_objects=3)
+    images, labels, counts = canvas.batch(range(40), (64, 96))
+    again = canvas.batch(range(40), (64, 96))
+    assert torch.equal(images, again[0]) and counts.min() == 1 and counts.max() == 3
+    found, _ = find_objects(images)
+    assert [len(f) for f in found] == counts.tolist()  # none touches another
+    ref = reference(32)
+    sizes = [math.sqrt(o.area / ref.areas[int(y)]) for f, y in zip(found, labels) for o in f]
+    assert 0.7 < min(sizes) and max(sizes) < 1.4  # the trained pixel size, not grown with the canvas
+
+
+# -- objects and metrics on pictures whose answer is known ------------------------------------------
+
+
+def test_components_match_a_breadth_first_search():
+    mask = torch.rand(3, 17, 23, generator=torch.Generator().manual_seed(0)) > 0.45
+    labels = components(mask)
+    for b in range(3):
+        seen, n = -torch.ones(17, 23, dtype=torch.long), 0
+        for start in zip(*torch.nonzero(mask[b], as_tuple=True)):
+            start = tuple(int(v) for v in start)
+            if seen[start] >= 0:
+                continue
+            queue, seen[start] = collections.deque([start]), n
+            while queue:
+                y, x = queue.popleft()
+                for yy, xx in ((y + 1, x), (y - 1, x), (y, x + 1), (y, x - 1)):
+                    if 0 <= yy < 17 and 0 <= xx < 23 and mask[b, yy, xx] and seen[yy, xx] < 0:
+                        seen[yy, xx] = n
+                        queue.append((yy, xx))
+            n += 1
+        pairs = set(zip(labels[b][mask[b]].tolist(), seen[mask[b]].tolist()))
+        assert len(pairs) == n == int(labels[b].max()) and int(labels[b][~mask[b]].abs().sum()) == 0
+
+
+class Oracle(torch.nn.Module):
+    """A 'classifier' that answers a fixed class: the metrics' own arithmetic, without a trained one."""
+
+    def __init__(self, answer: int):
+        super().__init__()
+        self.answer = answer
+
+    def forward(self, x):
+        return torch.nn.functional.one_hot(torch.full((len(x),), self.answer), 4).float()
+
+
+def test_image_metrics_read_size_count_and_colour():
+    ref = reference(32)
+    images, labels = Shapes(seed=5).grown(range(40), 64)  # twice the training size: objects twice as wide
+    triangles = labels == 2  # as the oracle answers
+    images, labels = images[triangles][:4], labels[triangles][:4]
+    metrics = image_metrics(images, labels, Oracle(2), ref)
+    assert metrics["correct"].tolist() == [1.0] * 4 and metrics["objects"].tolist() == [1.0] * 4
+    trained = image_metrics(Shapes(seed=5).grown(range(40), 32)[0][triangles][:4], labels, Oracle(2), ref)
+    assert np.all(np.abs(metrics["size"] / trained["size"] - 2) < 0.1)  # the same scenes, twice as wide (edges: 7%)
+    assert np.all(np.abs(trained["size"] - 1) < 0.25) and np.all(metrics["color"] < 0.01)
+    blank = torch.full((2, 3, 32, 32), BACKGROUND)
+    empty = image_metrics(blank, torch.tensor([0, 1]), Oracle(0), ref)
+    assert empty["correct"].tolist() == [0.0, 0.0] and np.isnan(empty["size"]).all()
+    assert image_metrics(images, labels, Oracle(1), ref)["correct"].sum() == 0
+
+
+def test_video_metrics_see_absent_frames_repetition_and_motion():
+    ref = reference(32, moving=True)
+    clip, labels = MovingShapes(seed=2, max_speed=0.03, max_spin=0.0).batch(range(2), 32, frames=6)
+    clip = clip.transpose(1, 2)  # [B, 3, T, H, W]
+    looped = torch.cat([clip, clip, clip], 2)  # period 6 over 18 frames
+    still = clip[:, :, :1].expand(-1, -1, 18, -1, -1)
+    gone = looped.clone()
+    gone[:, :, ::2] = BACKGROUND  # every other frame empty
+    m = {name: video_metrics(v, labels, Oracle(0), ref, lag=6) for name, v in
+         (("looped", looped), ("still", still), ("gone", gone))}  # fmt: skip
+    assert np.all(m["looped"]["repetition"] > 0.2) and np.all(np.abs(m["still"]["repetition"]) < 1e-9)
+    assert m["gone"]["presence"].tolist() == [0.5, 0.5] and m["still"]["speed"].tolist() == [0.0, 0.0]
+    real, y = MovingShapes(seed=2, max_speed=0.03, max_spin=0.0).batch(range(2), 32, frames=18)
+    moving = video_metrics(real.transpose(1, 2), y, Oracle(0), ref, lag=6)
+    assert np.all(moving["repetition"] < 0.05) and np.all(moving["speed"] > 0.1) and np.all(moving["jerk"] < 0.5)
+    assert math.isnan(repetition(torch.zeros(4, 8, 8, dtype=torch.bool), 6))  # shorter than the lag
+
+
+# -- statistics with a known answer ------------------------------------------------------------------
+
+
+def test_bootstrap_covers_the_mean_and_pairs_arms():
+    rng = np.random.default_rng(0)
+    values = rng.normal(0.5, 1.0, size=(3, 400))
+    boot = Bootstrap(3, 400, draws=1000)
+    interval = boot.interval(values)
+    assert interval.low < 0.5 < interval.high and interval.high - interval.low < 0.4
+    shifted = values + 0.1  # the same cells moved: the paired difference is exactly 0.1
+    diff = boot.difference(shifted, values)
+    assert diff.mean == pytest.approx(0.1) and diff.high - diff.low < 1e-9 and verdict(diff) == "higher"
+    assert verdict(boot.difference(values, values + rng.normal(0, 1, size=(3, 400)))) == "no difference shown"
+    holes = values.copy()
+    holes[:, ::2] = np.nan  # undefined cells are left out, not zero
+    assert boot.interval(holes).mean == pytest.approx(np.nanmean(holes))
+    assert math.isnan(boot.interval(np.full((3, 400), np.nan)).mean)
+
+
+def test_figure_cells_are_at_least_96_pixels(tmp_path):
+    from PIL import Image
+
+    images = torch.zeros(4, 3, 32, 48, dtype=torch.uint8)
+    path = figures.labelled_grid([("a", images), ("b", images)], tmp_path / "grid.png")
+    assert Image.open(path).height >= 2 * figures.MIN_CELL
+    videos = torch.randint(0, 255, (2, 3, 5, 16, 16), dtype=torch.uint8)  # distinct frames (a GIF merges equal ones)
+    gif = Image.open(figures.labelled_gif([("a", videos)], tmp_path / "clip.gif"))
+    assert gif.n_frames == 5 and gif.height >= figures.MIN_CELL
+    strip = Image.open(figures.frame_strips([("a", videos[0])], tmp_path / "strip.png"))
+    assert strip.width >= 5 * figures.MIN_CELL
+
+
+# -- both studies end to end, quick ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["resolution", "frames"])  # about 5 s each
+def test_quick_study_writes_tables_pictures_and_reuses_its_runs(name, tmp_path, capsys):
+    run = {"resolution": run_resolution, "frames": run_frames}[name]
+    page = run(tmp_path / "out", quick=True, root=tmp_path / "runs").read_text()
+    assert page.startswith("# ") and f"python -m scripts.experiments {name} --quick" in page
+    assert "Checkpoints (SHA-256" in page and page.count("|---|") >= 3
+    assert re.search(r"\| -?\d+\.\d+ \[-?\d+\.\d+, -?\d+\.\d+\] \|", page)  # a mean and its interval in a table
+    data = json.loads((tmp_path / "out" / f"{name}.json").read_text())
+    assert data["environment"]["versions"]["torch"] == torch.__version__ and data["results"]
+    assert all(p.stat().st_size > 100 for p in (tmp_path / "out" / "img").iterdir())
+    capsys.readouterr()
+    run(tmp_path / "out", quick=True, root=tmp_path / "runs")  # everything is there: nothing recomputed
+    log = capsys.readouterr().out
+    assert log.count(": reused") + log.count(": ready") == log.count("] ")
