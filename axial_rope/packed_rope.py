@@ -107,17 +107,17 @@ def item_rope(
     if segments.n not in (n_items, n_items + 1):
         raise ValueError(f"{n_items} item scalings for {segments.n} segments (items, and at most one padding)")
     scalings = list(scalings) + [None] * (segments.n - n_items)
-    lengths = [None] * segments.n
-    if rope.length_dependent:
-        if pos is None:
-            raise ValueError("a length-dependent scaling needs pos= (each item's lengths come from its positions)")
-        segments.check("pos", pos)
-        lengths[:n_items] = _item_lengths(pos, segments, n_items)
     shared = rope.spectrum not in ("per_axis", "custom")  # split / cycled: one method for all axes
     scalings = [rope.scaling if s is None else s for s in scalings]  # None: the rope's own
     # a shared spectrum takes one method: a per-axis tuple of one method (positions_for_size's form) is that method
     scalings = [s[0] if shared and isinstance(s, tuple) and len(set(map(repr, s))) == 1 else s for s in scalings]
     methods = [tuple(scaling_method(m) for m in per_axis("scaling", s, rope.n_axes, shared)) for s in scalings]
+    lengths = [None] * segments.n
+    if any(m is not None and m.length_dependent for group in methods for m in group):  # the rope's own or an item's
+        if pos is None:
+            raise ValueError("a length-dependent scaling needs pos= (each item's lengths come from its positions)")
+        segments.check("pos", pos)
+        lengths[:n_items] = _item_lengths(pos, segments, n_items)
     keys = [repr((m, n)) for m, n in zip(methods, lengths)]  # methods may hold lists: keyed by their repr
     distinct = list(dict.fromkeys(keys))  # first-seen order
     _check_rope(rope, len(distinct))

@@ -26,11 +26,14 @@ from torch import nn
 
 import axial_rope as ar
 from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
+from axial_rope.packing import Item, pack, unpack
 from axial_rope.parallel import ContextParallel
+from axial_rope.time_scaling import is_time_dependent
 
 from .checks import batch_timesteps, check_fields
 from .dit import bind_time, initialize_weights
 from .flow import T_SCALE, noisy
+from .packed import patch_tokens
 
 __all__ = ["VideoDiT", "VideoDiTConfig", "PRESETS", "default_axes_dim", "flow_loss_shard", "patchify"]
 
@@ -197,6 +200,10 @@ class VideoDiT(nn.Module):
         Returns:
             ``[B, out_channels, T, H, W]`` (the whole video on every rank, also under context parallel).
         """
+        if isinstance(x, (list, tuple)):  # through forward, so DDP and hooks see packed batches too
+            if context_parallel is not None or not gather:
+                raise ValueError("packed batches (a list of videos) take neither context_parallel nor gather=False")
+            return self.forward_packed(x, t, y, cond, temporal_scaling=temporal_scaling, force_drop_ids=force_drop_ids)
         t = batch_timesteps(t, x.shape[0], x.device)
         x, grid = self.x_embedder(x)  # [B, S, C], grid (t, h, w), S = t * h * w
         pos = ar.grid(*grid, device=x.device)  # [S, 3], t slowest as the tokens
@@ -216,6 +223,55 @@ class VideoDiT(nn.Module):
         if cp is not None:
             x = cp.gather(x)  # [B, S, ...] on every rank, padding dropped
         return unpatchify(x, grid, self.config.patch_size, self.out_channels)
+
+    def forward_packed(
+        self,
+        xs,
+        t: torch.Tensor,
+        y: torch.Tensor | None = None,
+        cond: torch.Tensor | None = None,
+        *,
+        temporal_scaling: ar.scaling.Scaling | None = None,
+        force_drop_ids: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """Predict for videos of different lengths and sizes in one packed sequence (equal to :meth:`forward`
+        on each alone; ``forward`` takes the list too).
+
+        Args:
+            xs: ``N`` latents ``[C, T_i, H_i, W_i]``, sizes divisible by the patch.
+            t: timesteps ``[N]`` (or one value); y: labels ``[N]``; cond: vectors ``[N, cond_dim]``.
+            temporal_scaling: as in :meth:`forward`, applied to each video on its own (a length-dependent
+                method sees that video's frames; block axes, ``axial_rope.packed_rope``); not time-dependent.
+
+        Returns:
+            ``N`` predictions ``[out_channels, T_i, H_i, W_i]``.
+        """
+        if not len(xs):
+            raise ValueError("forward_packed needs at least one video")
+        if is_time_dependent(temporal_scaling):
+            raise ValueError("a time-dependent temporal_scaling follows one sampling time: call forward per size")
+        for name, v in (("y", y), ("cond", cond)):
+            if v is not None and (not isinstance(v, torch.Tensor) or v.shape[0] != len(xs)):
+                raise ValueError(f"{name} must hold one row per video ({len(xs)}), got {getattr(v, 'shape', v)}")
+        patch = self.config.patch_size
+        scaling = None if temporal_scaling is None else (temporal_scaling, None, None)
+        items = []
+        for i, x in enumerate(xs):
+            patches = patch_tokens(x, patch, i)  # [t, h, w, C pt py px]
+            grid = tuple(patches.shape[:3])
+            pos = ar.grid(*grid, device=x.device)  # [t h w, 3]
+            items.append(Item(patches.reshape(-1, patches.shape[-1]), pos, grid, scaling=scaling))
+        packed = pack(items)
+        proj = self.x_embedder.proj  # the patch conv as one matmul over every video's patches
+        x = (packed.tokens @ proj.weight.flatten(1).T + proj.bias)[None]  # [1, T, hidden]
+        rope, segments = packed.rope(self.rope), packed.segments
+        t = batch_timesteps(t, packed.n_items, x.device)
+        c = self.condition(t, y, cond, force_drop_ids)  # [N, C]: modulation per video, then per token
+        for block in self.blocks:
+            x = block(x, c, packed.pos, rope=rope, segments=segments)
+        x = self.final_layer(x, c, segments=segments)  # [1, T, prod(patch) * out]
+        out = self.out_channels
+        return [unpatchify(o.reshape(1, -1, o.shape[-1]), o.shape[:3], patch, out)[0] for o in unpack(packed, x)]
 
 
 def patchify(x: torch.Tensor, patch_size: tuple[int, int, int]) -> torch.Tensor:

@@ -114,3 +114,70 @@ def test_the_benchmark_strategies_compute_the_same_function():
     assert result["max_difference"] < 1e-5
     rows = {r["strategy"]: r for r in result["rows"]}
     assert rows["packed"]["padding"] == 0 and rows["padded"]["padding"] > rows["bucketed"]["padding"] > 0
+
+
+# ---- the video DiT: videos of different lengths and sizes in one sequence
+
+
+def _video_model(**overrides):
+    from models.video_dit import PRESETS as VIDEO_PRESETS
+    from models.video_dit import VideoDiT
+
+    torch.manual_seed(0)
+    model = VideoDiT(replace(VIDEO_PRESETS["tiny"], depth=2, **overrides))
+    with torch.no_grad():  # away from adaLN-Zero's zeros
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+VIDEO_SIZES = [(4, 8, 12), (2, 16, 8), (6, 8, 8)]  # frames, height, width (tiny: patch (1, 2, 2))
+
+
+def _video_batch():
+    gen = torch.Generator().manual_seed(2)
+    xs = [torch.randn(3, *size, generator=gen) for size in VIDEO_SIZES]
+    return xs, torch.tensor([100.0, 500.0, 900.0]), torch.tensor([0, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "scaling", [None, "ntk", "dynamic"], ids=["trained", "fixed NTK on t", "length-dependent on t"]
+)
+def test_packed_videos_equal_each_video_alone(scaling):
+    import axial_rope as ar
+
+    method = {None: None, "ntk": ar.scaling.NTK(2.0), "dynamic": ar.scaling.DynamicNTK(2.0, 3)}[scaling]
+    model = _video_model()
+    xs, t, y = _video_batch()
+    packed = model(xs, t, y, temporal_scaling=method)  # a list goes to forward_packed
+    assert [tuple(o.shape) for o in packed] == [(3, *s) for s in VIDEO_SIZES]
+    for i, (x, out) in enumerate(zip(xs, packed)):
+        alone = model(x[None], t[i : i + 1], y[i : i + 1], temporal_scaling=method)[0]
+        torch.testing.assert_close(out, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_video_gradients_equal_the_per_video_sum():
+    model = _video_model(qk_norm="rms")
+    xs, t, y = _video_batch()
+    params = list(model.parameters())
+    packed = torch.autograd.grad(sum(o.square().sum() for o in model.forward_packed(xs, t, y)), params)
+    alone = sum(model(x[None], t[i : i + 1], y[i : i + 1]).square().sum() for i, x in enumerate(xs))
+    for a, b in zip(packed, torch.autograd.grad(alone, params)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_packed_videos_refuse_bad_input_by_item():
+    from axial_rope.time_scaling import DyPE
+
+    model = _video_model()
+    xs, t, y = _video_batch()
+    with pytest.raises(ValueError, match="item 1: sides 2 x 15 x 8 must be divisible"):
+        model.forward_packed([xs[0], torch.randn(3, 2, 15, 8)], t[:2], y[:2])
+    with pytest.raises(ValueError, match=r"item 0: a latent must be \[C, T, H, W\]"):
+        model.forward_packed([torch.randn(3, 8, 8)], t[:1], y[:1])
+    with pytest.raises(ValueError, match="y must hold one row per video"):
+        model.forward_packed(xs, t, y[:2])
+    with pytest.raises(ValueError, match="time-dependent"):
+        model.forward_packed(xs, t, y, temporal_scaling=DyPE(2.0, 4))
+    with pytest.raises(ValueError, match="at least one video"):
+        model.forward_packed([], t, y)

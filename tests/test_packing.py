@@ -177,6 +177,16 @@ def test_length_dependent_scaling_sees_each_items_own_length():
         ar.Attention(16, 1, rope)(torch.randn(1, 26, 16), p.pos, segments=p.segments)
 
 
+def test_an_items_own_length_dependent_scaling_sees_its_length_on_an_unscaled_rope():
+    rope, method = ar.AxialRoPE(16), ar.scaling.DynamicNTK(2.0, max_position_embeddings=6)
+    lengths = [4, 9, 13]
+    xs = [torch.randn(1, n, 1, 16) for n in lengths]
+    p = pack([Item(x[0, :, 0], torch.arange(n)[:, None], (n,), scaling=method) for x, n in zip(xs, lengths)])
+    out = p.rope(rope).apply(p.tokens[None, :, None], p.pos)
+    ref = torch.cat([rope.with_scaling(method).apply(x, torch.arange(n)) for x, n in zip(xs, lengths)], 1)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+
+
 def test_item_rope_refuses_what_it_cannot_pack():
     _, _, p = _packed_case("ntk")
     with pytest.raises(ValueError, match="learns its own"):
