@@ -12,44 +12,24 @@ import torch
 
 from models.gpt import GPT, STUDY_PRESETS, DualChunk
 from models.training import length_study, needles
+from models.training.bootstrap import Interval
 from models.training.length_study import design, evaluate, retrieval
-from models.training.length_study.stats import Resampler, overlap
 from models.training.length_study.summary import verdict
 from models.training.tasks import TextTask, stdlib_text
 
-# -- statistics -------------------------------------------------------------------------------
+# -- statistics (the bootstrap itself: tests/test_bootstrap.py) ----------------------------------
 
 
-def test_bootstrap_interval_covers_the_true_mean_about_95_percent_of_the_time():
-    rng = np.random.default_rng(0)
-    covered, trials = 0, 200
-    for _ in range(trials):  # seeds shift every window alike; windows add their own noise
-        values = 2.0 + rng.normal(0, 0.05, (3, 1))[:] + rng.normal(0, 0.3, (3, 100))
-        covered += Resampler(3, 100, draws=400, seed=1).interval(values).low <= 2.0
-    # the 2.5% lower tail: the interval's low end lies below the true mean in about 97.5% of samples
-    assert 0.9 <= covered / trials <= 1.0
-
-
-def test_paired_difference_resolves_what_the_separate_intervals_cannot():
-    rng = np.random.default_rng(1)
-    windows = rng.normal(0, 1.0, (3, 200))  # a large per-window effect that both arms share
-    a, b = 3.0 + windows, 3.05 + windows + rng.normal(0, 0.01, (3, 200))
-    draws = Resampler(3, 200, draws=1000, seed=0)
-    ia, ib, diff = draws.interval(a), draws.interval(b), draws.difference(a, b)
-    assert overlap(ia, ib)  # side by side, the arms look the same ...
-    assert diff.high < 0 and diff.low == pytest.approx(-0.05, abs=0.01)  # ... paired, b is higher by 0.05
-    assert verdict(diff, ia, ib).startswith("lower")
-    same = draws.difference(a, a)
-    assert same == (0.0, 0.0, 0.0) and verdict(same, ia, ia).startswith("not resolved")
-
-
-def test_identical_draws_for_every_arm_and_shape_checked():
-    one, two = Resampler(2, 5, draws=50, seed=3), Resampler(2, 5, draws=50, seed=3)
-    assert np.array_equal(one.means(np.arange(10.0).reshape(2, 5)), two.means(np.arange(10.0).reshape(2, 5)))
-    with pytest.raises(ValueError, match="seeds, windows"):
-        one.interval(np.zeros((3, 5)))
-    ratio = one.ratio(np.full((2, 5), 3.0), np.full((2, 5), 2.0))
-    assert ratio == (1.5, 1.5, 1.5)
+def test_verdict_words_follow_the_paired_interval_and_say_whether_the_sides_overlap():
+    a, b = Interval(3.0, 2.9, 3.1), Interval(3.05, 2.95, 3.15)
+    assert verdict(Interval(-0.05, -0.06, -0.04), a, b) == "lower (paired interval excludes 0; their intervals overlap)"
+    far = Interval(4.0, 3.9, 4.1)
+    assert verdict(Interval(1.0, 0.9, 1.1), far, a).startswith(
+        "higher (paired interval excludes 0; their intervals do not"
+    )
+    assert verdict(Interval(0.0, -0.01, 0.01), a, a).startswith(
+        "not resolved: the paired difference's interval contains 0"
+    )
 
 
 # -- the needle --------------------------------------------------------------------------------

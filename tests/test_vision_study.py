@@ -18,7 +18,6 @@ from models.training.data import Canvas, MovingShapes, Shapes
 from models.training.vision_study import figures, run_frames, run_resolution
 from models.training.vision_study.metrics import image_metrics, reference, repetition, video_metrics
 from models.training.vision_study.objects import BACKGROUND, components, find_objects
-from models.training.vision_study.stats import Bootstrap, verdict
 
 _one_thread = one_torch_thread()
 
@@ -128,25 +127,6 @@ def test_video_metrics_see_absent_frames_repetition_and_motion():
     moving = video_metrics(real.transpose(1, 2), y, Oracle(0), ref, lag=6)
     assert np.all(moving["repetition"] < 0.05) and np.all(moving["speed"] > 0.1) and np.all(moving["jerk"] < 0.5)
     assert math.isnan(repetition(torch.zeros(4, 8, 8, dtype=torch.bool), 6))  # shorter than the lag
-
-
-# -- statistics with a known answer ------------------------------------------------------------------
-
-
-def test_bootstrap_covers_the_mean_and_pairs_arms():
-    rng = np.random.default_rng(0)
-    values = rng.normal(0.5, 1.0, size=(3, 400))
-    boot = Bootstrap(3, 400, draws=1000)
-    interval = boot.interval(values)
-    assert interval.low < 0.5 < interval.high and interval.high - interval.low < 0.4
-    shifted = values + 0.1  # the same cells moved: the paired difference is exactly 0.1
-    diff = boot.difference(shifted, values)
-    assert diff.mean == pytest.approx(0.1) and diff.high - diff.low < 1e-9 and verdict(diff) == "higher"
-    assert verdict(boot.difference(values, values + rng.normal(0, 1, size=(3, 400)))) == "no difference shown"
-    holes = values.copy()
-    holes[:, ::2] = np.nan  # undefined cells are left out, not zero
-    assert boot.interval(holes).mean == pytest.approx(np.nanmean(holes))
-    assert math.isnan(boot.interval(np.full((3, 400), np.nan)).mean)
 
 
 def test_figure_cells_are_at_least_96_pixels(tmp_path):

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from ...gpt_positions import fused_path
+from ..jobs import compute_seconds, run_jobs
 from ..tasks import stdlib_text
 from ..trainer import load_trained
 from . import paradigm, plots, report, summary
 from .design import FULL, QUICK, Arm, Study, arms, run_dir
 from .evaluate import variant
-from .jobs import compute_seconds, run_jobs, study_jobs
+from .jobs import execute, study_jobs
 
 __all__ = ["FULL", "QUICK", "Study", "comparisons", "run"]
 
@@ -100,7 +102,9 @@ def run(out: Path, quick: bool = False, root: str | Path | None = None, workers:
 
 def _run(study: Study, out: Path, root: Path) -> Path:
     all_arms = arms(study)
-    wall = run_jobs(study, root, study_jobs(study), log=lambda line: print(line, flush=True))
+    wall = run_jobs(
+        study_jobs(study), partial(execute, study, root), root, study.workers, lambda line: print(line, flush=True)
+    )
     measured, timings = measure_paradigm(study, root, all_arms)
     results = summary.load(study, root, all_arms)
     found = summary.compare(results, comparisons(study))

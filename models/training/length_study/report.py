@@ -14,10 +14,10 @@ import torch
 
 import axial_rope
 
+from ..bootstrap import Interval
 from ..needles import ALPHABETS
 from ..tasks import NEEDLE_RATE, stdlib_text
 from .evaluate import BIN
-from .stats import Interval
 from .summary import Results
 
 __all__ = ["environment", "fmt", "page"]
@@ -38,9 +38,7 @@ PARADIGM = (
 
 def fmt(value: Interval | None, digits: int = 3) -> str:
     """``mean [low, high]``, or an em dash where there is no value."""
-    if value is None:
-        return "—"
-    return f"{value.mean:.{digits}f} [{value.low:.{digits}f}, {value.high:.{digits}f}]"
+    return "—" if value is None else value.format(digits)
 
 
 def environment(study, wall: float, compute: dict[str, float]) -> dict:
@@ -233,6 +231,9 @@ def body(results: Results, comparisons: list[dict], env: dict, pictures: dict) -
         "## Where inside a long window each method breaks",
         "",
         f"![loss per position]({pictures['curves']})",
+        "",
+        "A bin counts as broken when its loss is above the last trained bin's with 95% confidence for all"
+        " bins past the context together (paired bootstrap, Bonferroni over those bins).",
         "",
         *break_table(results),
         "",

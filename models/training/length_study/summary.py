@@ -11,21 +11,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import bootstrap
+from ..bootstrap import Bootstrap, Interval, overlap
 from .design import Arm, Study
 from .evaluate import BIN, result_path
-from .stats import Interval, Resampler, overlap
 
 __all__ = ["Results", "compare", "load"]
 
 
 class Results:
-    """The per-window numbers of every arm, stacked over seeds, with one resampler per array shape."""
+    """The per-window numbers of every arm, stacked over seeds, with one set of bootstrap draws per array shape."""
 
     def __init__(self, study: Study, arms: dict[str, Arm], raw: dict[str, list[dict]]):
         self.study, self.arms, self.raw = study, arms, raw
         cells = len(study.depths) * study.trials
-        self.loss_draws = Resampler(len(study.seeds), study.windows, study.draws, seed=0)
-        self.probe_draws = Resampler(len(study.seeds), cells, study.draws, seed=1)
+        self.loss_draws = Bootstrap(len(study.seeds), study.windows, study.draws, seed=0)
+        self.probe_draws = Bootstrap(len(study.seeds), cells, study.draws, seed=1)
 
     def losses(self, arm: str, length: int) -> np.ndarray | None:
         """``[seeds, windows]`` losses of ``arm`` at ``length``, or ``None`` where it cannot run."""
@@ -74,11 +75,14 @@ class Results:
 
     def break_position(self, arm: str) -> int | None:
         """Where the arm breaks: the start of the first 64-position bin past the training context whose loss is
-        significantly above that of the context's last bin (paired over windows and seeds); ``None``: none is."""
+        significantly above that of the context's last bin (paired over windows and seeds; the 95% holds for
+        all bins together, Bonferroni: one bin in 28 of a flat curve would pass a per-bin 95% by chance);
+        ``None``: none is."""
         bins = np.stack([r["bins"] for r in self.raw[arm]])  # [S, W, n_bins]
         last = self.study.context // BIN - 1
+        level = 1 - 0.05 / max(1, bins.shape[2] - last - 1)
         for b in range(last + 1, bins.shape[2]):
-            if self.loss_draws.difference(bins[:, :, b], bins[:, :, last]).low > 0:
+            if self.loss_draws.difference(bins[:, :, b], bins[:, :, last], level=level).low > 0:
                 return b * BIN
         return None
 
@@ -99,9 +103,9 @@ def load(study: Study, root: Path, arms: dict[str, Arm]) -> Results:
 
 def verdict(diff: Interval, a: Interval, b: Interval) -> str:
     """Words that follow from the intervals: which is lower, or that they are not told apart."""
-    paired = "lower" if diff.high < 0 else "higher" if diff.low > 0 else None
+    paired = bootstrap.verdict(diff)
     sides = "their intervals overlap" if overlap(a, b) else "their intervals do not overlap"
-    if paired is None:
+    if paired == "no difference shown":
         return f"not resolved: the paired difference's interval contains 0 ({sides})"
     return f"{paired} (paired interval excludes 0; {sides})"
 

@@ -4,7 +4,7 @@ Each trains its models over several seeds (two at a time, resumable: finished ru
 are files under its root and are reused when their settings match), measures samples with metrics
 read from pictures (:mod:`.metrics`: a shape classifier, object count, size, colour; for video
 presence, motion and repetition), reports every figure with a paired bootstrap interval
-(:mod:`.stats`), and writes ``OUT/NAME.md``, ``OUT/NAME.json`` and its pictures under ``OUT/img``.
+(:mod:`models.training.bootstrap`), and writes ``OUT/NAME.md``, ``OUT/NAME.json`` and its pictures under ``OUT/img``.
 
 - :mod:`.resolution`: an image DiT trained at 16 x 16 tokens, at 1.5x, 2x, 3x and 1:2 with every
   position mode (time-dependent Dy-YaRN included) and fine-tuned, on two test sets;
@@ -35,8 +35,8 @@ def _study_root(root: Path) -> Path:
 
 def run_resolution(out: Path, quick: bool = False, root: str | Path | None = None, workers: int | None = None) -> Path:
     """Train, evaluate and write ``out/resolution.md`` (``quick``: toy sizes, seconds; ``root``: the runs)."""
+    from ..jobs import checkpoint_hash, compute_seconds, read_result, run_jobs
     from . import resolution, resolution_page
-    from .jobs import checkpoint_hash, compute_seconds, read_result, run_jobs
     from .report import environment
 
     study = resolution.QUICK if quick else resolution.FULL
@@ -56,8 +56,8 @@ def run_resolution(out: Path, quick: bool = False, root: str | Path | None = Non
 
 def run_frames(out: Path, quick: bool = False, root: str | Path | None = None, workers: int | None = None) -> Path:
     """Train, evaluate and write ``out/frames.md`` (``quick``: toy sizes, seconds; ``root``: the runs)."""
+    from ..jobs import checkpoint_hash, compute_seconds, run_jobs
     from . import frames, frames_page
-    from .jobs import checkpoint_hash, compute_seconds, run_jobs
     from .report import environment
 
     study = frames.QUICK if quick else frames.FULL

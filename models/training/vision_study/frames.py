@@ -29,11 +29,11 @@ import axial_rope as ar
 from ...flow import classifier_free_guidance, sample_euler
 from ..config import RUN_DEFAULTS, TrainConfig
 from ..data import CLASSES
+from ..jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
 from ..tasks import VideoTask
 from ..trainer import load_trained
 from . import classifier as shape_classifier
 from .classifier import ClassifierConfig
-from .jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
 from .metrics import reference, video_metrics
 from .resolution import per_image_loss
 

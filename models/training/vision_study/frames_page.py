@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..bootstrap import Bootstrap, verdict
 from ..data import CLASSES
 from . import figures
 from .frames import REFERENCE, FramesStudy, intrinsic
 from .report import Metric, Table, best_and_tied, environment_lines, interval_table, load_results
-from .stats import Bootstrap, verdict
 
 __all__ = ["METRICS", "build_table", "page"]
 

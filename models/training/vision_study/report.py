@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .stats import Bootstrap, Interval, verdict
+from ..bootstrap import Bootstrap, Interval, verdict
 
 __all__ = ["Metric", "Table", "best_and_tied", "environment", "interval_table", "load_results"]
 

@@ -27,10 +27,10 @@ import torch
 from ...flow import noisy, sample_euler
 from ..config import TrainConfig
 from ..data import CLASSES, Canvas, Shapes
+from ..jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
 from ..trainer import load_trained
 from . import classifier as shape_classifier
 from .classifier import ClassifierConfig
-from .jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
 from .metrics import image_metrics, reference
 
 __all__ = ["FULL", "QUICK", "ResolutionStudy", "arms_at", "execute", "study_jobs"]

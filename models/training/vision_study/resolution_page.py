@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..bootstrap import verdict
 from ..data import CLASSES
 from . import figures
 from .report import Metric, Table, best_and_tied, environment_lines, interval_table, load_results
 from .resolution import ResolutionStudy, arms_at, size_name
-from .stats import verdict
 
 __all__ = ["METRICS", "build_table", "page"]
 

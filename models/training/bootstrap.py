@@ -1,11 +1,12 @@
-"""Bootstrap intervals over training seeds and samples, paired across arms.
+"""Bootstrap intervals over training seeds and samples, paired across arms: every study's statistics.
 
 Every arm of a study is measured with models of the same training seeds on the same samples
-(the same test images, or the same initial noise and labels for generated samples), so a
-metric is an array ``[seeds, samples]`` and two arms pair cell by cell. One bootstrap draw
+(the same held-out windows or test images, or the same initial noise and labels for generated
+samples), so a metric is an array ``[seeds, samples]`` and two arms pair cell by cell. One bootstrap draw
 resamples seeds, then samples, with replacement (the same draw for every arm: paired) and
 takes the mean, ignoring NaN cells (a metric undefined for a sample, e.g. the size of an object
-that was not drawn). The interval is the 2.5 and 97.5 percentiles of those means.
+that was not drawn). The interval is the 2.5 and 97.5 percentiles of those means. Resampling the
+seeds carries the training noise into the interval; with 3 seeds that part is coarse.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Bootstrap", "Interval", "verdict"]
+__all__ = ["Bootstrap", "Interval", "overlap", "verdict"]
 
 
 class Interval(NamedTuple):
@@ -30,9 +31,17 @@ class Interval(NamedTuple):
             return "-"
         return f"{self.mean:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
 
+    def __str__(self) -> str:
+        return self.format()
+
     def excludes(self, value: float = 0.0) -> bool:
         """Whether the interval lies wholly above or below ``value``."""
         return not math.isnan(self.mean) and (self.low > value or self.high < value)
+
+
+def overlap(a: Interval, b: Interval) -> bool:
+    """Whether two intervals share any value."""
+    return a.low <= b.high and b.low <= a.high
 
 
 def verdict(difference: Interval, higher: str = "higher", lower: str = "lower") -> str:
@@ -73,11 +82,12 @@ class Bootstrap:
         with np.errstate(invalid="ignore", divide="ignore"):
             return total / count
 
-    def _interval(self, estimate: float, draws: np.ndarray) -> Interval:
+    def _interval(self, estimate: float, draws: np.ndarray, level: float | None = None) -> Interval:
         draws = draws[~np.isnan(draws)]
         if math.isnan(estimate) or not len(draws):
             return Interval(math.nan, math.nan, math.nan)
-        low, high = np.percentile(draws, self.tails)
+        tails = self.tails if level is None else (100 * (1 - level) / 2, 100 * (1 + level) / 2)
+        low, high = np.percentile(draws, tails)
         return Interval(float(estimate), float(low), float(high))
 
     def interval(self, values) -> Interval:
@@ -86,9 +96,16 @@ class Bootstrap:
         estimate = float(np.nanmean(values)) if (~np.isnan(values)).any() else math.nan
         return self._interval(estimate, self.means(values))
 
-    def difference(self, a, b) -> Interval:
-        """``mean(a) - mean(b)`` with the interval of the paired differences (the same draws for both)."""
+    def difference(self, a, b, *, level: float | None = None) -> Interval:
+        """``mean(a) - mean(b)`` with the interval of the paired differences (the same draws for both);
+        ``level``: another coverage than the one of this bootstrap (e.g. Bonferroni over several tests)."""
         a, b = self._check(a), self._check(b)
         if np.isnan(a).all() or np.isnan(b).all():
             return Interval(math.nan, math.nan, math.nan)
-        return self._interval(float(np.nanmean(a) - np.nanmean(b)), self.means(a) - self.means(b))
+        return self._interval(float(np.nanmean(a) - np.nanmean(b)), self.means(a) - self.means(b), level)
+
+    def ratio(self, a, b) -> Interval:
+        """``mean(a) / mean(b)`` with the interval of the paired ratios of means (the same draws for both)."""
+        a, b = self._check(a), self._check(b)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self._interval(float(np.nanmean(a) / np.nanmean(b)), self.means(a) / self.means(b))
