@@ -25,7 +25,7 @@ __all__ = ["environment", "fmt", "page"]
 # the survey table's rows: (row, the arm measured, what the scheme does)
 PARADIGM = (
     ("NoPE", "NoPE", "nothing: the causal mask alone orders the tokens"),
-    ("Sinusoidal (absolute)", "Sinusoidal", "x * sqrt(C) + [sin, cos](p / 10000^(2i/C)) at the input"),
+    ("Sinusoidal (absolute)", "Sinusoidal", "x * sqrt(C) + (sin, cos) of p / 10000^(2i/C), at the input"),
     ("Learned (absolute)", "Learned", "x + W[p], a learned table, at the input"),
     ("T5 relative bias", "T5 bias", "logit + b[h, bucket(j - i)], learned, log-spaced buckets"),
     ("ALiBi", "ALiBi", "logit - m_h (i - j), fixed head slopes"),
