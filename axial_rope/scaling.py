@@ -15,50 +15,18 @@ checked on construction (:meth:`Scaling.__post_init__`); ``docs/scaling.md`` lis
 from __future__ import annotations
 
 import math
-import operator
 import warnings
 from dataclasses import MISSING, dataclass, fields
 from typing import ClassVar
 
 import torch
 
+from .scaling_checks import as_floats, as_int, check_positive, check_theta_above_one
+
 __all__ = [
     "Linear", "NTK", "DynamicNTK", "YaRN", "Llama3", "LongRoPE", "RIFLEx", "Scaling", "REGISTRY", "CONFIG_KEYS",
     "from_dict", "base_inv_freq", "inv_freq", "from_rope_parameters",
 ]  # fmt: skip
-
-
-def _check_positive(owner: str, name: str, value: float, *, strict: bool = True) -> None:
-    bad = not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
-    if bad or (value <= 0 if strict else value < 0):
-        need = "a finite number > 0" if strict else "a finite number >= 0"
-        raise ValueError(f"{owner}: {name} must be {need}, got {value!r}")
-
-
-def _as_int(owner: str, name: str, value: object, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum``: ints (numpy's too) and integral floats (``4096.0``, in some JSON) pass."""
-    integral_float = isinstance(value, float) and value.is_integer()
-    if isinstance(value, bool) or not (integral_float or hasattr(value, "__index__")):
-        raise TypeError(f"{owner}: {name} must be an int, got {value!r}")
-    number = int(value) if integral_float else operator.index(value)
-    if number < minimum:
-        raise ValueError(f"{owner}: {name} must be an int >= {minimum}, got {value!r}")
-    return number
-
-
-def _as_floats(owner: str, name: str, value: object) -> tuple[float, ...]:
-    """A list (JSON) or tuple of numbers > 0 as a tuple of floats (hashable, so the method stays a dict key)."""
-    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{owner}: {name} must be a list of numbers, got {value!r}")
-    entries = tuple(value)  # once: an iterator would be spent by the check
-    for entry in entries:
-        _check_positive(owner, f"every entry of {name}", entry)
-    return tuple(float(entry) for entry in entries)
-
-
-def _check_theta_above_one(owner: str, theta: float, why: str) -> None:
-    if theta <= 1:  # theta = 1: log(theta) = 0 and a flat spectrum; theta < 1: frequencies rise with the pair
-        raise ValueError(f"{owner}: theta must be > 1 ({why}), got {theta!r}")
 
 
 class Scaling:
@@ -92,14 +60,14 @@ class Scaling:
             if value is None and str(f.type).endswith("| None"):
                 continue
             if kind == "int":
-                number = _as_int(owner, f.name, value, self.int_minimum.get(f.name, 1))
+                number = as_int(owner, f.name, value, self.int_minimum.get(f.name, 1))
                 object.__setattr__(self, f.name, number)
             elif kind == "bool" and not isinstance(value, bool):
                 raise TypeError(f"{owner}: {f.name} must be a bool (True or False), got {value!r}")
             elif kind == "float":
-                _check_positive(owner, f.name, value, strict=f.name not in self.zero_allowed)
+                check_positive(owner, f.name, value, strict=f.name not in self.zero_allowed)
             elif kind.startswith("tuple["):
-                object.__setattr__(self, f.name, _as_floats(owner, f.name, value))
+                object.__setattr__(self, f.name, as_floats(owner, f.name, value))
         factor = getattr(self, "factor", None)
         if factor is not None and factor < 1:
             message = f"{owner}: factor={factor!r} < 1 interpolates to a shorter context than the original"
@@ -146,7 +114,7 @@ def base_inv_freq(dim: int, theta: float = 10000.0) -> torch.Tensor:
     """The unscaled RoPE spectrum ``theta ** (-2j / dim)`` for ``j < dim // 2``, float64 ``[dim // 2]``."""
     if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0 or dim % 2:
         raise ValueError(f"dim must be a positive even int, got {dim!r}")
-    _check_positive("inv_freq", "theta", theta)
+    check_positive("inv_freq", "theta", theta)
     exponent = torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim  # cpu: also under a meta default
     return 1.0 / (float(theta) ** exponent)
 
@@ -165,7 +133,7 @@ class Linear(Scaling):
 
 def _grown_theta(owner: str, dim: int, theta: float, growth: float, exponent: bool = True) -> float:
     """NTK's base: ``theta * growth ** (dim / (dim - 2))`` (lowest frequency / growth), or ``theta * growth``."""
-    _check_theta_above_one(owner, theta, "NTK grows the base; a base <= 1 has no low frequencies to stretch")
+    check_theta_above_one(owner, theta, "NTK grows the base; a base <= 1 has no low frequencies to stretch")
     if exponent and dim <= 2:
         raise ValueError(f"{owner}: dim must be > 2 for the d/(d-2) exponent, got {dim}")
     return theta * growth ** (dim / (dim - 2) if exponent else 1)
@@ -262,7 +230,7 @@ class YaRN(Scaling):
 
     def __call__(self, dim: int, theta: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
         original = self.original_max_position_embeddings
-        _check_theta_above_one("YaRN", theta, "the ramp divides by log(theta)")
+        check_theta_above_one("YaRN", theta, "the ramp divides by log(theta)")
 
         def pair_index(turns: float) -> float:
             # the (fractional) pair whose wavelength fits `turns` times into the original length

@@ -23,7 +23,8 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from .scaling import Scaling, _check_theta_above_one, _yarn_mscale, base_inv_freq, inv_freq
+from .scaling import Scaling, _yarn_mscale, base_inv_freq, inv_freq
+from .scaling_checks import check_theta_above_one
 
 __all__ = [
     "DyPE", "TimeAwareNTK", "TimeDependent", "TimeFrequencies", "TimedRoPE", "DYPE_METHODS",
@@ -168,7 +169,7 @@ class DyPE(TimeDependent, Scaling):
         if self.method == "linear":
             return f0 / self.factor**kappa
         if self.method == "ntk":
-            _check_theta_above_one("DyPE", theta, "NTK grows the base")
+            check_theta_above_one("DyPE", theta, "NTK grows the base")
             if self.exponent and dim <= 2:
                 raise ValueError(f"DyPE: dim must be > 2 for the d/(d-2) exponent, got {dim}")
             growth = dim / (dim - 2) if self.exponent else 1.0
@@ -177,7 +178,7 @@ class DyPE(TimeDependent, Scaling):
 
     def _yarn(self, dim: int, theta: float, f0: torch.Tensor, kappa: torch.Tensor) -> torch.Tensor:
         """YaRN's ramp (as :class:`~axial_rope.scaling.YaRN`) with both thresholds times ``kappa``; ``[dim // 2]``."""
-        _check_theta_above_one("DyPE", theta, "the ramp divides by log(theta)")
+        check_theta_above_one("DyPE", theta, "the ramp divides by log(theta)")
         length, log_theta = self.original_max_position_embeddings, math.log(theta)
 
         def pair_index(turns: float) -> float:  # YaRN's pair turning `turns` times over L (python, as YaRN)
@@ -220,7 +221,7 @@ class TimeAwareNTK(TimeDependent, Scaling):
     watershed: float | None = None
 
     def inv_freq_at(self, dim: int, theta: float, t: torch.Tensor) -> torch.Tensor:
-        _check_theta_above_one("TimeAwareNTK", theta, "NTK grows the base")
+        check_theta_above_one("TimeAwareNTK", theta, "NTK grows the base")
         f0, exponent = _base(dim, theta, t.device)
         tau, interpolated = 1 - t, f0 / self.factor
         if self.watershed is not None:
