@@ -7,7 +7,7 @@
 # Run from anywhere; it works in the repository root with `python3` (PYTHON=... to pick another)
 # and installs nothing. Steps, each under its own time limit (the whole run stays under 6 min):
 #   1. environment: GPU, driver, torch/triton versions, nvidia-smi            -> log.txt
-#   2. the CUDA tests of the Triton backend, stopping at the first failure     -> tests.txt
+#   2. the CUDA tests (Triton backend, packed attention), stopping at the first failure -> tests.txt
 #   3. copy ceiling and kernel-only tile sweep (programs, heads per program,
 #      warps; registers and spills of every compiled tile)                    -> sweep.json, sweep.md
 #   4. the full benchmark tables (every shape, mode and provider)             -> bench/<gpu>.json,
@@ -52,17 +52,17 @@ if [ $DRY -eq 0 ]; then nvidia-smi || true; fi
 "$PY" -c "from scripts import peers; print('peers:', peers.unpack(), peers.versions())" || status=1
 
 if [ $DRY -eq 1 ]; then  # CPU stand-ins: the gpu tests skip, the sweep only compiles, the bench is small
-  TESTS=(-m gpu tests/test_triton_gpu.py)
+  TESTS=(-m gpu tests/test_triton_gpu.py tests/test_varlen_gpu.py)
   SWEEP=(--dry-run --shapes dit --kernels rope --limit 2 --workers 1)
   BENCH=(--small --shapes dit --modes forward --repeat 1 --tag dry-run)
 else
-  TESTS=(-m gpu -n 6 tests/test_triton_gpu.py)  # pytest-xdist: the kernel compiles run in parallel
+  TESTS=(-m gpu -n 6 tests/test_triton_gpu.py tests/test_varlen_gpu.py)  # pytest-xdist: the kernel compiles run in parallel
   SWEEP=(--repeat 20)
   TAG=$("$PY" -c "import torch; print(torch.cuda.get_device_name().split()[-1].lower())")
   BENCH=(--repeat 20 --tag "$TAG")
 fi
 
-step "CUDA tests (tests/test_triton_gpu.py, stop at the first failure) -> $OUT/tests.txt"
+step "CUDA tests (tests/test_triton_gpu.py, tests/test_varlen_gpu.py; stop at the first failure) -> $OUT/tests.txt"
 run 110 "$PY" -m pytest -x -q -rfEs -p no:cacheprovider "${TESTS[@]}" > "$OUT/tests.txt" 2>&1
 tail -n 15 "$OUT/tests.txt"
 
