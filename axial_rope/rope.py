@@ -190,7 +190,9 @@ class AxialRoPE(nn.Module):
         """
         if self.learned_freqs is not None:
             raise ValueError("with_scaling needs fixed frequencies; this rope learns its own (learnable=True)")
-        per_axis = tuple(_scaling_method(s) for s in _per_axis("scaling", scaling, self.n_axes, self.spectrum != "per_axis"))
+        per_axis = tuple(
+            _scaling_method(s) for s in _per_axis("scaling", scaling, self.n_axes, self.spectrum != "per_axis")
+        )
         if per_axis == self.scaling:
             return self
         if self.spectrum == "custom":
