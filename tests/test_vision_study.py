@@ -1,9 +1,10 @@
-"""The resolution and frame studies (models/training/vision_study): RIFLEx's k, the test sets, the object
-metrics and their statistics on inputs with known answers, and both studies' quick variants end to end."""
+"""The resolution, frame and packing studies (models/training/vision_study): RIFLEx's k, the test sets, the
+object metrics and their statistics on inputs with known answers, and the studies' quick variants end to end."""
 
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import math
 import re
@@ -15,7 +16,7 @@ from helpers import one_torch_thread
 
 import axial_rope as ar
 from models.training.data import Canvas, MovingShapes, Shapes
-from models.training.vision_study import figures, run_frames, run_resolution
+from models.training.vision_study import figures, run_frames, run_packing, run_resolution
 from models.training.vision_study.metrics import image_metrics, reference, repetition, video_metrics
 from models.training.vision_study.objects import BACKGROUND, components, find_objects
 
@@ -145,9 +146,10 @@ def test_figure_cells_are_at_least_96_pixels(tmp_path):
 # -- both studies end to end, quick ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["resolution", "frames"])  # about 5 s each
+@pytest.mark.parametrize("name", ["resolution", "frames", "packing"])  # about 5-10 s each
 def test_quick_study_writes_tables_pictures_and_reuses_its_runs(name, tmp_path, capsys):
-    run = {"resolution": run_resolution, "frames": run_frames}[name]
+    packing = functools.partial(run_packing, base_root=tmp_path / "resolution")  # the one-size runs: here too
+    run = {"resolution": run_resolution, "frames": run_frames, "packing": packing}[name]
     page = run(tmp_path / "out", quick=True, root=tmp_path / "runs").read_text()
     assert page.startswith("# ") and f"python -m scripts.experiments {name} --quick" in page
     assert "Checkpoints (SHA-256" in page and page.count("|---|") >= 3

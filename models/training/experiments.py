@@ -14,7 +14,9 @@ beyond what it was trained on:
   (:mod:`models.training.length_study`; it trains its own runs under ``runs/length``);
 - ``frames``: a video DiT with HunyuanVideo's temporal rope trained on 8 frames over 3 seeds, at 16
   and 24 frames with none, RIFLEx, interpolation and NTK on the time axis, sample metrics (presence,
-  motion, repetition) with intervals (:mod:`models.training.vision_study`, runs under ``runs/frames``).
+  motion, repetition) with intervals (:mod:`models.training.vision_study`, runs under ``runs/frames``);
+- ``packing``: the image DiT trained packed on mixed sizes against the resolution study's one-size runs,
+  at sizes inside and beyond the packed range, with and without scaling (runs under ``runs/packing``).
 
 Results go to ``OUT/NAME.md`` (a table and pictures) and ``OUT/NAME.json``. Reuse rule
 (:func:`trained_run`): a run folder's model is reused only when the folder's whole saved
@@ -37,6 +39,7 @@ SETUP = {
     "resolution": {"model": "dit"},
     "length": {"model": "gpt"},
     "frames": {"model": "video_dit"},
+    "packing": {"model": "dit"},
 }
 # (length, resolution and frames: each study trains its own runs, models.training.length_study and
 # models.training.vision_study; run_for(name) stays the model's default run, the one scripts.train trains;
@@ -106,4 +109,14 @@ def frames(out: Path, smoke: bool = False, run_dir: str | Path | None = None) ->
     return run_frames(out, quick=smoke, root=run_dir)
 
 
-EXPERIMENTS = {"resolution": resolution, "length": length, "frames": frames}
+def packing(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
+    """The image DiT trained packed on mixed sizes and aspects (3 seeds) against the resolution study's
+    one-size runs, at sizes inside and beyond the packed range, with and without test-time scaling:
+    :mod:`models.training.vision_study.packing` (``smoke``: its quick variant; ``run_dir``: the study's
+    root folder, default ``runs/packing``; the one-size runs stay under ``runs/resolution``)."""
+    from .vision_study import run_packing
+
+    return run_packing(out, quick=smoke, root=run_dir)
+
+
+EXPERIMENTS = {"resolution": resolution, "length": length, "frames": frames, "packing": packing}

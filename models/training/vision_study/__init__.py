@@ -9,7 +9,9 @@ presence, motion and repetition), reports every figure with a paired bootstrap i
 - :mod:`.resolution`: an image DiT trained at 16 x 16 tokens, at 1.5x, 2x, 3x and 1:2 with every
   position mode (time-dependent Dy-YaRN included) and fine-tuned, on two test sets;
 - :mod:`.frames`: a video DiT with HunyuanVideo's temporal rope trained on 8 frames, at 16 and 24
-  with none, RIFLEx (k as the paper picks it), interpolation and NTK on the time axis.
+  with none, RIFLEx (k as the paper picks it), interpolation and NTK on the time axis;
+- :mod:`.packing`: the image DiT trained packed on mixed sizes and aspects against the resolution
+  study's one-size runs, at sizes inside and beyond the packed range, with and without scaling.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from pathlib import Path
 
-__all__ = ["run_frames", "run_resolution"]
+__all__ = ["run_frames", "run_packing", "run_resolution"]
 
 
 def _log(line: str) -> None:
@@ -69,5 +71,36 @@ def run_frames(out: Path, quick: bool = False, root: str | Path | None = None, w
     env = environment(command, wall, compute_seconds(root), hashes, asdict(study))
     text = frames_page.page(study, root, out, env)
     path = out / "frames.md"
+    path.write_text(text)
+    return path
+
+
+def run_packing(
+    out: Path,
+    quick: bool = False,
+    root: str | Path | None = None,
+    workers: int | None = None,
+    base_root: str | Path | None = None,
+) -> Path:
+    """Train, evaluate and write ``out/packing.md`` (``quick``: toy sizes, seconds; ``root``: the packed runs and
+    evaluations; ``base_root``: the resolution study's root, whose runs are the one-size arm)."""
+    from ..jobs import checkpoint_hash, compute_seconds, run_jobs
+    from . import packing, packing_page
+    from .report import environment
+
+    study = packing.QUICK if quick else packing.FULL
+    study = study if workers is None else replace(study, workers=workers)
+    study = study if base_root is None else replace(study, base_root=str(base_root))
+    root = _study_root(Path(root or ("runs/packing_quick" if quick else "runs/packing")))
+    wall = run_jobs(packing.study_jobs(study), packing.executor(study, root), root, study.workers, _log)
+    hashes = {
+        f"{'packed_' if packed else ''}s{s}": checkpoint_hash(packing.train_config(study, root, s, packed).out)
+        for s in study.seeds
+        for packed in (False, True)
+    }
+    command = "python -m scripts.experiments packing" + (" --quick" if quick else "")
+    env = environment(command, wall, compute_seconds(root), hashes, asdict(study))
+    text = packing_page.page(study, root, out, env)
+    path = out / "packing.md"
     path.write_text(text)
     return path

@@ -189,6 +189,27 @@ def sample(model, labels: torch.Tensor, noise: torch.Tensor, study: ResolutionSt
     return sample_euler(velocity, noise, study.euler_steps).clamp(-1, 1)
 
 
+def measure(
+    model, sets: dict, labels, noise, study: ResolutionStudy, classifier, ref, **kw
+) -> tuple[dict, torch.Tensor]:
+    """One arm: ``{metric: per-image values}`` (the loss on each held-out set of :func:`held_out_sets`, the sample
+    metrics) and its samples ``[N, 3, H, W]`` (``kw``: ``pos_mode=`` or ``scaling=`` of the model's forward)."""
+    row = {f"loss_{name}": per_image_loss(model, *xs, study.ts, **kw).tolist() for name, xs in sets.items()}
+    images = sample(model, labels, noise, study, **kw)
+    return row | {m: v.tolist() for m, v in image_metrics(images, labels, classifier, ref).items()}, images
+
+
+def samples_path(root: Path, size: Size, arm: str) -> Path:
+    """Where an arm's samples at ``size`` are kept for the page's pictures (uint8 ``[N, 3, H, W]``)."""
+    return root / "samples" / f"{size_name(size)}_{arm.replace(', ', '_').replace(' ', '-')}.pt"
+
+
+def save_samples(root: Path, size: Size, arm: str, images: torch.Tensor) -> None:
+    path = samples_path(root, size, arm)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(((images + 1) * 127.5).round().to(torch.uint8), path)
+
+
 def evaluate(study: ResolutionStudy, root: Path, seed: int, size: Size) -> str:
     """Every arm at ``size`` with the models of ``seed``: losses and sample metrics, saved to ``root/eval``."""
     base_dir, ft_dir = train_config(study, root, seed).out, train_config(study, root, seed, True).out
@@ -205,16 +226,9 @@ def evaluate(study: ResolutionStudy, root: Path, seed: int, size: Size) -> str:
     for arm, mode in arms_at(study, size):
         source = ft_dir if arm == "fine-tuned" else base_dir
         model = models.setdefault(source, load_trained(source)[1])
-        row = {
-            f"loss_{name}": per_image_loss(model, *xs, study.ts, pos_mode=mode).tolist() for name, xs in sets.items()
-        }
-        images = sample(model, labels, noise, study, pos_mode=mode)
-        row |= {m: v.tolist() for m, v in image_metrics(images, labels, classifier, ref).items()}
-        result[arm] = row
+        result[arm], images = measure(model, sets, labels, noise, study, classifier, ref, pos_mode=mode)
         if seed == study.seeds[0]:  # the page's pictures: the first seed's samples
-            keep = ((images + 1) * 127.5).round().to(torch.uint8)
-            (root / "samples").mkdir(parents=True, exist_ok=True)
-            torch.save(keep, root / "samples" / f"{size_name(size)}_{arm.replace(' ', '-')}.pt")
+            save_samples(root, size, arm, images)
     write_result(path, settings, result)
     return "evaluated"
 

@@ -13,7 +13,7 @@ from ..bootstrap import verdict
 from ..data import CLASSES
 from . import figures
 from .report import Metric, Table, best_and_tied, environment_lines, interval_table, load_results
-from .resolution import ResolutionStudy, arms_at, size_name
+from .resolution import ResolutionStudy, arms_at, samples_path, size_name
 
 __all__ = ["METRICS", "build_table", "page"]
 
@@ -85,7 +85,7 @@ def pictures(study: ResolutionStudy, root: Path, out: Path) -> dict[str, str]:
     for size in study.sizes:
         rows = []
         for arm, _ in arms_at(study, size):
-            images = torch.load(root / "samples" / f"{size_name(size)}_{arm.replace(' ', '-')}.pt")
+            images = torch.load(samples_path(root, size, arm))
             n = images.shape[0] // len(CLASSES)
             pick = [c * n + i for c in range(len(CLASSES)) for i in range(min(2, n, per))]
             rows.append((arm, images[pick]))
