@@ -90,6 +90,32 @@ def _summary(table: Table, study: PackingStudy) -> list[str]:
     return lines
 
 
+def reproduction(study: PackingStudy, root: Path) -> str:
+    """Whether the one-size arms equal the resolution study's own evaluation of the same runs (per image)."""
+    base_eval, worst, compared = Path(study.base_root) / "eval", 0.0, 0
+    for size in study.sizes:
+        for seed in study.seeds:
+            theirs_path = base_eval / f"s{seed}_{size_name(size)}.json"
+            if not theirs_path.is_file():
+                continue
+            ours = load_results(root, [f"s{seed}_{size_name(size)}"])[f"s{seed}_{size_name(size)}"]
+            theirs = json.loads(theirs_path.read_text())["result"]
+            for arm, which, mode in arms_at(study, size):
+                ref = "trained size" if arm == ONE_SIZE else mode
+                if which != ONE_SIZE or ref not in theirs:
+                    continue
+                for m in COMPARED:
+                    a, b = np.array(ours[arm][m], dtype=float), np.array(theirs[ref][m], dtype=float)
+                    worst = max(worst, float(np.nanmax(np.abs(a - b), initial=0.0)))
+                    compared += 1
+    if not compared:
+        return "The resolution study's evaluations were not found, so the one-size arms were not compared with them."
+    return (
+        f"Check: at the sizes both studies evaluate, the one-size arms equal the resolution study's own figures"
+        f" image by image ({compared} per-image series compared, largest difference {worst:.1e})."
+    )
+
+
 def pictures(study: PackingStudy, root: Path, out: Path) -> dict[str, str]:
     """One labelled grid per size (rows: arms; columns: two samples per class of the first seed)."""
     paths = {}
@@ -147,6 +173,8 @@ def page(study: PackingStudy, root: Path, out: Path, env: dict) -> str:
         " classifier (class accuracy), object count, the largest object's size relative to its class at"
         f" {R} px, and its colour error. *packed, interpolate to {study.packed_max * 4} px*: the packed model with"
         f" each side longer than its largest trained one ({study.packed_max} tokens) interpolated into it.",
+        "",
+        reproduction(study, root),
         "",
         "## Summary",
         "",
