@@ -35,44 +35,55 @@ def _study_root(root: Path) -> Path:
     return root
 
 
-def run_resolution(out: Path, quick: bool = False, root: str | Path | None = None, workers: int | None = None) -> Path:
-    """Train, evaluate and write ``out/resolution.md`` (``quick``: toy sizes, seconds; ``root``: the runs)."""
-    from ..jobs import checkpoint_hash, compute_seconds, read_result, run_jobs
-    from . import resolution, resolution_page
+def _run_jobs(name: str, module, quick: bool, root, workers: int | None, **changes):
+    """A study's settings (``module.QUICK`` or ``module.FULL``, with ``changes``), its root and the wall time of
+    its jobs (run two at a time, resumably: :func:`~models.training.jobs.run_jobs`)."""
+    from ..jobs import run_jobs
+
+    changes |= {} if workers is None else {"workers": workers}
+    study = replace(module.QUICK if quick else module.FULL, **changes)
+    root = _study_root(Path(root or f"runs/{name}{'_quick' if quick else ''}"))
+    wall = run_jobs(module.study_jobs(study), module.executor(study, root), root, study.workers, _log)
+    return study, root, wall
+
+
+def _environment(name: str, quick: bool, wall: float, root: Path, runs: dict, study) -> dict:
+    """What the page cites (:func:`.report.environment`), with the checksum of each run folder in ``runs``."""
+    from ..jobs import checkpoint_hash, compute_seconds
     from .report import environment
 
-    study = resolution.QUICK if quick else resolution.FULL
-    study = study if workers is None else replace(study, workers=workers)
-    root = _study_root(Path(root or ("runs/resolution_quick" if quick else "runs/resolution")))
-    wall = run_jobs(resolution.study_jobs(study), resolution.executor(study, root), root, study.workers, _log)
-    hashes = {f"s{s}": checkpoint_hash(resolution.train_config(study, root, s).out) for s in study.seeds}
-    hashes |= {f"ft_s{s}": checkpoint_hash(resolution.train_config(study, root, s, True).out) for s in study.seeds}
-    command = "python -m scripts.experiments resolution" + (" --quick" if quick else "")
-    env = environment(command, wall, compute_seconds(root), hashes, asdict(study))
-    check = read_result(root / "classifier_check.json", resolution.validation_settings(study))
-    text = resolution_page.page(study, root, out, env, check)
-    path = out / "resolution.md"
+    command = f"python -m scripts.experiments {name}" + (" --quick" if quick else "")
+    hashes = {key: checkpoint_hash(run_dir) for key, run_dir in runs.items()}
+    return environment(command, wall, compute_seconds(root), hashes, asdict(study))
+
+
+def _write(out: Path, name: str, text: str) -> Path:
+    path = out / f"{name}.md"
     path.write_text(text)
     return path
+
+
+def run_resolution(out: Path, quick: bool = False, root: str | Path | None = None, workers: int | None = None) -> Path:
+    """Train, evaluate and write ``out/resolution.md`` (``quick``: toy sizes, seconds; ``root``: the runs)."""
+    from ..jobs import read_result
+    from . import resolution, resolution_page
+
+    study, root, wall = _run_jobs("resolution", resolution, quick, root, workers)
+    runs = {f"s{s}": resolution.train_config(study, root, s).out for s in study.seeds}
+    runs |= {f"ft_s{s}": resolution.train_config(study, root, s, True).out for s in study.seeds}
+    env = _environment("resolution", quick, wall, root, runs, study)
+    check = read_result(root / "classifier_check.json", resolution.validation_settings(study))
+    return _write(out, "resolution", resolution_page.page(study, root, out, env, check))
 
 
 def run_frames(out: Path, quick: bool = False, root: str | Path | None = None, workers: int | None = None) -> Path:
     """Train, evaluate and write ``out/frames.md`` (``quick``: toy sizes, seconds; ``root``: the runs)."""
-    from ..jobs import checkpoint_hash, compute_seconds, run_jobs
     from . import frames, frames_page
-    from .report import environment
 
-    study = frames.QUICK if quick else frames.FULL
-    study = study if workers is None else replace(study, workers=workers)
-    root = _study_root(Path(root or ("runs/frames_quick" if quick else "runs/frames")))
-    wall = run_jobs(frames.study_jobs(study), frames.executor(study, root), root, study.workers, _log)
-    hashes = {name: checkpoint_hash(cfg.out) for name, cfg in frames.all_runs(study, root).items()}
-    command = "python -m scripts.experiments frames" + (" --quick" if quick else "")
-    env = environment(command, wall, compute_seconds(root), hashes, asdict(study))
-    text = frames_page.page(study, root, out, env)
-    path = out / "frames.md"
-    path.write_text(text)
-    return path
+    study, root, wall = _run_jobs("frames", frames, quick, root, workers)
+    runs = {name: cfg.out for name, cfg in frames.all_runs(study, root).items()}
+    env = _environment("frames", quick, wall, root, runs, study)
+    return _write(out, "frames", frames_page.page(study, root, out, env))
 
 
 def run_packing(
@@ -84,23 +95,14 @@ def run_packing(
 ) -> Path:
     """Train, evaluate and write ``out/packing.md`` (``quick``: toy sizes, seconds; ``root``: the packed runs and
     evaluations; ``base_root``: the resolution study's root, whose runs are the one-size arm)."""
-    from ..jobs import checkpoint_hash, compute_seconds, run_jobs
     from . import packing, packing_page
-    from .report import environment
 
-    study = packing.QUICK if quick else packing.FULL
-    study = study if workers is None else replace(study, workers=workers)
-    study = study if base_root is None else replace(study, base_root=str(base_root))
-    root = _study_root(Path(root or ("runs/packing_quick" if quick else "runs/packing")))
-    wall = run_jobs(packing.study_jobs(study), packing.executor(study, root), root, study.workers, _log)
-    hashes = {
-        f"{'packed_' if packed else ''}s{s}": checkpoint_hash(packing.train_config(study, root, s, packed).out)
+    changes = {} if base_root is None else {"base_root": str(base_root)}
+    study, root, wall = _run_jobs("packing", packing, quick, root, workers, **changes)
+    runs = {
+        f"{'packed_' if packed else ''}s{s}": packing.train_config(study, root, s, packed).out
         for s in study.seeds
         for packed in (False, True)
     }
-    command = "python -m scripts.experiments packing" + (" --quick" if quick else "")
-    env = environment(command, wall, compute_seconds(root), hashes, asdict(study))
-    text = packing_page.page(study, root, out, env)
-    path = out / "packing.md"
-    path.write_text(text)
-    return path
+    env = _environment("packing", quick, wall, root, runs, study)
+    return _write(out, "packing", packing_page.page(study, root, out, env))
