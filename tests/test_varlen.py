@@ -57,6 +57,7 @@ def test_loop_equals_the_dense_block_diagonal_mask():
     torch.testing.assert_close(varlen_attention(q, k, v, seg), dense[0].transpose(0, 1), atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager on purpose
 def test_flex_forward_on_cpu_equals_per_item(monkeypatch):
     pytest.importorskip("torch.nn.attention.flex_attention")
     from torch.nn.attention.flex_attention import flex_attention
