@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..bootstrap import verdict
 from ..data import CLASSES
 from . import figures
 from .packing import ONE_SIZE, PACKED, PackingStudy, arms_at
-from .report import Table, best_and_tied, environment_lines, interval_table, load_results
+from .report import Table, best_lines, difference_table, environment_lines, interval_table, load_results, mark
 from .resolution import samples_path, size_name
 from .resolution_page import METRICS
 
 __all__ = ["build_table", "page"]
 
 COMPARED = ("loss_grown", "loss_canvas", "correct", "size")  # the paired-difference tables' metrics
+DIFFERENCE_METRICS = [m for m in METRICS if m.key in COMPARED]
 
 
 def build_table(study: PackingStudy, root: Path) -> Table:
@@ -35,39 +35,11 @@ def build_table(study: PackingStudy, root: Path) -> Table:
     return Table(values, study.draws)
 
 
-def _mark(word: str) -> str:
-    return {"higher": "(+)", "lower": "(-)"}.get(word, "")
-
-
 def _pairs(study: PackingStudy, size) -> list[tuple[str, str]]:
     """``(arm, reference)`` of the paired-difference table at ``size``: the packed model against each one-size arm."""
     arms = [a for a, _, _ in arms_at(study, size)]
     pairs = [(a, b) for a in arms if a.startswith(PACKED) for b in arms if b.startswith(ONE_SIZE)]
     return pairs + [(a, PACKED) for a in arms if a.startswith(PACKED) and a != PACKED]
-
-
-def _differences(table: Table, study: PackingStudy, size) -> list[str]:
-    metrics = [m for m in METRICS if m.key in COMPARED]
-    lines = ["| arm - reference | " + " | ".join(m.heading for m in metrics) + " |", "|---|" + "---|" * len(metrics)]
-    for arm, ref in _pairs(study, size):
-        cells = []
-        for m in metrics:
-            d = table.difference(size_name(size), arm, ref, m.key)
-            cells.append(f"{d.format(m.digits)} {_mark(verdict(d))}")
-        lines.append(f"| {arm} - {ref} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _best_lines(table: Table, study: PackingStudy, size) -> list[str]:
-    group, arms = size_name(size), [a for a, _, _ in arms_at(study, size)]
-    lines = []
-    for m in METRICS:
-        if m.lower_is_better is None:
-            continue
-        best, tied = best_and_tied(table, group, arms, m)
-        rest = f" (not distinguishable from it: {', '.join(tied)})" if tied else " (every other arm differs)"
-        lines.append(f"- {m.heading}: best {best}{rest}.")
-    return lines
 
 
 def _summary(table: Table, study: PackingStudy) -> list[str]:
@@ -84,7 +56,7 @@ def _summary(table: Table, study: PackingStudy) -> list[str]:
         d = table.difference(group, PACKED, best, loss.key)
         lines.append(
             f"| {size[0]} x {size[1]} | {table.interval(group, PACKED, loss.key).format(4)} | {best} |"
-            f" {table.interval(group, best, loss.key).format(4)} | {d.format(4)} {_mark(verdict(d))} |"
+            f" {table.interval(group, best, loss.key).format(4)} | {d.format(4)} {mark(d)} |"
             f" {table.interval(group, PACKED, 'correct').format(2)} |"
         )
     return lines
@@ -188,7 +160,13 @@ def page(study: PackingStudy, root: Path, out: Path, env: dict) -> str:
         arms = [a for a, _, _ in arms_at(study, size)]
         lines += [f"## {size[0]} x {size[1]} px ({_where(study, size)})", ""]
         lines += interval_table(table, size_name(size), arms, METRICS) + [""]
-        lines += ["Paired differences:", "", *_differences(table, study, size), "", *_best_lines(table, study, size)]
+        lines += [
+            "Paired differences:",
+            "",
+            *difference_table(table, size_name(size), _pairs(study, size), DIFFERENCE_METRICS),
+            "",
+            *best_lines(table, size_name(size), arms, METRICS),
+        ]
         lines += ["", f"![samples at {size_name(size)}]({images[size_name(size)]})", ""]
     out.mkdir(parents=True, exist_ok=True)
     (out / "packing.json").write_text(json.dumps(_json(table, study, env), indent=1))

@@ -13,7 +13,10 @@ import torch
 
 from ..bootstrap import Bootstrap, Interval, verdict
 
-__all__ = ["Metric", "Table", "best_and_tied", "environment", "interval_table", "load_results"]
+__all__ = [
+    "Metric", "Table", "best_and_tied", "best_lines", "difference_table", "environment", "interval_table",
+    "load_results", "mark",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,35 @@ def best_and_tied(table: Table, group: str, arms: list[str], metric: Metric) -> 
         a for a in means if a != best and verdict(table.difference(group, a, best, metric.key)) == "no difference shown"
     ]
     return best, tied
+
+
+def mark(d: Interval) -> str:
+    """``(+)`` / ``(-)`` when a paired difference's interval lies above / below 0, else nothing."""
+    return {"higher": "(+)", "lower": "(-)"}.get(verdict(d), "")
+
+
+def difference_table(table: Table, group: str, pairs: list[tuple[str, str]], metrics: list[Metric]) -> list[str]:
+    """Markdown rows: one per ``(arm, reference)``, each metric's paired difference ``arm - reference`` and its mark."""
+    lines = ["| arm - reference | " + " | ".join(m.heading for m in metrics) + " |", "|---|" + "---|" * len(metrics)]
+    for arm, ref in pairs:
+        cells = []
+        for m in metrics:
+            d = table.difference(group, arm, ref, m.key)
+            cells.append(f"{d.format(m.digits)} {mark(d)}")
+        lines.append(f"| {arm} - {ref} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def best_lines(table: Table, group: str, arms: list[str], metrics: list[Metric]) -> list[str]:
+    """One line per ranked metric: the best arm and those not distinguishable from it (none for one arm)."""
+    lines = []
+    for m in metrics:
+        if m.lower_is_better is None or len(arms) < 2:
+            continue
+        best, tied = best_and_tied(table, group, arms, m)
+        rest = f" (not distinguishable from it: {', '.join(tied)})" if tied else " (every other arm differs)"
+        lines.append(f"- {m.heading}: best {best}{rest}.")
+    return lines
 
 
 def environment(command: str, wall: float, compute: dict, hashes: dict, study: dict) -> dict:

@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..bootstrap import verdict
 from ..data import CLASSES
 from . import figures
-from .report import Metric, Table, best_and_tied, environment_lines, interval_table, load_results
+from .report import Metric, Table, best_lines, difference_table, environment_lines, interval_table, load_results
 from .resolution import ResolutionStudy, arms_at, samples_path, size_name
 
 __all__ = ["METRICS", "build_table", "page"]
@@ -45,37 +44,10 @@ def _factor(study: ResolutionStudy, size) -> str:
     return f"{h:g}x" if h == w else f"{h:g}x by {w:g}x"
 
 
-def _differences(table: Table, study: ResolutionStudy, size) -> list[str]:
-    """Paired differences of each arm against ``none`` and ``interpolate`` at ``size``."""
-    group, arms = size_name(size), [a for a, _ in arms_at(study, size)]
-    metrics = [m for m in METRICS if m.key in COMPARED]
-    lines = ["| arm - reference | " + " | ".join(m.heading for m in metrics) + " |", "|---|" + "---|" * len(metrics)]
-    for ref in ("none", "interpolate"):
-        for arm in arms:
-            if arm == ref or ref not in arms:
-                continue
-            cells = []
-            for m in metrics:
-                d = table.difference(group, arm, ref, m.key)
-                cells.append(f"{d.format(m.digits)} {_mark(verdict(d))}")
-            lines.append(f"| {arm} - {ref} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _mark(word: str) -> str:
-    return {"higher": "(+)", "lower": "(-)"}.get(word, "")
-
-
-def _best_lines(table: Table, study: ResolutionStudy, size) -> list[str]:
-    group, arms = size_name(size), [a for a, _ in arms_at(study, size)]
-    lines = []
-    for m in METRICS:
-        if m.lower_is_better is None or len(arms) < 2:
-            continue
-        best, tied = best_and_tied(table, group, arms, m)
-        rest = f" (not distinguishable from it: {', '.join(tied)})" if tied else " (every other arm differs)"
-        lines.append(f"- {m.heading}: best {best}{rest}.")
-    return lines
+def _pairs(study: ResolutionStudy, size) -> list[tuple[str, str]]:
+    """``(arm, reference)`` of the paired-difference table: each arm against ``none`` and ``interpolate``."""
+    arms = [a for a, _ in arms_at(study, size)]
+    return [(arm, ref) for ref in ("none", "interpolate") if ref in arms for arm in arms if arm != ref]
 
 
 def pictures(study: ResolutionStudy, root: Path, out: Path) -> dict[str, str]:
@@ -144,9 +116,11 @@ def page(study: ResolutionStudy, root: Path, out: Path, env: dict, check: dict) 
             lines += [
                 "Paired differences:",
                 "",
-                *_differences(table, study, size),
+                *difference_table(
+                    table, size_name(size), _pairs(study, size), [m for m in METRICS if m.key in COMPARED]
+                ),
                 "",
-                *_best_lines(table, study, size),
+                *best_lines(table, size_name(size), arms, METRICS),
             ]
         lines += ["", f"![samples at {size_name(size)}]({images[size_name(size)]})", ""]
     data = _json(table, study, env, check)
