@@ -3,13 +3,18 @@
 Each world size spawns its processes once and runs every case inside them: both methods,
 both layouts, causal or not, lengths that divide by the ranks and lengths that do not,
 raw q/k/v and the ``Attention`` layer with a video rope, with and without a text prefix.
-Attention outputs and the gradients of q, k, v and of the layer's input must match the
-single-process float32 result to 1e-6 (``max |a - b| <= 1e-6 * max(1, max |b|)``: absolute,
-the tensors are O(1)). The layer's parameter gradients are sums over every token, of
-magnitude 10 to 30, whose float32 rounding differs with the summation order: the
-one-process float32 gradient of the QK-norm weight is itself 9.5e-7 of its scale from the
-float64 one, so they are held to 2e-6 of their scale. Every rank must also send exactly
-the bytes of ``communication_bytes``.
+
+The claim is equality, so it is checked in float64 (the ring accumulates in the input's
+compute dtype): outputs and the gradients of q, k, v, of the layer's input and of its
+parameters must match the single-process float64 result to ``TOL`` of the tensor's scale
+(``max |a - b| <= TOL * max(1, max |b|)``). The bound behind ``TOL``: the two computations
+differ only in summation order and in the online softmax's rescaling, each output a sum of
+at most ``S + D < 64`` terms (parameter gradients: ``B S < 64`` token terms), so they differ
+by at most about ``2 * 64 * u`` relative to the terms' scale, with float64's ``u = 1.1e-16``,
+amplified by ``exp`` through the scores (``|score| < 10`` here, a factor ``< 10``):
+``1.4e-13``; ``TOL = 1e-12`` holds on any CPU and thread count. (In float32 the same bound is
+``1.5e-5``, above the 1e-6 this test once used: it failed on some CPUs.) Every rank must also
+send exactly the bytes of ``communication_bytes``.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from axial_rope.parallel import (
 from axial_rope.parallel.ring import block_pairs
 from axial_rope.parallel.ulysses import ulysses_kv_heads
 
-TOL, PARAM_TOL = 1e-6, 2e-6
+TOL = 1e-12  # float64 error bound (module docstring)
+DTYPE = torch.float64
 CASES = [(m, lay, c) for m in ("ring", "ulysses") for lay in ("contiguous", "zigzag") for c in (False, True)]
 
 
@@ -47,12 +53,12 @@ class Check:
     """Collects mismatches (never raises mid-collective, so no rank is left waiting) and the largest error."""
 
     def __init__(self):
-        self.failures, self.max_err = [], {TOL: 0.0, PARAM_TOL: 0.0}
+        self.failures, self.max_err = [], 0.0
 
-    def close(self, name: str, actual: torch.Tensor, expected: torch.Tensor, tol: float = TOL) -> None:
+    def close(self, name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
         err = (actual - expected).abs().max().item() / max(1.0, expected.abs().max().item())
-        self.max_err[tol] = max(self.max_err[tol], err)
-        if not err <= tol:
+        self.max_err = max(self.max_err, err)
+        if not err <= TOL:
             self.failures.append(f"{name}: error {err:.3g} of the tensor's scale")
 
     def equal(self, name: str, actual, expected) -> None:
@@ -63,8 +69,8 @@ class Check:
 def _function_case(check: Check, cp: ContextParallel, S: int, causal: bool) -> None:
     """Raw q/k/v (GQA: 12 query heads, 6 kv heads): output, gradients and bytes sent."""
     g = torch.Generator().manual_seed(S)
-    q, k, v = (torch.randn(2, h, S, 8, generator=g).requires_grad_() for h in (12, 6, 6))
-    w = torch.randn(2, 12, S, 8, generator=g)  # the loss' weights: a gradient that differs per element
+    q, k, v = (torch.randn(2, h, S, 8, generator=g, dtype=DTYPE).requires_grad_() for h in (12, 6, 6))
+    w = torch.randn(2, 12, S, 8, generator=g, dtype=DTYPE)  # the loss' weights: a gradient that differs per element
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     ref_grads = torch.autograd.grad((ref * w).sum(), (q, k, v))
     cp = cp.for_length(S)
@@ -77,8 +83,9 @@ def _function_case(check: Check, cp: ContextParallel, S: int, causal: bool) -> N
     for t, full, label in zip(local, ref_grads, "qkv"):
         check.close(f"{name} d{label}", t.grad[:, :, valid], cp.shard(full, 2)[:, :, valid])
     expected = communication_bytes(
-        cp.method, batch=2, seq_len=S, heads=12, kv_heads=6, head_dim=8, world=cp.world, layout=cp.layout, backward=True
-    )
+        cp.method, batch=2, seq_len=S, heads=12, kv_heads=6, head_dim=8, world=cp.world, layout=cp.layout,
+        element_size=8, backward=True,
+    )  # fmt: skip
     check.equal(f"{name} bytes sent", sent_bytes(), expected)
 
 
@@ -92,10 +99,10 @@ def _layer_case(check: Check, cp: ContextParallel, n_text: int, causal: bool) ->
     """``Attention(context_parallel=...)``: output (through ``gather``), input and parameter gradients."""
     torch.manual_seed(0)  # the same weights and data on every rank
     rope = ar.AxialRoPE((2, 4, 2), theta=64.0)
-    attn = Attention(96, 12, rope, num_kv_heads=6, qk_norm="rms", causal=causal)
+    attn = Attention(96, 12, rope, num_kv_heads=6, qk_norm="rms", causal=causal).to(DTYPE)
     pos = _video_tokens(n_text)
     S = pos.shape[0]
-    x, w = torch.randn(2, S, 96, requires_grad=True), torch.randn(2, S, 96)
+    x, w = torch.randn(2, S, 96, dtype=DTYPE, requires_grad=True), torch.randn(2, S, 96, dtype=DTYPE)
     ref = attn(x, pos)
     (ref * w).sum().backward()
     ref_grads = [p.grad.clone() for p in (x, *attn.parameters())]
@@ -112,7 +119,7 @@ def _layer_case(check: Check, cp: ContextParallel, n_text: int, causal: bool) ->
         dist.all_reduce(p, group=cp.group)  # parameter gradients: the ranks' shares summed
     check.close(f"{name} input grad", grads[0], ref_grads[0])
     for (param, _), got, want in zip(attn.named_parameters(), grads[1:], ref_grads[1:]):
-        check.close(f"{name} grad {param}", got, want, PARAM_TOL)
+        check.close(f"{name} grad {param}", got, want)
 
 
 def _layout_case(check: Check, cp: ContextParallel, S: int) -> None:
@@ -147,9 +154,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         context_group, _ = split_groups(2)
         for method in ("ring", "ulysses"):
             _function_case(check, ContextParallel(context_group, method, "zigzag"), 13, True)
-    Path(out_dir, f"{rank}.json").write_text(
-        json.dumps({"failures": check.failures, "max_err": list(check.max_err.values())})
-    )
+    Path(out_dir, f"{rank}.json").write_text(json.dumps({"failures": check.failures, "max_err": check.max_err}))
     dist.destroy_process_group()
 
 
@@ -159,8 +164,7 @@ def test_sharded_attention_equals_one_process(tmp_path, world):
     results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
     failures = [f"rank {r}: {f}" for r, res in enumerate(results) for f in res["failures"]]
     assert not failures, "\n".join(failures[:20])
-    attention, params = (max(res["max_err"][i] for res in results) for i in (0, 1))
-    print(f"world {world}: largest error {attention:.2e} (attention), {params:.2e} (parameter gradients)")
+    print(f"world {world}: largest error {max(res['max_err'] for res in results):.2e} of the scale")
 
 
 # -- one process: no process group needed --------------------------------------------------
@@ -208,7 +212,8 @@ def test_ulysses_heads_must_divide_and_kv_heads_are_repeated_as_little_as_possib
 def test_attention_refuses_what_context_parallel_cannot_take():
     rope = ar.AxialRoPE(8, scaling=ar.scaling.DynamicNTK(2.0, 16))
     attn = Attention(16, 2, rope, causal=True)
-    x, pos, cp = torch.randn(1, 4, 16), torch.arange(4), ContextParallel()
+    x, pos, cp = torch.randn(1, 4, 16, dtype=DTYPE), torch.arange(4), ContextParallel()
+    attn = attn.to(DTYPE)
     with pytest.raises(ValueError, match="length-dependent"):
         attn(x, pos, context_parallel=cp)
     with pytest.raises(ValueError, match="no mask"):

@@ -73,7 +73,8 @@ def communication_bytes(
       tensor: ``(P - 1) / P * B * L * D * (2 H + 2 H_kv') * e`` (``H_kv'``: the kv heads after any
       repeat); the backward pass sends the same again.
     - Ring: ``P - 1`` shifts of the local keys and values, ``(P - 1) * 2 B H_kv L D e``; the
-      backward pass repeats them and sends float32 key/value gradients ``P`` times, ``P * 2 B H_kv L D * 4``.
+      backward pass repeats them and sends the key/value gradients, in the compute dtype (float32, or
+      float64 for ``e = 8``), ``P`` times: ``P * 2 B H_kv L D * max(e, 4)``.
     """
     if world == 1:
         return 0
@@ -84,4 +85,5 @@ def communication_bytes(
         return forward * (2 if backward else 1)
     kv_block = 2 * batch * kv_heads * L * head_dim
     forward = (world - 1) * kv_block * element_size
-    return forward + ((world - 1) * kv_block * element_size + world * kv_block * 4 if backward else 0)
+    grad_size = max(element_size, 4)  # gradient accumulators: float32, float64 for float64 inputs
+    return forward + ((world - 1) * kv_block * element_size + world * kv_block * grad_size if backward else 0)

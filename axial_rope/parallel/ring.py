@@ -16,7 +16,8 @@ sends the key/value gradients around the ring with their block, so every rank sa
 its own ``q, k, v, out`` and the two row statistics: memory ``O(S / P)`` per rank besides
 one block of scores.
 
-Scores, softmax and accumulators are float32 here, from explicit matmuls (SDPA does not
+Scores, softmax and accumulators are float32 here (float64 for float64 inputs, so a test can
+compare against one SDPA call to float64 rounding), from explicit matmuls (SDPA does not
 return the log-sum-exp). On GPUs the fused kernels that do return it
 (``torch.ops.aten._scaled_dot_product_flash_attention`` / ``_efficient_attention`` with
 ``compute_log_sumexp``, and their backward ops) are where a faster block step would plug in.
@@ -28,6 +29,7 @@ import math
 
 import torch
 
+from ..ops.common import compute_dtype
 from .comm import RingShift
 
 __all__ = ["ring_attention", "block_pairs", "TILE"]
@@ -57,7 +59,7 @@ def block_pairs(q_ids, kv_ids, chunk: int, seq_len: int, causal: bool) -> list[t
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, offset: int | None) -> torch.Tensor:
-    """q float32 ``[B, Hk, g, tq, D]`` (softmax scale multiplied in), k float32 ``[B, Hk, tk, D]`` -> ``[B, Hk, g, tq, tk]``.
+    """q ``[B, Hk, g, tq, D]`` (softmax scale multiplied in), k ``[B, Hk, tk, D]`` (compute dtype) -> ``[B, Hk, g, tq, tk]``.
 
     ``offset``: on a causal diagonal, query row ``i`` sees key ``j`` where ``i + offset >= j``
     (``offset`` = first query row minus first key of the tile); ``None``: no mask.
@@ -112,10 +114,13 @@ def _steps(cp, seq_len: int, causal: bool, chunk: int):
 
 
 def _ring_forward(q, k, v, cp, seq_len, causal, scale):
-    """q ``[B, H, L, D]``, k/v ``[B, Hk, L, D]`` -> float32 out ``[B, Hk, g, L, D]``; row max and sum ``[B, Hk, g, L]``."""
+    """q ``[B, H, L, D]``, k/v ``[B, Hk, L, D]`` -> out ``[B, Hk, g, L, D]``; row max and sum ``[B, Hk, g, L]``.
+
+    All three in the compute dtype (float32; float64 for float64 inputs)."""
     B, H, L, D = q.shape
     Hk, c, P = k.shape[1], L // cp.chunks_per_rank, cp.world
-    q5 = q.float().reshape(B, Hk, H // Hk, L, D) * scale  # query head h uses kv head h // g
+    dtype = compute_dtype(q)
+    q5 = q.to(dtype).reshape(B, Hk, H // Hk, L, D) * scale  # query head h uses kv head h // g
     acc = q5.new_zeros(q5.shape)
     row_max, row_sum = q5.new_full(q5.shape[:-1], float("-inf")), q5.new_zeros(q5.shape[:-1])
     shift, kv = RingShift(cp.group), [k, v]
@@ -123,8 +128,8 @@ def _ring_forward(q, k, v, cp, seq_len, causal, scale):
         if step < P - 1:
             shift.start(kv)  # the next block travels while this one is computed
         for qs, ks, offset in _tiles(pairs, c):
-            s = _scores(q5[..., qs, :], kv[0][:, :, ks].float(), offset)
-            _merge(acc[..., qs, :], row_max[..., qs], row_sum[..., qs], s, kv[1][:, :, None, ks].float())
+            s = _scores(q5[..., qs, :], kv[0][:, :, ks].to(dtype), offset)
+            _merge(acc[..., qs, :], row_max[..., qs], row_sum[..., qs], s, kv[1][:, :, None, ks].to(dtype))
         if step < P - 1:
             kv = shift.wait()
     return acc / row_sum[..., None], row_max, row_sum
@@ -134,18 +139,19 @@ def _ring_backward(dout, q, k, v, out, row_max, row_sum, cp, seq_len, causal, sc
     """Gradients of q, k, v; dk/dv accumulators ride the ring with their block and end at its owner."""
     B, H, L, D = q.shape
     Hk, c, P = k.shape[1], L // cp.chunks_per_rank, cp.world
-    q5 = q.float().reshape(B, Hk, H // Hk, L, D) * scale  # as in the forward pass: scores = q5 k^T
-    do5 = dout.float().reshape(q5.shape)
-    delta = (do5 * out.float().reshape(q5.shape)).sum(-1)  # [B, Hk, g, L]: rowsum(dO * O)
+    dtype = compute_dtype(q)
+    q5 = q.to(dtype).reshape(B, Hk, H // Hk, L, D) * scale  # as in the forward pass: scores = q5 k^T
+    do5 = dout.to(dtype).reshape(q5.shape)
+    delta = (do5 * out.to(dtype).reshape(q5.shape)).sum(-1)  # [B, Hk, g, L]: rowsum(dO * O)
     inv_sum = 1.0 / row_sum
     dq = torch.zeros_like(q5)
-    kv, dkv = [k, v], [k.new_zeros(k.shape, dtype=torch.float32), v.new_zeros(v.shape, dtype=torch.float32)]
+    kv, dkv = [k, v], [k.new_zeros(k.shape, dtype=dtype), v.new_zeros(v.shape, dtype=dtype)]
     kv_shift, d_shift = RingShift(cp.group, tag=0), RingShift(cp.group, tag=1)
     for step, pairs in _steps(cp, seq_len, causal, c):
         if step < P - 1:
             kv_shift.start(kv)
         for qs, ks, offset in _tiles(pairs, c):
-            kb, vb, qa, dob = kv[0][:, :, ks].float(), kv[1][:, :, ks].float(), q5[..., qs, :], do5[..., qs, :]
+            kb, vb, qa, dob = kv[0][:, :, ks].to(dtype), kv[1][:, :, ks].to(dtype), q5[..., qs, :], do5[..., qs, :]
             p = _scores(qa, kb, offset).sub_(row_max[..., qs, None]).exp_().mul_(inv_sum[..., qs, None])
             dkv[1][:, :, ks] += (p.transpose(-1, -2) @ dob).sum(2)  # [B, Hk, tk, D]: the g heads sharing v summed
             ds = (dob @ vb[:, :, None].transpose(-1, -2)).sub_(delta[..., qs, None]).mul_(p)  # dS = P (dP - delta)
