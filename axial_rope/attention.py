@@ -15,8 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import KVCache
+from .ops import norm_rotate, rotate
+from .ops.rotation import Rotation
 from .parallel import ContextParallel, sequence_parallel_attention
 from .rope import AxialRoPE
+from .rotary import check_rotation
 from .varlen import Segments, check_packed_attention, varlen_attention
 
 __all__ = ["Attention", "QK_NORMS", "FACTOR_PLACEMENTS", "uniform_attention_factor", "xavier_linear"]
@@ -151,21 +154,37 @@ class Attention(nn.Module):
             q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
         return q.view(B, S, H, D), k.view(B, S, Hk, D), v.view(B, S, Hk, D)  # bshd
 
-    def _norm_and_rotate(self, q, k, pos, rope, seq_len) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """q [B, S, H, D], k [B, S, H_kv, D] -> normed, rotated; plus the softmax gain (factor squared)."""
+    def _rotation(self, pos, rope, seq_len, rotation) -> tuple[Rotation | None, float]:
+        """The rotation of this call and the softmax gain (the attention factor squared, softmax placement)."""
+        in_softmax = self.factor_placement == "softmax"
+        if rotation is not None:
+            if not isinstance(rotation, Rotation):
+                raise TypeError(f"rotation must be an axial_rope.ops.Rotation (rope.rotation(pos)), got {rotation!r}")
+            if in_softmax:
+                raise ValueError(
+                    "factor_placement='softmax' needs the attention factor as a number: pass pos (and rope) "
+                    "instead of rotation=, which carries it as a tensor"
+                )
+            return rotation, 1.0
+        if rope is None:
+            return None, 1.0
+        rotation = rope.rotation(pos, seq_len=seq_len)
+        if not in_softmax:
+            return rotation, 1.0
         # softmax placement: unit-length rotation, the factor squared goes into the softmax scale
-        in_softmax = rope is not None and self.factor_placement == "softmax"
-        gain = uniform_attention_factor(rope) ** 2 if in_softmax else 1.0
-        kwargs = {"seq_len": seq_len, "with_attention_factor": not in_softmax}
-        if self.qk_norm == "rms" and rope is not None:  # one fused launch where the backend has it
-            q_w, k_w = self.q_norm.weight, self.k_norm.weight
-            q, k = rope.norm_and_rotate(q, k, pos, q_w, k_w, "bshd", eps=self.q_norm.eps, **kwargs)
-            return q, k, gain
+        return rotation.without_attention_factor(), uniform_attention_factor(rope) ** 2
+
+    def _norm_and_rotate(self, q, k, rotation: Rotation | None, backend) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [B, S, H, D], k [B, S, H_kv, D] -> normed, rotated (norm and rotation in one call for RMSNorm)."""
+        if rotation is not None:
+            check_rotation(rotation, q, k, "bshd")
+        if self.qk_norm == "rms" and rotation is not None:  # one fused launch where the backend has it
+            return norm_rotate(
+                q, k, self.q_norm.weight, self.k_norm.weight, rotation, "bshd", backend, eps=self.q_norm.eps
+            )
         if self.qk_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = rope(q, k, pos, "bshd", **kwargs)
-        return q, k, gain
+        return (q, k) if rotation is None else rotate(q, k, rotation, "bshd", backend)
 
     def forward(
         self,
@@ -174,6 +193,7 @@ class Attention(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         rope: AxialRoPE | None = None,
+        rotation: Rotation | None = None,
         cache: KVCache | None = None,
         input_pos: torch.Tensor | None = None,
         seq_len: int | Sequence[int] | None = None,
@@ -187,7 +207,9 @@ class Attention(nn.Module):
             pos: coordinates ``[S, n_axes]`` or ``[B, S, n_axes]`` (1-D: ``[S]``); with a cache,
                 defaults to ``input_pos``.
             mask: SDPA mask broadcastable to ``[B, H, S, S_k]`` (bool: True = attend; or additive float).
-            rope: replaces the module's rope for this call (e.g. a scaled one at inference).
+            rope: replaces the module's rope for this call (any rope-like object, e.g. ``rope.at_time(t)``).
+            rotation: instead of ``pos`` and a rope, the rotation itself (``rope.rotation(pos, ...)``), e.g.
+                computed once per forward by a model and passed to every block.
             cache: a :class:`KVCache`; the new keys are rotated once, written at ``input_pos``, and
                 the queries attend to every slot written so far (causal: those ``<= input_pos``).
             input_pos: int ``[S]``, cache slots of the new tokens (needed with ``cache``).
@@ -211,15 +233,19 @@ class Attention(nn.Module):
             raise ValueError("a KV cache needs input_pos, the int [S] slots of the new tokens")
         if pos is None and cache is not None:
             pos = input_pos
-        if rope is not None and pos is None:
-            raise ValueError("pos is required when the attention has a rope")
+        if rope is not None and pos is None and rotation is None:
+            raise ValueError("pos (or rotation=) is required when the attention has a rope")
+        if rotation is not None:
+            rope = None  # the rotation replaces the rope for this call
         if context_parallel is not None:
             _check_context_parallel(mask, cache, rope, seq_len)
         if segments is not None:
             excluded = {"mask": mask, "cache": cache, "context_parallel": context_parallel}
             check_packed_attention(x, pos, segments, rope=rope, seq_len=seq_len, **excluded)
+        backend = getattr(rope if rope is not None else self.rope, "backend", None)
+        rotation, gain = self._rotation(pos, rope, seq_len, rotation)
         q, k, v = self._project(x)
-        q, k, gain = self._norm_and_rotate(q, k, pos, rope, seq_len)
+        q, k = self._norm_and_rotate(q, k, rotation, backend)
         if segments is not None:  # packed: [B * S] tokens of several items, attention within each
             scale = gain / math.sqrt(self.head_dim)
             out = varlen_attention(*(t.flatten(0, 1) for t in (q, k, v)), segments, causal=self.causal, scale=scale)

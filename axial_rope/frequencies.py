@@ -83,7 +83,7 @@ def spectrum_frequencies(
     spectrum: str,
     seq_len: tuple[int | None, ...],
     t: torch.Tensor | float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``F`` float64 ``[n_axes, n_pairs]`` and the attention factor per plane ``[n_pairs]`` of a spectrum.
 
     ``per_axis``: axis ``a`` owns ``axes_dim[a] / 2`` consecutive planes, ``inv_freq(d_a, theta_a,
@@ -91,6 +91,9 @@ def spectrum_frequencies(
     (``theta[0]``, ``scaling[0]``, the longest ``seq_len``). On the CPU, or with a time-dependent
     method (:mod:`axial_rope.time_scaling`), at sampling time ``t`` on ``t``'s device (torch ops on
     ``t``: no host sync, so a compiled graph takes every ``t``).
+
+    The factor is ``None`` when every plane's is 1: decided from the methods' Python numbers, so a
+    compiled caller branches on it without reading a tensor.
     """
     n_axes, rot_dim = len(axes_dim), sum(axes_dim)
     timed = any(is_time_dependent(s) for s in scaling)
@@ -113,9 +116,11 @@ def spectrum_frequencies(
         spectra = [one(rot_dim, theta[0], scaling[0], longest)]
     widths = axes_dim if spectrum == "per_axis" else (rot_dim,)
     values = torch.cat([inv for inv, _ in spectra])  # [n_pairs]
-    scale = torch.cat(
-        [torch.full((d // 2,), af, dtype=torch.float64, device=device) for d, (_, af) in zip(widths, spectra)]
-    )
+    scale = None
+    if any(af != 1.0 for _, af in spectra):
+        scale = torch.cat(
+            [torch.full((d // 2,), af, dtype=torch.float64, device=device) for d, (_, af) in zip(widths, spectra)]
+        )
     placed = torch.zeros(n_axes, rot_dim // 2, dtype=torch.float64, device=device)  # one 1 per column
     placed[plane_axes(axes_dim, spectrum), torch.arange(rot_dim // 2, device=device)] = 1.0
     return placed * values, scale
@@ -191,7 +196,9 @@ class PositionTransform:
 
 
 def _as_float64(name: str, value, ndims: tuple[int, ...]) -> torch.Tensor:
-    t = torch.as_tensor(value, dtype=torch.float64).detach().to("cpu").clone()
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        raise ValueError(f"Frequencies: {name} is a meta tensor; the frequency model needs its values (CPU)")
+    t = torch.as_tensor(value, dtype=torch.float64, device="cpu").detach().clone()  # cpu: also under a meta default
     if t.ndim not in ndims:
         raise ValueError(
             f"Frequencies: {name} must have {' or '.join(map(str, ndims))} dims, got shape {tuple(t.shape)}"
@@ -291,7 +298,7 @@ class Frequencies:
         methods = tuple(scaling_method(s) for s in per_axis("scaling", scaling, len(axes_dim), shared))
         lengths = per_axis("seq_len", seq_len, len(axes_dim)) if seq_len is not None else (None,) * len(axes_dim)
         freqs, scale = spectrum_frequencies(axes_dim, thetas, methods, spectrum, lengths, t)
-        return cls(freqs.cpu(), scale.cpu() if bool((scale != 1).any()) else None, transform)
+        return cls(freqs.cpu(), None if scale is None else scale.cpu(), transform)
 
     @classmethod
     def axial(
@@ -311,7 +318,7 @@ class Frequencies:
         n_axes = n_axes if n_axes is not None else max(used, default=0) + 1
         if any(not isinstance(a, int) or a < 0 or a >= n_axes for a in used):
             raise ValueError(f"Frequencies.axial: plane axes must be ints in [0, {n_axes}) or None, got {plane_axis}")
-        freqs = torch.zeros(n_axes, len(plane_axis), dtype=torch.float64)
+        freqs = torch.zeros(n_axes, len(plane_axis), dtype=torch.float64, device="cpu")
         for j, a in enumerate(plane_axis):
             if a is not None:
                 freqs[a, j] = values[j]

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import FACTOR_PLACEMENTS, QK_NORMS, Attention, xavier_linear
+from .ops.rotation import Rotation
 from .parallel import ContextParallel
 from .rope import AxialRoPE
 from .segments import Segments
@@ -118,11 +119,13 @@ class DiTBlock(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         rope: AxialRoPE | None = None,
+        rotation: Rotation | None = None,
         seq_len: int | Sequence[int] | None = None,
         context_parallel: ContextParallel | None = None,
         segments: Segments | None = None,
     ) -> torch.Tensor:
-        """x ``[B, S, C]``, conditioning c ``[B, C]`` (or per token ``[B, S, C]``), pos as in :class:`Attention`.
+        """x ``[B, S, C]``, conditioning c ``[B, C]`` (or per token ``[B, S, C]``), pos (or rotation) as in
+        :class:`Attention`.
 
         With ``context_parallel`` (passed to the attention), ``x`` and ``pos`` are this rank's shard
         ``[B, L, C]`` and ``c`` is the same on every rank of the group; only attention communicates.
@@ -133,8 +136,9 @@ class DiTBlock(nn.Module):
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
         h = modulate(self.norm1(x), shift_msa, scale_msa)
         attn = self.attn(
-            h, pos, mask=mask, rope=rope, seq_len=seq_len, context_parallel=context_parallel, segments=segments
-        )
+            h, pos, mask=mask, rope=rope, rotation=rotation, seq_len=seq_len, context_parallel=context_parallel,
+            segments=segments,
+        )  # fmt: skip
         x = x + gate_msa * attn
         return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 

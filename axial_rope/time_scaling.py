@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import torch
 
 from .scaling import Scaling, _yarn_mscale, base_inv_freq, inv_freq
 from .scaling_checks import check_theta_above_one
 
-__all__ = [
-    "DyPE", "TimeAwareNTK", "TimeDependent", "TimeFrequencies", "TimedRoPE", "DYPE_METHODS",
-    "frequencies_at", "inv_freq_at", "is_time_dependent", "sampling_time",
-]  # fmt: skip
+__all__ = ["DyPE", "TimeAwareNTK", "TimeDependent", "DYPE_METHODS", "inv_freq_at", "is_time_dependent", "sampling_time"]
 
 DYPE_METHODS = ("yarn", "ntk", "linear")
 
@@ -44,12 +41,17 @@ def sampling_time(t, device=None) -> torch.Tensor:
 
     Checked to lie in ``[0, 1]`` (and, for ``[B]``, to hold one value): eagerly on CPU tensors and
     numbers (``ValueError``), with ``torch._assert_async`` otherwise (compiled code, GPU: no host sync).
+    Under ``torch.compile`` a Python number is refused (``TypeError``): it would be a constant of the
+    compiled graph, so every sampling step would compile again.
     """
     if isinstance(t, bool) or not isinstance(t, (int, float, torch.Tensor)):
         raise TypeError(f"t must be a number or a tensor (the noise level in [0, 1]), got {t!r}")
-    if not isinstance(t, torch.Tensor) and torch.compiler.is_compiling():  # a traced number: checked as a tensor
-        t = torch.as_tensor(t, dtype=torch.float64, device=device)
-    elif not isinstance(t, torch.Tensor):
+    if not isinstance(t, torch.Tensor) and torch.compiler.is_compiling():
+        raise TypeError(
+            f"t must be a tensor under torch.compile, got the number {t!r}: a Python number is a constant of the "
+            "compiled graph, so each new sampling time would recompile; pass torch.tensor(t)"
+        )
+    if not isinstance(t, torch.Tensor):
         if not (math.isfinite(t) and 0 <= t <= 1):
             raise ValueError(f"{_T_RANGE}; got {t!r}")
         return torch.tensor(float(t), dtype=torch.float64, device=device)
@@ -220,6 +222,11 @@ class TimeAwareNTK(TimeDependent, Scaling):
     head_dim: int | None = None
     watershed: float | None = None
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.watershed is not None and not 0 < self.watershed <= 1:  # a fraction of Lumina's time tau in [0, 1]
+            raise ValueError(f"TimeAwareNTK: watershed must be in (0, 1] (Lumina's time 1 - t), got {self.watershed!r}")
+
     def inv_freq_at(self, dim: int, theta: float, t: torch.Tensor) -> torch.Tensor:
         check_theta_above_one("TimeAwareNTK", theta, "NTK grows the base")
         f0, exponent = _base(dim, theta, t.device)
@@ -243,68 +250,3 @@ def inv_freq_at(dim: int, theta: float, scaling: Scaling | None, t) -> tuple[tor
         inv, factor = inv_freq(dim, theta, scaling)
         return inv.to(device) if device is not None else inv, factor
     return scaling.inv_freq_at(dim, float(theta), sampling_time(t, device)), scaling.attention_scale()
-
-
-class TimeFrequencies(NamedTuple):
-    """``F(t)`` float64 ``[n_axes, n]`` and the attention factor per plane ``[n]`` (or ``None``), computed once."""
-
-    freqs: torch.Tensor
-    scale: torch.Tensor | None
-
-
-def frequencies_at(rope, t, seq_len=None) -> TimeFrequencies:
-    """``F(t)`` of a time-dependent :class:`~axial_rope.AxialRoPE` and its plane scale, on the rope's device."""
-    if t is None:
-        methods = sorted({type(s).__name__ for s in rope.scaling if is_time_dependent(s)})
-        raise ValueError(
-            f"this rope's scaling ({', '.join(methods)}) depends on the sampling time: pass t= (the noise "
-            "level in [0, 1], 1 = pure noise) to the call, or rotate with rope.at_time(t)"
-        )
-    device = rope.freqs.device
-    freqs, scale = rope.frequencies(seq_len, t=sampling_time(t, device))
-    return TimeFrequencies(freqs.to(device), scale.to(device) if rope.scaled else None)  # factors: constant in t
-
-
-class TimedRoPE:
-    """An :class:`~axial_rope.AxialRoPE` bound to one sampling time (``rope.at_time(t)``): ``F(t)`` computed once.
-
-    It takes the rope's calls (``rope(q, k, pos)``, ``norm_and_rotate``, ``apply``, ``cos_sin``) without
-    ``t``, so it goes where a rope goes (``Attention(..., rope=timed)``, ``DiTBlock(..., rope=timed)``):
-    a sampler builds one per step, ``model.rope.at_time(t)``, and every layer reuses its frequencies.
-    """
-
-    time_dependent = False  # the time is bound: calls need no t
-
-    def __init__(self, rope, t):
-        self.rope, self.t = rope, sampling_time(t, rope.freqs.device)
-        # length-dependent axes need each call's seq_len: then F is computed per call from t
-        self._bound = self.t if rope.length_dependent else frequencies_at(rope, self.t)
-
-    def __call__(self, q, k, pos, layout: str = "bshd", **kwargs):
-        return self.rope(q, k, pos, layout, t=self._bound, **kwargs)
-
-    forward = __call__
-
-    def norm_and_rotate(self, q, k, pos, q_weight=None, k_weight=None, layout: str = "bshd", **kwargs):
-        return self.rope.norm_and_rotate(q, k, pos, q_weight, k_weight, layout, t=self._bound, **kwargs)
-
-    def apply(self, x, pos, layout: str = "bshd", **kwargs):
-        return self.rope.apply(x, pos, layout, t=self._bound, **kwargs)
-
-    def cos_sin(self, pos, **kwargs):
-        return self.rope.cos_sin(pos, t=self._bound, **kwargs)
-
-    def frequencies(self, seq_len=None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rope.frequencies(seq_len, t=self.t)
-
-    rot_dim = property(lambda self: self.rope.rot_dim)
-    n_axes = property(lambda self: self.rope.n_axes)
-    n_pairs = property(lambda self: self.rope.n_pairs)
-    attention_factor = property(lambda self: self.rope.attention_factor)
-    length_dependent = property(lambda self: self.rope.length_dependent)
-    backend = property(lambda self: self.rope.backend)
-    pairing = property(lambda self: self.rope.pairing)
-    scaling = property(lambda self: self.rope.scaling)
-
-    def __repr__(self) -> str:
-        return f"TimedRoPE({self.rope!r}, t={self.t})"

@@ -21,10 +21,13 @@ and only axes longer than in training are scaled):
   scaling that follows the sampling time (:mod:`axial_rope.time_scaling`): ``DyPE(s, n_train)``
   (Dy-YaRN) or Lumina-Next's ``TimeAwareNTK(s, head_dim)``.
 
-Any time-dependent scaling (those modes, or an explicit ``scaling=`` per call) is bound to each
-forward's timestep: ``rope.at_time(t / 1000)`` (the models take ``1000 sigma``, :data:`models.flow.T_SCALE`),
-so every sampler that calls the model (``sample_euler``, the diffusers pipelines) drives it with no
-extra argument; the batch must share one timestep (a sampler's step, both halves of guidance).
+Each forward computes its rotation once, ``self.rope.rotation(pos, scaling=..., t=...)`` (positions,
+``F`` and attention factor as tensors, :class:`axial_rope.ops.Rotation`), and hands it to every block:
+no rope is built, cached or changed inside ``forward``, so the model compiles with symbolic sizes.
+A time-dependent scaling (those modes, or an explicit ``scaling=`` per call) follows each forward's
+timestep, ``t / 1000`` (the models take ``1000 sigma``, :data:`models.flow.T_SCALE`), so every sampler
+that calls the model (``sample_euler``, the diffusers pipelines) drives it with no extra argument; the
+batch must share one timestep (a sampler's step, both halves of guidance).
 
 :func:`initialize_weights` is DiT's initialisation, written once for the image and the
 video DiT (``models/video_dit.py``).
@@ -46,19 +49,17 @@ from .checks import batch_timesteps, check_fields
 from .flow import T_SCALE, classifier_free_guidance
 from .packed import patch_tokens
 
-__all__ = ["DiT", "DiTConfig", "PRESETS", "POS_MODES", "TIME_MODES", "initialize_weights", "bind_time"]
+__all__ = ["DiT", "DiTConfig", "PRESETS", "POS_MODES", "TIME_MODES", "initialize_weights", "noise_level"]
 
 TIME_MODES = ("dype", "time_aware_ntk")  # pos_mode values whose scaling follows the sampling time
 # the pos_mode values: axial_rope.positions_for_size's names, then the time-dependent ones
 POS_MODES = (*ar.POSITION_MODES, *TIME_MODES)
 
 
-def bind_time(rope: ar.AxialRoPE, t: torch.Tensor) -> ar.AxialRoPE:
-    """``rope`` at the noise level of model timesteps ``t [B]`` (``t / T_SCALE``, one shared value): a rope
-    without a time-dependent scaling is returned as it is; torch ops on ``t`` (no host read under compile)."""
-    if not rope.time_dependent:
-        return rope
-    return rope.at_time((t.detach() / T_SCALE).clamp(0, 1))  # clamp: float rounding of 1000 * 1.0 / 1000
+def noise_level(t: torch.Tensor) -> torch.Tensor:
+    """The noise level in ``[0, 1]`` of model timesteps ``t [B]`` (``t / T_SCALE``): what a time-dependent
+    scaling reads (one shared value; :func:`axial_rope.time_scaling.sampling_time` checks it). Torch ops only."""
+    return (t.detach() / T_SCALE).clamp(0, 1)  # clamp: float rounding of 1000 * 1.0 / 1000
 
 
 @dataclass(frozen=True)
@@ -165,14 +166,10 @@ class DiT(nn.Module):
         *,
         scaling: ar.scaling.Scaling | tuple | None = None,
         device: torch.device | str | None = None,
-    ) -> tuple[torch.Tensor, ar.AxialRoPE]:
-        """Coordinates ``[h * w, 2]`` of an ``h x w`` token grid and the rope to use, under ``pos_mode``
-        (or, given ``scaling``, integer coordinates and that scaling: one method or one per axis (y, x)).
-
-        The rope is built per call (``with_scaling`` is cheap and returns ``self.rope`` when
-        nothing is scaled), so no rope is cached or changed inside ``forward``. A time-dependent
-        rope still needs its time: ``forward`` binds it (:func:`bind_time`).
-        """
+    ) -> tuple[torch.Tensor, tuple]:
+        """Coordinates ``[h * w, 2]`` of an ``h x w`` token grid and the scaling per axis (y, x) to rotate them
+        with, under ``pos_mode`` (or, given ``scaling``, integer coordinates and that scaling: one method or one
+        per axis). ``h`` and ``w`` may be symbolic sizes (``torch.compile(dynamic=True)``, ``torch.export``)."""
         mode = self.config.pos_mode if pos_mode is None else pos_mode
         if mode not in POS_MODES:
             raise ValueError(f"pos_mode must be one of {POS_MODES}, got {mode!r}")
@@ -180,9 +177,9 @@ class DiT(nn.Module):
             sized = ar.positions_for_size((h, w), self.train_grid, "none", device=device)
             if scaling is None:  # per axis longer than in training: its factor
                 scaling = tuple(self._time_scaling(mode, f) if f > 1 else None for f in sized.factors)
-            return sized.pos, self.rope.with_scaling(scaling)
+            return sized.pos, scaling if isinstance(scaling, tuple) else (scaling, scaling)
         sized = ar.positions_for_size((h, w), self.train_grid, mode, device=device)
-        return sized.pos, self.rope.with_scaling(sized.scaling)
+        return sized.pos, sized.scaling
 
     def _time_scaling(self, mode: str, factor: float) -> ar.scaling.Scaling:
         """The time-dependent method of ``mode`` for an axis ``factor`` times its training length."""
@@ -224,11 +221,11 @@ class DiT(nn.Module):
             return self.forward_packed(x, t, y, pos_mode=pos_mode, force_drop_ids=force_drop_ids)
         t = batch_timesteps(t, x.shape[0], x.device)
         x, (h, w) = self.x_embedder(x)  # [B, S, C], S = h * w
-        pos, rope = self.positions(h, w, pos_mode, scaling=scaling, device=x.device)
-        rope = bind_time(rope, t)  # F(t / 1000) once for every block (itself when not time-dependent)
+        pos, scaling = self.positions(h, w, pos_mode, scaling=scaling, device=x.device)
+        rotation = self.rope.rotation(pos, scaling=scaling, t=noise_level(t))  # once for every block
         c = self.t_embedder(t) + self.y_embedder(y, force_drop_ids)  # [B, C]
         for block in self.blocks:
-            x = block(x, c, pos, rope=rope)
+            x = block(x, c, rotation=rotation)
         x = self.final_layer(x, c)  # [B, S, p * p * out_channels]
         return unpatchify(x, (h, w), self.config.patch_size, self.out_channels)
 
@@ -280,11 +277,11 @@ class DiT(nn.Module):
         p, out = self.config.patch_size, self.out_channels
         w = self.x_embedder.proj  # the patch conv as one matmul over every image's patches
         x = (packed.tokens @ w.weight.flatten(1).T + w.bias)[None]  # [1, T, hidden]
-        rope, segments = packed.rope(self.rope), packed.segments
+        rotation, segments = packed.rope(self.rope).rotation(packed.pos), packed.segments  # each image its own F
         t = batch_timesteps(t, packed.n_items, x.device)
         c = self.t_embedder(t) + self.y_embedder(y, force_drop_ids)  # [N, C]: modulation per image, then per token
         for block in self.blocks:
-            x = block(x, c, packed.pos, rope=rope, segments=segments)
+            x = block(x, c, rotation=rotation, segments=segments)
         x = self.final_layer(x, c, segments=segments)  # [1, T, p * p * out]
         return [unpatchify(o.reshape(1, -1, o.shape[-1]), o.shape[:2], p, out)[0] for o in unpack(packed, x)]
 

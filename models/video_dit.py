@@ -6,7 +6,7 @@ Conditioning is a class label, a vector (e.g. a pooled text embedding), or both,
 added to the timestep embedding that drives adaLN-Zero. The temporal axis can be
 rescaled at inference (``temporal_scaling``, per call: any method of
 :mod:`axial_rope.scaling`, RIFLEx included, or a time-dependent one of :mod:`axial_rope.time_scaling`,
-bound to each forward's timestep as ``rope.at_time(t / 1000)``) to generate more frames than in
+following each forward's timestep, ``t / 1000``) to generate more frames than in
 training; space keeps integer coordinates. Weights start as DiT's (:func:`models.dit.initialize_weights`).
 
 Context parallel (``forward(..., context_parallel=cp)``, docs/distributed.md): the tokens are
@@ -31,7 +31,7 @@ from axial_rope.parallel import ContextParallel
 from axial_rope.time_scaling import is_time_dependent
 
 from .checks import batch_timesteps, check_fields
-from .dit import bind_time, initialize_weights
+from .dit import initialize_weights, noise_level
 from .flow import T_SCALE, noisy
 from .packed import patch_tokens
 
@@ -146,13 +146,6 @@ class VideoDiT(nn.Module):
         self.final_layer = FinalLayer(c.hidden_size, c.patch_size, self.out_channels)
         initialize_weights(self)  # DiT's scheme, in one place (the layers drew defaults as they were built)
 
-    def rope_for(self, temporal_scaling: ar.scaling.Scaling | None) -> ar.AxialRoPE:
-        """The rope with ``temporal_scaling`` on the t axis (y and x unscaled); ``None``: the trained one.
-
-        Built per call (cheap), never cached: ``forward`` changes no state.
-        """
-        return self.rope.with_scaling((temporal_scaling, None, None))
-
     def condition(self, t: torch.Tensor, y: torch.Tensor | None, cond: torch.Tensor | None, force_drop_ids=None):
         """The adaLN conditioning vector ``[B, C]``: timestep + class + vector embeddings."""
         c = self.t_embedder(t)
@@ -213,10 +206,11 @@ class VideoDiT(nn.Module):
             # [B, L, C] and [L, 3]: this rank's tokens at their global coordinates; a length-dependent
             # scaling is told the whole grid (what it infers from unsharded positions: max + 1 per axis)
             x, pos, seq_len = cp.shard(x), cp.positions(pos), tuple(grid)
-        rope = bind_time(self.rope_for(temporal_scaling), t)  # a time-dependent scaling at t / 1000
+        # the temporal scaling on the t axis (y, x unscaled); a time-dependent one at t / 1000. Once for every block.
+        rotation = self.rope.rotation(pos, seq_len=seq_len, scaling=(temporal_scaling, None, None), t=noise_level(t))
         c = self.condition(t, y, cond, force_drop_ids)  # [B, C]: the same on every rank of the group
         for block in self.blocks:
-            x = block(x, c, pos, rope=rope, seq_len=seq_len, context_parallel=cp)
+            x = block(x, c, rotation=rotation, context_parallel=cp)
         x = self.final_layer(x, c)  # [B, S | L, p_t * p_y * p_x * out_channels]
         if not gather:
             return x
@@ -264,11 +258,11 @@ class VideoDiT(nn.Module):
         packed = pack(items)
         proj = self.x_embedder.proj  # the patch conv as one matmul over every video's patches
         x = (packed.tokens @ proj.weight.flatten(1).T + proj.bias)[None]  # [1, T, hidden]
-        rope, segments = packed.rope(self.rope), packed.segments
+        rotation, segments = packed.rope(self.rope).rotation(packed.pos), packed.segments  # each video its own F
         t = batch_timesteps(t, packed.n_items, x.device)
         c = self.condition(t, y, cond, force_drop_ids)  # [N, C]: modulation per video, then per token
         for block in self.blocks:
-            x = block(x, c, packed.pos, rope=rope, segments=segments)
+            x = block(x, c, rotation=rotation, segments=segments)
         x = self.final_layer(x, c, segments=segments)  # [1, T, prod(patch) * out]
         out = self.out_channels
         return [unpatchify(o.reshape(1, -1, o.shape[-1]), o.shape[:3], patch, out)[0] for o in unpack(packed, x)]

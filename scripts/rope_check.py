@@ -31,7 +31,7 @@ def naive_rotate(x: torch.Tensor, position: int, theta: float = 10000.0) -> torc
 def axial_rotate(x: torch.Tensor, position: int, theta: float = 10000.0) -> torch.Tensor:
     """axial_rope's rotation of one vector x: [D] at one position."""
     rope = ar.AxialRoPE(x.shape[-1], theta=theta)
-    return rope.apply(x[None, None, None], torch.tensor([float(position)]))[0, 0, 0]
+    return rope.rotate(x[None, None, None], torch.tensor([float(position)]))[0, 0, 0]
 
 
 def score(rotate, q: torch.Tensor, k: torch.Tensor, m: int, n: int) -> float:

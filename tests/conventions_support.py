@@ -27,7 +27,7 @@ def exact_planes(rope: ar.AxialRoPE, pos: torch.Tensor) -> tuple[torch.Tensor, t
     a = slice(0, 2 * n, 2) if rope.pairing == "interleaved" else slice(0, n)
     b = slice(1, 2 * n, 2) if rope.pairing == "interleaved" else slice(n, 2 * n)
     x[..., a] = 1.0
-    out = rope.apply(x, pos, backend="reference")[0]  # [S, H, 2n]
+    out = rope.rotate(x, pos, backend="reference")[0]  # [S, H, 2n]
     cos, sin = out[..., a], out[..., b]
     return (cos, sin) if rope.frequency_model.num_heads else (cos[:, 0], sin[:, 0])
 

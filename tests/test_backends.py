@@ -164,11 +164,11 @@ def test_low_precision_output_is_the_float32_result_rounded_once(name, dtype):
     rope = ar.AxialRoPE((16, 24, 24), scaling=(ar.scaling.NTK(2.0), None, None))
     pos = ar.grid(3, 5, 7, offset=(0.0, 1e5, 0.0))
     x = torch.randn(2, pos.shape[0], 3, 72, generator=torch.Generator().manual_seed(3)).to(dtype)
-    out = rope.apply(x, pos, backend=name)
+    out = rope.rotate(x, pos, backend=name)
     # bit for bit: the same backend on the float32 upcast of the same inputs, then one rounding
-    assert torch.equal(out, rope.apply(x.float(), pos, backend=name).to(dtype))
+    assert torch.equal(out, rope.rotate(x.float(), pos, backend=name).to(dtype))
     # within one ulp of the exact result rounded once (the float64 reference, rounded once)
-    exact = rope.apply(x.double(), pos, backend="reference").to(dtype)
+    exact = rope.rotate(x.double(), pos, backend="reference").to(dtype)
     assert _ulps(out, exact).max() <= 1
 
 
@@ -179,15 +179,15 @@ def test_far_positions_match_the_reference_to_float32_accuracy(name):
     rope = ar.AxialRoPE((32, 32), pairing="half")
     pos = ar.grid(4, 4, offset=(1.0e6, 2.0e6)).double()
     x = torch.randn(1, 16, 2, 64, generator=torch.Generator().manual_seed(1))
-    out = rope.apply(x, pos, backend=name)
-    torch.testing.assert_close(out, rope.apply(x.double(), pos, backend="reference").float(), atol=2e-5, rtol=0)
+    out = rope.rotate(x, pos, backend=name)
+    torch.testing.assert_close(out, rope.rotate(x.double(), pos, backend="reference").float(), atol=2e-5, rtol=0)
 
 
 def test_reference_rounds_once_from_float64():
     rope = ar.AxialRoPE((8, 8))
     x = torch.randn(1, 6, 2, 16, generator=torch.Generator().manual_seed(0)).bfloat16()
-    out = rope.apply(x, ar.grid(2, 3), backend="reference")
-    assert torch.equal(out, rope.apply(x.double(), ar.grid(2, 3), backend="reference").bfloat16())
+    out = rope.rotate(x, ar.grid(2, 3), backend="reference")
+    assert torch.equal(out, rope.rotate(x.double(), ar.grid(2, 3), backend="reference").bfloat16())
 
 
 # -- the dispatcher ----------------------------------------------------------------------------
@@ -232,15 +232,15 @@ def test_a_registered_backend_is_chosen_automatically_when_it_can_serve(declinin
     rope = ar.AxialRoPE((4, 4))
     q = torch.randn(1, 6, 2, 8)
     with torch.no_grad():
-        out = rope.apply(q, ar.grid(2, 3))
+        out = rope.rotate(q, ar.grid(2, 3))
     assert declining.calls == ["rotate_qk"]
-    assert_close(out, rope.apply(q, ar.grid(2, 3), backend="reference"))
+    assert_close(out, rope.rotate(q, ar.grid(2, 3), backend="reference"))
 
 
 def test_automatic_choice_falls_back_quietly_when_a_gradient_is_missing(declining):
     rope = ar.AxialRoPE((4, 4))
     q = torch.randn(1, 6, 2, 8, requires_grad=True)
-    out = rope.apply(q, ar.grid(2, 3))  # "declining" cannot give q's gradient: torch serves
+    out = rope.rotate(q, ar.grid(2, 3))  # "declining" cannot give q's gradient: torch serves
     out.sum().backward()
     assert declining.calls == [] and q.grad is not None
 
@@ -249,7 +249,7 @@ def test_explicit_choice_raises_with_the_backends_reason(declining):
     rope = ar.AxialRoPE((4, 4))
     q = torch.randn(1, 6, 2, 8, requires_grad=True)
     with pytest.raises(RuntimeError, match="backend 'declining'.*rotate_qk: it gives no gradients"):
-        rope.apply(q, ar.grid(2, 3), backend="declining")
+        rope.rotate(q, ar.grid(2, 3), backend="declining")
 
 
 def test_inplace_with_a_gradient_is_out_of_place_then_copied_by_the_dispatcher(declining):
@@ -257,8 +257,8 @@ def test_inplace_with_a_gradient_is_out_of_place_then_copied_by_the_dispatcher(d
     leaf = torch.randn(1, 6, 2, 8, requires_grad=True)
     q = leaf * 1
     with pytest.raises(RuntimeError, match="no gradients"):
-        rope.apply(q, ar.grid(2, 3), backend="declining", inplace=True)
-    out = rope.apply(q, ar.grid(2, 3), inplace=True)  # automatic: torch, out of place + copy_
+        rope.rotate(q, ar.grid(2, 3), backend="declining", inplace=True)
+    out = rope.rotate(q, ar.grid(2, 3), inplace=True)  # automatic: torch, out of place + copy_
     assert out is q
     out.sum().backward()
     assert leaf.grad is not None

@@ -172,7 +172,7 @@ def test_lumina2(caption_lengths, size):
         # rotation: Lumina2 rotates bshd with complex (interleaved) planes, use_real=False
         q = seeded(1, pos.shape[0], 2, sum(axes), seed=b)
         want = embeddings.apply_rotary_emb(q, ref.to(torch.complex64)[None], use_real=False)
-        assert_close(rope.apply(q, pos), want, 1e-5)
+        assert_close(rope.rotate(q, pos), want, 1e-5)
     check_documented("lumina2", worst)
     check_far(rope, axes, 10000.0)
 

@@ -69,7 +69,7 @@ def test_ltx_video(heads, head_dim, grid):
     # rotation on the hidden size, then split into heads: the convention rotates per head
     q = seeded(2, pos.shape[0], dim, seed=1)
     want = ltx_module.apply_rotary_emb(q.double(), (ref_cos, ref_sin))
-    got = rope.apply(q.double().unflatten(2, (heads, head_dim)), pos).flatten(2)
+    got = rope.rotate(q.double().unflatten(2, (heads, head_dim)), pos).flatten(2)
     assert_close(got, want, 1e-9)
 
 
@@ -121,7 +121,7 @@ def test_ltx2_video(rope_type, heads, head_dim, latent, patch):
         want = ltx2_module.apply_split_rotary_emb(q, upstream)
     else:
         want = ltx2_module.apply_interleaved_rotary_emb(q, upstream)
-    got = rope.apply(q.unflatten(2, (heads, head_dim)), pos).flatten(2)
+    got = rope.rotate(q.unflatten(2, (heads, head_dim)), pos).flatten(2)
     assert_close(got, want, 1e-5)  # upstream rotates in float32 (x.float())
 
 
@@ -169,7 +169,7 @@ def test_mochi(heads, head_dim, grid):
     q = seeded(1, pos.shape[0], heads, head_dim, seed=5)
     even, odd = q[..., 0::2].float(), q[..., 1::2].float()
     want = torch.stack([even * ref_cos - odd * ref_sin, even * ref_sin + odd * ref_cos], -1).flatten(-2)
-    assert_close(rope.apply(q, pos), want, 1e-5)
+    assert_close(rope.rotate(q, pos), want, 1e-5)
     # away from the origin (1e3): upstream's float32 angles, within their rounding per entry
     mid = pos + 1e3
     mid_cos, mid_sin = upstream._create_rope(freqs, mid)
@@ -191,6 +191,6 @@ def test_mochi_learnable_parameter_is_per_head():
     rope = conv.mochi(2, 8, learnable=True)
     assert rope.learned_freqs.shape == (2, 3, 4) and bool((rope.learned_freqs == 0).all())
     q = seeded(1, 6, 2, 8)
-    out = rope.apply(q, conv.mochi_positions(1, 2, 3))
+    out = rope.rotate(q, conv.mochi_positions(1, 2, 3))
     out.square().sum().backward()
     assert rope.learned_freqs.grad is not None

@@ -41,7 +41,7 @@ def test_spectra_are_constructors_of_the_same_F(axes_dim, theta, scaling, spectr
     pos = ar.grid(*[3, 4, 2][: rope.n_axes]) * 7.0
     x = seeded(2, pos.shape[0], 2, rope.rot_dim + 4)
     for backend in ("reference", "torch"):
-        assert torch.equal(custom.apply(x, pos, backend=backend), rope.apply(x, pos, backend=backend))
+        assert torch.equal(custom.rotate(x, pos, backend=backend), rope.rotate(x, pos, backend=backend))
 
 
 def test_any_plane_to_axis_map_and_unrotated_planes():
@@ -57,7 +57,7 @@ def test_any_plane_to_axis_map_and_unrotated_planes():
         assert_close(cos, angle.cos())
         assert_close(sin, angle.sin())
         x = seeded(1, 2, 1, 12, dtype=torch.float64)
-        y = rope.apply(x, pos)
+        y = rope.rotate(x, pos)
         plane = (lambda j: [2 * j, 2 * j + 1]) if pairing == "interleaved" else (lambda j: [j, j + 6])
         for j in (2, 5):  # unrotated planes pass through bit for bit
             assert torch.equal(y[..., plane(j)], x[..., plane(j)])
@@ -71,7 +71,7 @@ def test_partial_rotary_as_a_mask_equals_a_narrower_rotary_width():
     wide = ar.AxialRoPE.from_frequencies(masked)
     narrow_F = Frequencies.from_spectrum(32).freqs[:, :6]
     narrow = ar.AxialRoPE.from_frequencies(Frequencies(narrow_F))
-    torch.testing.assert_close(wide.apply(x, pos), narrow.apply(x, pos), rtol=0, atol=1e-15)
+    torch.testing.assert_close(wide.rotate(x, pos), narrow.rotate(x, pos), rtol=0, atol=1e-15)
 
 
 def test_per_head_fixed_frequencies_rotate_each_head_with_its_own_F():
@@ -82,16 +82,16 @@ def test_per_head_fixed_frequencies_rotate_each_head_with_its_own_F():
     pos, x = ar.grid(3, 4), seeded(2, 12, 3, 10, dtype=torch.float64)
     for layout in ("bshd", "bhsd"):
         xl = x if layout == "bshd" else x.transpose(1, 2)
-        out = rope.apply(xl, pos, layout=layout, backend="torch")
-        assert_close(out, rope.apply(xl, pos, layout=layout, backend="reference"))
+        out = rope.rotate(xl, pos, layout=layout, backend="torch")
+        assert_close(out, rope.rotate(xl, pos, layout=layout, backend="reference"))
         out = out if layout == "bshd" else out.transpose(1, 2)
         for h in range(3):
             single = ar.AxialRoPE.from_frequencies(Frequencies(F[h]))
-            assert_close(out[:, :, h : h + 1], single.apply(x[:, :, h : h + 1], pos))
+            assert_close(out[:, :, h : h + 1], single.rotate(x[:, :, h : h + 1], pos))
     cos, _ = rope.cos_sin(pos)
     assert cos.shape == (12, 3, 8)
     with pytest.raises(ValueError, match="per-head frequencies are for 3 heads"):
-        rope.apply(seeded(1, 12, 2, 8), pos)
+        rope.rotate(seeded(1, 12, 2, 8), pos)
 
 
 def test_mixed_frequencies_keep_scores_relative():
@@ -109,7 +109,7 @@ def test_learnable_model_per_head_and_dtype_moves():
     model = Frequencies(torch.randn(2, 3, 4, dtype=torch.float64) * 0.1)
     rope = ar.AxialRoPE.from_frequencies(model, learnable=True)
     assert rope.learned_freqs.shape == (2, 3, 4) and rope.learned_freqs.dtype == torch.float32
-    out = rope.apply(seeded(1, 6, 2, 8), ar.grid(1, 2, 3))
+    out = rope.rotate(seeded(1, 6, 2, 8), ar.grid(1, 2, 3))
     out.square().sum().backward()
     assert rope.learned_freqs.grad.abs().sum() > 0
     fixed = ar.AxialRoPE.from_frequencies(model).to(torch.bfloat16)
@@ -131,17 +131,17 @@ def test_position_map_equals_the_grid_options(normalize, center):
     rope = ar.AxialRoPE.from_frequencies(Frequencies.from_spectrum((8, 8), transform=transform))
     plain = ar.AxialRoPE((8, 8))
     x = seeded(1, 15, 1, 16, dtype=torch.float64)
-    assert_close(rope.apply(x, ar.grid(5, 3)), plain.apply(x, expected))
+    assert_close(rope.rotate(x, ar.grid(5, 3)), plain.rotate(x, expected))
 
 
 def test_position_map_keeps_the_position_checks():
     rope = conv.ltx_video(2, 12)
     x = seeded(1, 2, 2, 12)
     with pytest.raises(ValueError, match="NaN or inf"):
-        rope.apply(x, torch.tensor([[0.0, float("nan"), 1.0], [1.0, 2.0, 3.0]]))
+        rope.rotate(x, torch.tensor([[0.0, float("nan"), 1.0], [1.0, 2.0, 3.0]]))
     with pytest.raises(TypeError, match="rounds coordinates"):
-        rope.apply(x, torch.zeros(2, 3, dtype=torch.bfloat16))
-    assert rope.apply(x, torch.zeros(2, 3, dtype=torch.int64)).shape == x.shape  # integers pass
+        rope.rotate(x, torch.zeros(2, 3, dtype=torch.bfloat16))
+    assert rope.rotate(x, torch.zeros(2, 3, dtype=torch.int64)).shape == x.shape  # integers pass
 
 
 def test_serialisation_round_trip():
@@ -152,7 +152,7 @@ def test_serialisation_round_trip():
         rebuilt = ar.AxialRoPE.from_frequencies(again, pairing=rope.pairing)
         pos = torch.rand(4, rope.n_axes) * 10
         x = seeded(1, 4, model.num_heads or 1, rope.rot_dim)
-        assert torch.equal(rebuilt.apply(x, pos), rope.apply(x, pos))
+        assert torch.equal(rebuilt.rotate(x, pos), rope.rotate(x, pos))
 
 
 def test_frequency_model_errors_name_the_field():

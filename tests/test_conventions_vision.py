@@ -60,7 +60,7 @@ def test_timm_cat(name, shape):
     q = seeded(2, 3, pos.shape[0], 32)  # timm attention is bhsd
     want = sincos.apply_rot_embed_cat(q, emb, half=kwargs.get("rotate_half", False))
     # pixel bands turn up to max_res / 2 * pi = 100 rad: timm's float32 tables sit ~1e-5 off, times |q| ~ 4
-    assert_close(rope.apply(q, pos, layout="bhsd"), want, 1e-4 if in_pixels else 1e-5)
+    assert_close(rope.rotate(q, pos, layout="bhsd"), want, 1e-4 if in_pixels else 1e-5)
 
 
 def test_timm_cat_far_from_the_origin():
@@ -99,7 +99,7 @@ def test_eva02_model_tables(img, ref):
     attn = model.blocks[0].attn
     with torch.no_grad():
         q = attn.qkv(seeded(1, grid * grid + 1, 48, seed=2)).reshape(1, -1, 3, 2, 24).permute(2, 0, 3, 1, 4)[0]
-    ours = rope.apply(q[:, :, 1:], pos, layout="bhsd")
+    ours = rope.rotate(q[:, :, 1:], pos, layout="bhsd")
     assert_close(ours, sincos.apply_rot_embed_cat(q[:, :, 1:], emb), 1e-5)
 
 
@@ -118,7 +118,7 @@ def test_timm_mixed(grid_indexing, shape):
         worst = max(worst, max_diff((cos.transpose(0, 1), ref_cos), (sin.transpose(0, 1), ref_sin)))
         q = seeded(2, 4, pos.shape[0], 16, seed=block)
         want = sincos.apply_rot_embed_cat(q, emb[block])
-        assert_close(rope.apply(q, pos, layout="bhsd"), want, 1e-5)
+        assert_close(rope.rotate(q, pos, layout="bhsd"), want, 1e-5)
     assert worst <= 1e-5
     check_documented("timm_mixed", worst)
     # near 1e6, against timm's formula in float64 (get_mixed_freqs: t_x * freqs[0] + t_y * freqs[1], in float32
@@ -150,7 +150,7 @@ def test_dinov3_transformers(head_dim, size):
     check_documented("dinov3", diff)
     q = seeded(1, 2, H * W, head_dim)
     want = q * ref_cos + dino.rotate_half(q) * ref_sin  # transformers' apply_rotary_pos_emb on the patch tokens
-    assert_close(rope.apply(q, pos, layout="bhsd"), want, 1e-5)
+    assert_close(rope.rotate(q, pos, layout="bhsd"), want, 1e-5)
     # the position map equals DINOv3's coordinates, 2 pi c / period in float64
     periods = 100.0 ** (4 * torch.arange(head_dim // 4, dtype=torch.float64) / head_dim)
     coords = dino.get_patches_center_coordinates(H, W, torch.float64, "cpu")

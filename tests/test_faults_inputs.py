@@ -18,7 +18,7 @@ def test_low_precision_positions_are_refused_not_rounded(dtype):
     rope = ar.AxialRoPE(8)
     x = torch.randn(1, 2, 1, 8)
     with pytest.raises(TypeError, match="rounds coordinates"):
-        rope.apply(x, torch.tensor([256.0, 257.0]).to(dtype))  # bfloat16 holds 257 as 256
+        rope.rotate(x, torch.tensor([256.0, 257.0]).to(dtype))  # bfloat16 holds 257 as 256
     with pytest.raises(TypeError, match="rounds coordinates"):
         ar.grid(300, dtype=dtype)
 
@@ -34,21 +34,21 @@ def test_integer_grids_refuse_fractional_coordinates_instead_of_truncating():
 def test_integer_positions_equal_float_positions():
     rope = ar.AxialRoPE((4, 4))
     x = torch.randn(1, 6, 2, 8)
-    assert torch.equal(rope.apply(x, ar.grid(2, 3, dtype=torch.int64)), rope.apply(x, ar.grid(2, 3)))
+    assert torch.equal(rope.rotate(x, ar.grid(2, 3, dtype=torch.int64)), rope.rotate(x, ar.grid(2, 3)))
 
 
 @pytest.mark.slow
 def test_nan_positions_are_caught_under_torch_compile():
     rope = ar.AxialRoPE((4, 4), backend="torch")
-    fn = torch.compile(lambda x, pos: rope.apply(x, pos), fullgraph=True, backend="aot_eager")
+    fn = torch.compile(lambda x, pos: rope.rotate(x, pos), fullgraph=True, backend="aot_eager")
     x = torch.randn(1, 6, 2, 8)
-    assert_close(fn(x, ar.grid(2, 3)), rope.apply(x, ar.grid(2, 3), backend="reference"))
+    assert_close(fn(x, ar.grid(2, 3)), rope.rotate(x, ar.grid(2, 3), backend="reference"))
     bad = ar.grid(2, 3)
     bad[4, 1] = float("nan")
     with pytest.raises(RuntimeError, match="NaN or inf"):
         fn(x, bad)
     with pytest.raises(ValueError, match="NaN or inf"):  # eager: the same check, as a ValueError
-        rope.apply(x, bad)
+        rope.rotate(x, bad)
 
 
 # -- constructor arguments ------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def test_scaling_as_a_dict_is_the_method_it_describes():
     pos = torch.arange(5.0) * 40
     from_dict = ar.AxialRoPE(16, scaling=method.to_dict())
     assert from_dict.scaling == (method,)
-    assert torch.equal(from_dict.apply(x, pos), ar.AxialRoPE(16, scaling=method).apply(x, pos))
+    assert torch.equal(from_dict.rotate(x, pos), ar.AxialRoPE(16, scaling=method).rotate(x, pos))
     with pytest.raises(ValueError, match="rope_type"):
         ar.AxialRoPE(16, scaling={"factor": 2.0})
     with pytest.raises(TypeError, match="dict form"):
@@ -94,9 +94,9 @@ def test_reference_inplace_with_autograd_in_float64():
     rope = ar.AxialRoPE((4, 4))
     leaf = torch.randn(1, 6, 2, 8, dtype=torch.float64, requires_grad=True)
     q = leaf * 1
-    out = rope.apply(q, ar.grid(2, 3), backend="reference", inplace=True)
+    out = rope.rotate(q, ar.grid(2, 3), backend="reference", inplace=True)
     out.square().sum().backward()
-    expected = torch.autograd.grad(rope.apply(leaf, ar.grid(2, 3), backend="reference").square().sum(), leaf)[0]
+    expected = torch.autograd.grad(rope.rotate(leaf, ar.grid(2, 3), backend="reference").square().sum(), leaf)[0]
     torch.testing.assert_close(leaf.grad, expected)
 
 

@@ -72,9 +72,12 @@ def test_position_choices_give_the_documented_coordinates():
         expected = ar.positions_for_size((12, 20), (14, 14), mode)
         torch.testing.assert_close(model.positions(12, 20), expected.pos)
         scaled = mode in ("ntk", "yarn")
-        assert model.rope_for(12, 20).scaling == (expected.scaling if scaled else model.rope.scaling)
+        rope = model.rope.with_scaling(expected.scaling) if scaled else model.rope
+        torch.testing.assert_close(model.rotation(12, 20).freqs, rope.freqs, rtol=0, atol=0)
     ntk = _model(rope_positions="ntk")
-    assert ntk.rope_for(14, 14) is ntk.rope and ntk.rope_for(12, 20).scaling == (None, ar.scaling.NTK(20 / 14))
+    assert ntk.rotation(14, 14).freqs is ntk.rope.freqs  # the trained size: the rope's own buffer
+    expected = ntk.rope.with_scaling((None, ar.scaling.NTK(20 / 14))).freqs
+    torch.testing.assert_close(ntk.rotation(12, 20).freqs, expected, rtol=0, atol=0)
 
 
 def test_interpolation_equals_plain_indices_at_the_trained_size_only():

@@ -54,7 +54,7 @@ def _reference_attention(attn: Attention, x, pos, rope, mask=None, causal=False,
     q, k, v = q.view(B, S, H, D), k.view(B, S, Hk, D), v.view(B, S, Hk, D)
     if attn.qk_norm is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = rope.apply(q, pos), rope.apply(k, pos)
+    q, k = rope.rotate(q, pos), rope.rotate(k, pos)
     k, v = k.repeat_interleave(H // Hk, 2), v.repeat_interleave(H // Hk, 2)
     logits = torch.einsum("bshd,bthd->bhst", q, k) * gain / math.sqrt(D)
     if causal:
@@ -85,12 +85,14 @@ def test_attention_matches_spelled_out_reference_odd_shapes(sizes, qk_norm, fuse
     torch.testing.assert_close(out, _reference_attention(attn, x, pos, rope), atol=1e-10, rtol=1e-10)
 
 
-def test_attention_rms_qk_norm_goes_through_norm_and_rotate(monkeypatch):
+def test_attention_rms_qk_norm_goes_through_the_fused_norm_and_rotation(monkeypatch):
+    import axial_rope.attention as attention
+
     rope = ar.AxialRoPE((8, 8))
     attn = Attention(64, 4, rope, qk_norm="rms")
     calls = []
-    original = rope.norm_and_rotate
-    monkeypatch.setattr(rope, "norm_and_rotate", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = attention.norm_rotate
+    monkeypatch.setattr(attention, "norm_rotate", lambda *a, **k: calls.append(1) or original(*a, **k))
     attn(torch.randn(1, 6, 64), ar.grid(2, 3))
     assert calls == [1]
 
@@ -153,7 +155,7 @@ def test_attention_rejects_bad_arguments():
         Attention(64, 4, num_kv_heads=3)
     with pytest.raises(ValueError, match="qk_norm"):
         Attention(64, 4, qk_norm="batch")
-    with pytest.raises(ValueError, match="pos is required"):
+    with pytest.raises(ValueError, match=r"pos \(or rotation=\) is required"):
         Attention(128, 4, rope)(torch.randn(1, 4, 128))
     with pytest.raises(ValueError, match="input_pos"):
         Attention(128, 4, rope)(torch.randn(1, 4, 128), ar.grid(2, 2), cache=KVCache(1, 8, 4, 32))
@@ -186,8 +188,8 @@ def test_cache_holds_keys_rotated_exactly_once():
     for i in range(3, 6):
         attn(x[:, i : i + 1], cache=cache, input_pos=torch.tensor([i]))
     _, k_raw, v = attn._project(x)  # [B, S, H, D], unrotated
-    once = rope.apply(k_raw, torch.arange(6)).transpose(1, 2)
-    twice = rope.apply(rope.apply(k_raw, torch.arange(6)), torch.arange(6)).transpose(1, 2)
+    once = rope.rotate(k_raw, torch.arange(6)).transpose(1, 2)
+    twice = rope.rotate(rope.rotate(k_raw, torch.arange(6)), torch.arange(6)).transpose(1, 2)
     torch.testing.assert_close(cache.k[:, :, :6], once, atol=1e-12, rtol=0)
     torch.testing.assert_close(cache.v[:, :, :6], v.transpose(1, 2), atol=1e-12, rtol=0)
     assert (cache.k[:, :, 1:6] - twice[:, :, 1:6]).abs().amax() > 1e-3  # re-rotation would be caught

@@ -179,13 +179,13 @@ def test_linear_attention_score_depends_on_the_offset_only():
     for m, n in ((5, 2), (40, 3), (7, 7)):
         scores = []
         for shift in (0, 1, 113, 10_000):
-            rq = rope.apply(q, torch.tensor([m + shift]))
-            rk = rope.apply(k, torch.tensor([n + shift]))
+            rq = rope.rotate(q, torch.tensor([m + shift]))
+            rk = rope.rotate(k, torch.tensor([n + shift]))
             scores.append((rq * rk).sum().item())
         assert scores == pytest.approx([scores[0]] * len(scores), rel=1e-9, abs=1e-9)
     # and the score does change with the offset (so the check above is not vacuous)
-    near = (rope.apply(q, torch.tensor([3])) * rope.apply(k, torch.tensor([2]))).sum()
-    far = (rope.apply(q, torch.tensor([30])) * rope.apply(k, torch.tensor([2]))).sum()
+    near = (rope.rotate(q, torch.tensor([3])) * rope.rotate(k, torch.tensor([2]))).sum()
+    far = (rope.rotate(q, torch.tensor([30])) * rope.rotate(k, torch.tensor([2]))).sum()
     assert abs(near - far) > 1e-3
 
 
@@ -205,8 +205,8 @@ def test_linear_attention_is_su_et_al_eq_19():
             den = torch.zeros((), dtype=torch.float64)
             for n in range(m + 1):
                 kn = feature_map(k[0, n, h])
-                rq = rope.apply(qm.view(1, 1, 1, 8), torch.tensor([m])).flatten()
-                rk = rope.apply(kn.view(1, 1, 1, 8), torch.tensor([n])).flatten()
+                rq = rope.rotate(qm.view(1, 1, 1, 8), torch.tensor([m])).flatten()
+                rk = rope.rotate(kn.view(1, 1, 1, 8), torch.tensor([n])).flatten()
                 num += (rq @ rk) * v[0, n, h]
                 den += qm @ kn  # the normaliser: unrotated
             rows.append(num / den)
@@ -238,14 +238,14 @@ def test_dual_chunk_scores_follow_the_papers_index_rules():
     S = 30  # four chunks of 7: intra, successive and inter pairs
     q, k = torch.randn(2, 1, S, 4, 8, dtype=torch.float64)
     pos = torch.arange(S)
-    k_rot = rope.apply(k, config.dual_chunk.key_index(pos)).transpose(1, 2)
+    k_rot = rope.rotate(k, config.dual_chunk.key_index(pos)).transpose(1, 2)
     scores = attention.scores(q, k_rot, pos, pos)[0]  # [H, S, S]
     for i in range(S):
         for j in range(i + 1):
             rel = _paper_relative(i, j, c, w)
             assert 0 <= rel <= c - 1  # never a distance the model has not trained on
             # RoPE: rotating q by rel and k by 0 gives the score of any pair at relative position rel
-            qr = rope.apply(q[:, i : i + 1], torch.tensor([rel]))[0, 0]
+            qr = rope.rotate(q[:, i : i + 1], torch.tensor([rel]))[0, 0]
             expected = (qr * k[0, j]).sum(-1) / math.sqrt(8)
             torch.testing.assert_close(scores[:, i, j], expected)
     regions = config.dual_chunk.regions(pos, pos)

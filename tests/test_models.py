@@ -102,15 +102,16 @@ def test_dit_is_zero_at_init_and_gradients_reach_every_parameter():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
-def test_dit_positions_are_positions_for_size_with_a_per_call_rope():
+def test_dit_positions_are_positions_for_size_and_forward_leaves_the_rope_as_built():
     model = DiT(TINY_DIT)  # trained grid 4 x 4 tokens
     for mode in ar.POSITION_MODES:
-        pos, rope = model.positions(8, 3, mode)
+        pos, scaling = model.positions(8, 3, mode)
         expected = ar.positions_for_size((8, 3), (4, 4), mode)
         torch.testing.assert_close(pos, expected.pos)
-        assert rope.scaling == expected.scaling
-    assert model.positions(4, 4, "yarn")[1] is model.rope  # nothing scaled: the trained rope itself
-    assert model.positions(8, 4, "ntk")[1] is not model.positions(8, 4, "ntk")[1]  # built per call, not cached
+        assert scaling == expected.scaling
+    assert model.positions(4, 4, "yarn")[1] == (None, None)  # nothing scaled at the trained size
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 16), torch.tensor([500.0]), torch.tensor([1]), pos_mode="ntk")
     assert model.rope.scaling == (None, None) and not hasattr(model, "_scaled_ropes")
 
 
@@ -198,10 +199,9 @@ def test_video_dit_temporal_scaling_riflex_changes_only_time():
     riflex = ar.scaling.RIFLEx(k=2, test_length=6)
     out = model(x, t, cond=cond, temporal_scaling=riflex)
     assert (out - plain).abs().max() > 1e-4
-    rope = model.rope_for(riflex)
-    # built per call from the trained rope (no cache, so forward changes no state); None: the trained one
-    assert rope.scaling == (riflex, None, None) and model.rope_for(None) is model.rope
+    # the scaled rotation is computed per call from the trained rope, which forward never changes
     assert model.rope.scaling == (None, None, None) and not hasattr(model, "_scaled_ropes")
+    torch.testing.assert_close(model(x, t, cond=cond), plain)
     # one frame: every token has t = 0, so the temporal spectrum cannot matter
     x1 = x[:, :, :1]
     torch.testing.assert_close(model(x1, t, cond=cond, temporal_scaling=riflex), model(x1, t, cond=cond))

@@ -151,8 +151,8 @@ def test_block_rows_are_shared_per_axis():
     _, _, p = _packed_case("ntk")
     packed = p.rope(rope)
     # heights 4, 6, 5, 8, 3, 8 -> y factors {1, 1.5, 1.25, 2}; widths 4, 3, 8, 8, 7, 5 -> x {1, 2, 1.75, 1.25}
-    assert packed.inner.n_axes == 8
-    block = packed.block_positions(p.pos)
+    assert packed.freqs.shape[0] == 8
+    block = packed.block_positions(p.pos)[0]
     assert block.shape == (p.pos.shape[0], 8) and torch.equal(
         (block != 0).sum(1) <= 2, torch.ones(len(block), dtype=torch.bool)
     )
@@ -170,8 +170,8 @@ def test_length_dependent_scaling_sees_each_items_own_length():
     xs = [torch.randn(1, n, 1, 16) for n in lengths]
     p = pack([Item.text(x[0, :, 0]) for x in xs])
     packed = p.rope(rope)
-    out = packed.apply(p.tokens[None, :, None], p.pos)
-    ref = torch.cat([rope.apply(x, torch.arange(n)) for x, n in zip(xs, lengths)], 1)
+    out = packed.rotate(p.tokens[None, :, None], p.pos)
+    ref = torch.cat([rope.rotate(x, torch.arange(n)) for x, n in zip(xs, lengths)], 1)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
     with pytest.raises(ValueError, match="length-dependent"):
         ar.Attention(16, 1, rope)(torch.randn(1, 26, 16), p.pos, segments=p.segments)
@@ -182,8 +182,8 @@ def test_an_items_own_length_dependent_scaling_sees_its_length_on_an_unscaled_ro
     lengths = [4, 9, 13]
     xs = [torch.randn(1, n, 1, 16) for n in lengths]
     p = pack([Item(x[0, :, 0], torch.arange(n)[:, None], (n,), scaling=method) for x, n in zip(xs, lengths)])
-    out = p.rope(rope).apply(p.tokens[None, :, None], p.pos)
-    ref = torch.cat([rope.with_scaling(method).apply(x, torch.arange(n)) for x, n in zip(xs, lengths)], 1)
+    out = p.rope(rope).rotate(p.tokens[None, :, None], p.pos)
+    ref = torch.cat([rope.with_scaling(method).rotate(x, torch.arange(n)) for x, n in zip(xs, lengths)], 1)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
 
 
@@ -198,7 +198,7 @@ def test_item_rope_refuses_what_it_cannot_pack():
         item_rope(ar.AxialRoPE((8, 8)), [None] * 4, p.segments)
     packed = p.rope(ar.AxialRoPE((8, 8)))
     with pytest.raises(ValueError, match="does not fit this packed rope"):
-        packed.apply(torch.randn(1, 10, 1, 16), p.pos[:10])
+        packed.rotate(torch.randn(1, 10, 1, 16), p.pos[:10])
 
 
 TRITON_SCRIPT = textwrap.dedent(
@@ -216,16 +216,16 @@ TRITON_SCRIPT = textwrap.dedent(
             items.append(Item(x[0].flatten(1), sized.pos, s, scaling=sized.scaling)); xs.append(x)
         p = pack(items)
         packed = p.rope(rope)
-        rows = packed.inner.n_axes
+        rows = packed.freqs.shape[0]
         q = p.tokens.reshape(1, -1, 2, 16).clone().requires_grad_()
         qo, _ = packed(q, None, p.pos, backend="triton")
-        ref = torch.cat([rope.with_scaling(it.scaling).apply(x, it.pos, backend="torch") for it, x in zip(items, xs)], 1)
+        ref = torch.cat([rope.with_scaling(it.scaling).rotate(x, it.pos, backend="torch") for it, x in zip(items, xs)], 1)
         torch.testing.assert_close(qo, ref, atol=1e-6, rtol=1e-6)
         g = torch.randn(qo.shape)
         (gq,) = torch.autograd.grad((qo * g).sum(), q)
         xr = torch.cat(xs, 1).requires_grad_()
         parts = torch.split(xr, p.lengths, 1)
-        out = torch.cat([rope.with_scaling(it.scaling).apply(x, it.pos, backend="torch") for it, x in zip(items, parts)], 1)
+        out = torch.cat([rope.with_scaling(it.scaling).rotate(x, it.pos, backend="torch") for it, x in zip(items, parts)], 1)
         (gr,) = torch.autograd.grad((out * g).sum(), xr)
         torch.testing.assert_close(gq, gr, atol=1e-6, rtol=1e-6)
         print(mode, rows, "ok")

@@ -96,7 +96,7 @@ def test_hunyuan_video_rotary_pos_embed():
 
     q = randn(1, pos.shape[0], 2, 128)
     expected = diffusers_embeddings.apply_rotary_emb(q, (cos, sin), sequence_dim=1)
-    assert_close(rope.apply(q, pos, layout="bshd"), expected)
+    assert_close(rope.rotate(q, pos, layout="bshd"), expected)
 
 
 def test_wan_rotary_pos_embed():
@@ -115,7 +115,7 @@ def test_wan_rotary_pos_embed():
     # Wan's processor rotates interleaved pairs of a bshd tensor, which is diffusers' unbind-dim -1 rule
     q = randn(2, 36, 2, 128)
     expected = diffusers_embeddings.apply_rotary_emb(q, (cos, sin), sequence_dim=1)
-    assert_close(rope.apply(q, pos, layout="bshd"), expected)
+    assert_close(rope.rotate(q, pos, layout="bshd"), expected)
 
 
 @pytest.mark.parametrize("grid_type", ["linspace", "slice"])
@@ -209,7 +209,7 @@ def test_timm_rotary_embedding_cat(name: str):
     # timm attention is bhsd
     q = randn(2, 3, TIMM_H * TIMM_W, 64)
     expected = timm_sincos.apply_rot_embed_cat(q, emb, half=pairing == "half")
-    assert_close(rope.apply(q, pos, layout="bhsd"), expected)
+    assert_close(rope.rotate(q, pos, layout="bhsd"), expected)
     assert_close(ar.apply_rope(q, cos, sin, pairing=pairing, layout="bhsd"), expected)
 
 
@@ -219,7 +219,7 @@ def test_timm_rotary_embedding_cat_module_forward():
     x = randn(2, 16, 3, 5)  # [B, C, H, W]
     expected = embed(x).flatten(2).transpose(1, 2)  # [B, N, C]
     tokens = x.flatten(2).transpose(1, 2)[:, :, None]  # [B, N, 1, C] bshd
-    got = ar.AxialRoPE((8, 8), theta=10000.0).apply(tokens, ar.grid(3, 5))[:, :, 0]
+    got = ar.AxialRoPE((8, 8), theta=10000.0).rotate(tokens, ar.grid(3, 5))[:, :, 0]
     assert_close(got, expected)
 
 
@@ -272,7 +272,7 @@ def test_llama_rotary_embedding(name: str):
     q, expected_q = check_qk_rotation(rope, pos, cos, sin, apply_rotary_pos_emb, D)
     assert_close(ar.apply_rope(q, cos, sin, pairing="half", layout="bhsd"), expected_q)
     # and bshd: the same numbers, transposed
-    got_q_bshd = rope.apply(q.transpose(1, 2), pos, layout="bshd")
+    got_q_bshd = rope.rotate(q.transpose(1, 2), pos, layout="bshd")
     assert_close(got_q_bshd.transpose(1, 2), expected_q)
 
 
@@ -290,7 +290,7 @@ def test_llama_partial_rotary_tables():
     expected = torch.cat([rot_q, q[..., 32:]], dim=-1)
     assert_close(ar.apply_rope(q, cos[0], sin[0], pairing="half", layout="bhsd"), expected)
     rope = ar.AxialRoPE(32, pairing="half")
-    assert_close(rope.apply(q, torch.arange(5), layout="bhsd"), expected)
+    assert_close(rope.rotate(q, torch.arange(5), layout="bhsd"), expected)
 
 
 def mrope_positions() -> torch.Tensor:
@@ -368,7 +368,7 @@ def test_dinov3_normalised_coordinates(H: int, W: int):
     q = randn(1, 2, H * W, D)
     half = torch.cat([-q[..., D // 2 :], q[..., : D // 2]], dim=-1)
     expected = q * cos.float() + half * sin.float()
-    assert_close(rope.apply(q, pos, layout="bhsd"), expected)
+    assert_close(rope.rotate(q, pos, layout="bhsd"), expected)
 
     # timm's port agrees with the formula (and so with AxialRoPE)
     port = timm_sincos.RotaryEmbeddingDinoV3(D, temperature=base)

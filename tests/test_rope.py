@@ -83,8 +83,8 @@ def test_backward_is_rotation_by_minus_the_angle():
     pos = ar.grid(3, 5)
     x = torch.randn(1, 15, 2, 16, dtype=torch.float64, requires_grad=True)
     g = torch.randn(1, 15, 2, 16, dtype=torch.float64)
-    rope.apply(x, pos).backward(g)
-    assert_close(x.grad, rope.apply(g, -pos))
+    rope.rotate(x, pos).backward(g)
+    assert_close(x.grad, rope.rotate(g, -pos))
 
 
 @pytest.mark.parametrize("pairing", PAIRINGS)
@@ -101,7 +101,7 @@ def test_apply_rope_table_matches_module_all_backends():
     rope = ar.AxialRoPE((16, 56, 56))
     q, _, pos = _qk((16, 56, 56), 128, "bshd", torch.float32)
     cos, sin = rope.cos_sin(pos)
-    expected = rope.apply(q, pos, backend="reference")
+    expected = rope.rotate(q, pos, backend="reference")
     for backend in ("reference", "torch"):
         assert_close(ar.apply_rope(q, cos, sin, backend=backend), expected)
 
@@ -113,10 +113,10 @@ def test_apply_rope_batched_tables_and_partial_width():
     cos, sin = rope.cos_sin(pos)
     assert cos.shape == (2, 6, 16)
     out = ar.apply_rope(x, cos, sin, pairing="half")
-    assert_close(out, rope.apply(x, pos, backend="reference"))
+    assert_close(out, rope.rotate(x, pos, backend="reference"))
     assert torch.equal(out[..., 16:], x[..., 16:])
     # each sample rotated by its own positions
-    assert_close(out[1:], rope.apply(x[1:], pos[1], backend="reference"))
+    assert_close(out[1:], rope.rotate(x[1:], pos[1], backend="reference"))
 
 
 def test_per_batch_positions_and_gqa():
@@ -137,9 +137,9 @@ def test_values_are_not_rotated_relative_scores_only():
     rope = ar.AxialRoPE((16, 16))
     q = torch.randn(1, 1, 1, 32, dtype=torch.float64)
     k = torch.randn(1, 1, 1, 32, dtype=torch.float64)
-    near = (rope.apply(q, torch.tensor([[2.0, 3.0]])) * rope.apply(k, torch.tensor([[0.0, 1.0]]))).sum()
-    far = (rope.apply(q, torch.tensor([[502.0, 33.0]])) * rope.apply(k, torch.tensor([[500.0, 31.0]]))).sum()
-    other = (rope.apply(q, torch.tensor([[9.0, 3.0]])) * rope.apply(k, torch.tensor([[0.0, 1.0]]))).sum()
+    near = (rope.rotate(q, torch.tensor([[2.0, 3.0]])) * rope.rotate(k, torch.tensor([[0.0, 1.0]]))).sum()
+    far = (rope.rotate(q, torch.tensor([[502.0, 33.0]])) * rope.rotate(k, torch.tensor([[500.0, 31.0]]))).sum()
+    other = (rope.rotate(q, torch.tensor([[9.0, 3.0]])) * rope.rotate(k, torch.tensor([[0.0, 1.0]]))).sum()
     assert abs(float(near - far)) < 1e-9
     assert abs(float(near - other)) > 1e-3
 
@@ -169,9 +169,9 @@ def test_rotation_preserves_norm_and_minus_pos_inverts(axes_dim, pairing, seed):
     gen = torch.Generator().manual_seed(seed)
     pos = torch.randn(7, len(axes_dim), generator=gen) * 100
     x = torch.randn(2, 7, 3, sum(axes_dim), generator=gen, dtype=torch.float64)
-    y = rope.apply(x, pos)
+    y = rope.rotate(x, pos)
     torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(rope.apply(y, -pos), x, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(rope.rotate(y, -pos), x, atol=1e-10, rtol=1e-10)
 
 
 @given(dim=st.sampled_from([2, 6, 16, 64]), theta=st.floats(2.0, 1e6), seed=st.integers(0, 2**16))
@@ -183,7 +183,7 @@ def test_one_axis_equals_textbook_1d_rope(dim, theta, seed):
     angle = pos[:, None] * inv  # [S, dim / 2]
     z = torch.complex(x[..., 0::2], x[..., 1::2]) * torch.polar(torch.ones_like(angle), angle)[None, :, None]
     expected = torch.stack([z.real, z.imag], -1).flatten(-2)
-    torch.testing.assert_close(ar.AxialRoPE(dim, theta=theta).apply(x, pos), expected, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(ar.AxialRoPE(dim, theta=theta).rotate(x, pos), expected, atol=1e-10, rtol=1e-10)
 
 
 @given(axes_dim=axes_dims, pairing=st.sampled_from(PAIRINGS), seed=st.integers(0, 2**16))
@@ -193,7 +193,7 @@ def test_apply_rope_of_cos_sin_equals_apply(axes_dim, pairing, seed):
     pos = torch.randint(0, 30, (4, len(axes_dim)), generator=gen).float()
     x = torch.randn(2, 4, 2, sum(axes_dim) + 4, generator=gen)
     out = ar.apply_rope(x, *rope.cos_sin(pos), pairing=pairing)
-    assert_close(out, rope.apply(x, pos))
+    assert_close(out, rope.rotate(x, pos))
 
 
 # -- spectra, pairings, tables --------------------------------------------------------
@@ -256,11 +256,11 @@ def test_length_dependent_scaling_follows_positions_or_seq_len():
     x = torch.randn(1, 32, 1, 16, dtype=torch.float64)
     short, long = torch.arange(8.0), torch.arange(32.0)
     # inside the trained length: the plain spectrum
-    assert_close(rope.apply(x[:, :8], short), ar.AxialRoPE(16).apply(x[:, :8], short))
+    assert_close(rope.rotate(x[:, :8], short), ar.AxialRoPE(16).rotate(x[:, :8], short))
     # beyond: the base grows with the length seen (max(pos) + 1 = 32)
     theta = 10000 * (2.0 * 32 / 8 - 1) ** (16 / 14)
-    assert_close(rope.apply(x, long), ar.AxialRoPE(16, theta=theta).apply(x, long))
-    assert_close(rope.apply(x[:, :8], short, seq_len=32), ar.AxialRoPE(16, theta=theta).apply(x[:, :8], short))
+    assert_close(rope.rotate(x, long), ar.AxialRoPE(16, theta=theta).rotate(x, long))
+    assert_close(rope.rotate(x[:, :8], short, seq_len=32), ar.AxialRoPE(16, theta=theta).rotate(x[:, :8], short))
 
 
 def test_half_precision_module_keeps_float64_frequencies():
@@ -308,25 +308,26 @@ def test_per_head_learnable_frequencies():
         rope.learned_freqs[1] *= 2
     pos = ar.grid(2, 2)
     x = torch.randn(1, 4, 3, 8)
-    y = rope.apply(x, pos)
+    y = rope.rotate(x, pos)
     heads = [ar.AxialRoPE((4, 4)) for _ in range(3)]
     heads[1].freqs.mul_(2)
     for h in range(3):
-        assert_close(y[:, :, h : h + 1], heads[h].apply(x[:, :, h : h + 1], pos))
+        assert_close(y[:, :, h : h + 1], heads[h].rotate(x[:, :, h : h + 1], pos))
     cos, _ = rope.cos_sin(pos)
     assert cos.shape == (4, 3, 8)
     with pytest.raises(ValueError, match="per-head"):
         rope(x, torch.randn(1, 4, 1, 8), pos)
 
 
-def test_module_apply_of_a_model_holding_a_rope_still_visits_submodules():
-    # AxialRoPE.apply(x, pos) shadows nn.Module.apply(fn); model.apply(init_fn) must keep working
+def test_apply_is_nn_modules_and_rotate_rotates_one_tensor():
+    # the rotation of one tensor is `rotate`; `apply(fn)` is nn.Module's, untouched
+    assert ar.AxialRoPE.apply is torch.nn.Module.apply
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), ar.AxialRoPE((2, 2)))
     seen = []
     model.apply(lambda m: seen.append(type(m).__name__))
     assert seen == ["Linear", "AxialRoPE", "Sequential"]
-    with pytest.raises(TypeError, match="needs pos"):
-        model[1].apply(torch.zeros(1, 2, 1, 4))
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'pos'"):
+        model[1].rotate(torch.zeros(1, 2, 1, 4))
 
 
 # -- in place --------------------------------------------------------------------------

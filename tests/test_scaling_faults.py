@@ -35,6 +35,7 @@ INV_RTOL = 1e-6  # transformers computes in float32 (see tests/test_scaling.py)
 
 # one valid value per annotation; a method with another field type needs an entry here
 GENERIC = {"float": 1.25, "int": 4096, "bool": False, "tuple[float, ...]": [1.0, 1.5, 2.0]}
+FIELDS = {"watershed": 0.5}  # fields with a narrower range than their annotation's (TimeAwareNTK: a time in (0, 1])
 
 
 def example(cls: type[Scaling], *, optional: bool) -> Scaling:
@@ -42,7 +43,7 @@ def example(cls: type[Scaling], *, optional: bool) -> Scaling:
     values = {}
     for f in fields(cls):
         if f.default is MISSING or (optional and f.default is None):
-            values[f.name] = GENERIC[f.type.split(" | ")[0]]
+            values[f.name] = FIELDS.get(f.name, GENERIC[f.type.split(" | ")[0]])
     return cls(**values)
 
 

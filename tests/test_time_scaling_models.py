@@ -74,14 +74,13 @@ def test_time_modes_need_one_time_per_batch_and_no_packing(model):
 
 def test_the_sampler_binds_each_steps_time(model, monkeypatch):
     seen = []
-    bind = dit.bind_time
+    level = dit.noise_level
 
-    def spy(rope, t):
-        if rope.time_dependent:
-            seen.append(float(t[0]) / 1000)
-        return bind(rope, t)
+    def spy(t):
+        seen.append(float(t[0]) / 1000)
+        return level(t)
 
-    monkeypatch.setattr(dit, "bind_time", spy)
+    monkeypatch.setattr(dit, "noise_level", spy)
     labels, noise = torch.tensor([0, 2]), torch.randn(2, 3, 32, 32)
     sample_euler(lambda x, t: model.forward_with_cfg(x, t, labels, 2.0, pos_mode="dype"), noise, 4)
     assert seen == pytest.approx([1.0, 0.75, 0.5, 0.25])  # one forward (both guidance halves) per step

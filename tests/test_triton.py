@@ -89,7 +89,7 @@ if INTERPRETER:  # ------------------------------------------------ inside the i
         assert rope.scaled
         q, _ = _qk(8, "bshd", torch.float32, n_tokens=5)
         pos = torch.arange(5.0) * 9
-        _check_against_reference(lambda q, b: (rope.apply(q, pos, backend=b),), (q,), torch.float32)
+        _check_against_reference(lambda q, b: (rope.rotate(q, pos, backend=b),), (q,), torch.float32)
 
     @pytest.mark.parametrize("layout", LAYOUTS)
     def test_noncontiguous_views_and_zero_stride_grads(layout):
@@ -128,10 +128,10 @@ if INTERPRETER:  # ------------------------------------------------ inside the i
             ]
             == 1
         )
-        expected = rope.apply(q, pos, backend="reference")
-        assert_close(rope.apply(q, pos, backend="triton"), expected)
+        expected = rope.rotate(q, pos, backend="reference")
+        assert_close(rope.rotate(q, pos, backend="triton"), expected)
         with torch.no_grad():
-            assert rope.apply(q, pos, backend="triton", inplace=True) is q
+            assert rope.rotate(q, pos, backend="triton", inplace=True) is q
         assert_close(q, expected)
         assert torch.equal(buf[..., 0], torch.randn(2, 6, 4, 21, generator=torch.Generator().manual_seed(0))[..., 0])
 
@@ -141,9 +141,9 @@ if INTERPRETER:  # ------------------------------------------------ inside the i
         rope = ar.AxialRoPE((2, 4))
         q, _ = _qk(10, "bshd", torch.float16, n_tokens=6)
         q[..., 7] = float("inf")
-        out = rope.apply(q, ar.grid(2, 3), backend="triton")
+        out = rope.rotate(q, ar.grid(2, 3), backend="triton")
         assert torch.equal(out[..., 6:], q[..., 6:])
-        assert_close(out, rope.apply(q, ar.grid(2, 3), backend="reference"))
+        assert_close(out, rope.rotate(q, ar.grid(2, 3), backend="reference"))
 
     def test_far_positions_keep_relative_invariance_float32():
         # logits of q at m and k at n depend on n - m only, also at m ~ 1e6 (angles are never rounded to float32)
@@ -320,7 +320,7 @@ else:  # ------------------------------------------------------------------- the
         assert "TRITON_INTERPRET=1" in triton_backend.BACKEND.supports(call)
         assert select_backend(None, call).name == "torch"
         with pytest.raises(RuntimeError, match="triton"):
-            ar.AxialRoPE(4).apply(x, torch.arange(2.0), backend="triton")
+            ar.AxialRoPE(4).rotate(x, torch.arange(2.0), backend="triton")
 
     @pytest.mark.parametrize("pairing", PAIRINGS)
     def test_kernels_compile_for_sm90_with_vector_loads_and_no_spills(pairing):

@@ -57,8 +57,8 @@ def test_gpu_far_positions_match_the_reference_elementwise(dtype):
     rope = ar.AxialRoPE((16, 56, 56))
     pos = ar.grid(4, 8, 8, offset=(1.0e6, 2.0e6, 3.0e6)).double().cuda()
     x = torch.randn(2, pos.shape[0], 4, 128, generator=torch.Generator().manual_seed(2)).to(dtype).cuda()
-    out = rope.apply(x, pos, backend="triton")
-    exact = rope.apply(x.double(), pos, backend="reference")
+    out = rope.rotate(x, pos, backend="triton")
+    exact = rope.rotate(x.double(), pos, backend="reference")
     if dtype == torch.float32:
         torch.testing.assert_close(out, exact.float(), atol=2e-5, rtol=0)
     else:

@@ -43,6 +43,7 @@ from timm.models import build_model_with_cfg, checkpoint, generate_default_cfgs,
 from timm.models._features import feature_take_indices
 from torch import nn
 
+from ..ops.rotation import Rotation
 from ..rope import AxialRoPE
 from ..scaling import Scaling
 from .timm_rope import ROPE_POSITIONS, GridRoPE, RopeBlock, check_rope_positions, scaling_json
@@ -226,12 +227,10 @@ class AxialRoPEViT(nn.Module):
         """Patch coordinates ``[height * width, 2]`` (y, x), row-major, for a ``height x width`` patch grid."""
         return self.rope_grid.positions(height, width, device)
 
-    def rope_for(self, height: int, width: int) -> AxialRoPE:
-        """The rope of a ``height x width`` patch grid: ``self.rope``, or its NTK / YaRN scaling of longer axes.
-
-        Built per call (cheap); ``self.rope`` is never changed.
-        """
-        return self.rope_grid.rope_for(height, width)
+    def rotation(self, height: int, width: int, device=None) -> Rotation:
+        """The rotation of a ``height x width`` patch grid: its positions and, for NTK / YaRN, the scaling of
+        longer axes (tensors computed per call; ``self.rope`` is never changed)."""
+        return self.rope_grid.rotation(height, width, device)
 
     def _tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Images ``[B, C, H, W]`` -> tokens ``[B, prefix + h * w, C]`` and the patch grid ``(h, w)``."""

@@ -17,6 +17,8 @@ from timm.layers import DropPath, LayerNorm, LayerScale, Mlp
 from timm.models._features_fx import register_notrace_module
 from torch import nn
 
+from ..ops import rotate
+from ..ops.rotation import Rotation
 from ..positions import POSITION_MODES, positions_for_size
 from ..rope import AxialRoPE
 from ..scaling import Scaling
@@ -98,15 +100,17 @@ class GridRoPE(nn.Module):
         """Patch coordinates ``[height * width, 2]`` (y, x), row-major, for a ``height x width`` patch grid."""
         return positions_for_size((height, width), self.trained, self.mode, device=device).pos
 
-    def rope_for(self, height: int, width: int) -> AxialRoPE:
-        """The rope of a ``height x width`` grid: ``self.rope``, or its NTK / YaRN scaling of longer axes (per call)."""
+    def rotation(self, height: int, width: int, device=None) -> Rotation:
+        """The rotation of a ``height x width`` grid's patches: its positions and, for NTK / YaRN, the scaling of
+        longer axes (computed per call as tensors: no rope is built)."""
+        pos = self.positions(height, width, device)
         if self.mode not in ("ntk", "yarn"):
-            return self.rope
-        return self.rope.with_scaling(positions_for_size((height, width), self.trained, self.mode).scaling)
+            return self.rope.rotation(pos)
+        return self.rope.rotation(pos, scaling=positions_for_size((height, width), self.trained, self.mode).scaling)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate patch tokens' ``q``, ``k`` ``[B, H, height * width, D]`` by their grid coordinates."""
-        return self.rope_for(height, width)(q, k, self.positions(height, width, q.device), "bhsd")
+        return rotate(q, k, self.rotation(height, width, q.device), "bhsd", self.rope.backend)
 
 
 class RopeAttention(nn.Module):

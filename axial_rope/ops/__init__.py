@@ -12,6 +12,10 @@ cannot serve the call raises ``RuntimeError`` with the backend's reason; the aut
 choice takes the first capable backend of the registry for the device (triton, then
 torch) and falls back quietly. ``inplace=True`` with a gradient to record runs out of
 place and copies the result back, so autograd records the copy.
+
+Every rope-like object describes its rotation as a :class:`~axial_rope.ops.rotation.Rotation`
+(positions, ``F``, attention factor, pairing: tensors only) and rotates through :func:`rotate`
+or :func:`norm_rotate`; :func:`rotation_tables` turns one into cos/sin tables.
 """
 
 from __future__ import annotations
@@ -28,11 +32,17 @@ from .common import (
     check_choice,
     check_table_pair,
     check_tensor,
+    plane_cos_sin,
     plane_table,
+    rms_norm,
     table_for_layout,
 )
+from .rotation import Rotation
 
-__all__ = ["apply_rope", "rotate_qk", "norm_rotate_qk", "select_backend", "preload", "BACKENDS", "ENV_VAR"]
+__all__ = [
+    "apply_rope", "rotate", "norm_rotate", "rotation_tables", "rotate_qk", "norm_rotate_qk", "Rotation",
+    "select_backend", "preload", "BACKENDS", "ENV_VAR",
+]  # fmt: skip
 
 BACKENDS = tuple(backends.REGISTRY)  # the built-in names (the registry may grow)
 ENV_VAR = "AXIAL_ROPE_BACKEND"
@@ -80,13 +90,54 @@ def _grads(**tensors: torch.Tensor | None) -> frozenset[str]:
 
 
 def _check_inplace(**targets: torch.Tensor | None) -> None:
-    """In-place targets must own their memory: a broadcast (zero-stride) view would be written many times."""
-    for name, x in targets.items():
-        if x is not None and any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
+    """In-place targets must own their memory: a broadcast (zero-stride) view would be written many times,
+    and two targets sharing an element would rotate it twice. (Eager only: compiled code has no addresses.)"""
+    present = [(name, x) for name, x in targets.items() if x is not None]
+    for name, x in present:
+        if any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
             raise ValueError(
                 f"inplace=True needs {name} to own every element's memory; got a broadcast view "
                 f"(shape {tuple(x.shape)}, strides {tuple(x.stride())})"
             )
+    if len(present) == 2 and not torch.compiler.is_compiling():
+        (a_name, a), (b_name, b) = present
+        shared = _overlap(a, b)
+        if shared is not False:
+            why = "share memory" if shared else "may share memory (their strides differ, so it cannot be ruled out)"
+            raise ValueError(
+                f"inplace=True with {a_name} and {b_name} that {why} would rotate shared elements twice; "
+                "pass disjoint views (e.g. the q and k slices of one qkv buffer) or inplace=False"
+            )
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """Whether two strided views share an element: True, False, or None (cannot tell cheaply)."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() or a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t):  # [first, last] element offsets in the storage
+        last = t.storage_offset() + sum(st * (n - 1) for st, n in zip(t.stride(), t.shape))
+        return t.storage_offset(), last
+
+    (lo_a, hi_a), (lo_b, hi_b) = span(a), span(b)
+    if a.dtype != b.dtype:
+        return None if not (hi_a < lo_b or hi_b < lo_a) else False  # offsets in different units: spans only
+    if hi_a < lo_b or hi_b < lo_a:
+        return False
+    if a.shape != b.shape or a.stride() != b.stride():
+        return None
+    # same geometry, shifted by delta: they share an element iff delta = sum_d i_d stride_d with |i_d| < n_d.
+    # With nested strides (each larger than the span of the smaller ones, true of slices of a dense tensor)
+    # that representation is unique and the greedy digits find it.
+    delta, dims, covered = abs(a.storage_offset() - b.storage_offset()), [], 0
+    for st, n in sorted((st, n) for st, n in zip(a.stride(), a.shape) if n > 1):
+        if st <= covered:
+            return None
+        dims.append((st, n))
+        covered += st * (n - 1)
+    for st, n in reversed(dims):
+        delta -= min(delta // st, n - 1) * st
+    return delta == 0
 
 
 def apply_rope(
@@ -155,8 +206,6 @@ def rotate_qk(
     grads = _grads(q=q, k=k, pos=pos, freqs=freqs, scale=scale)
     if inplace:
         _check_inplace(q=q, k=k)
-        if k is q:
-            raise ValueError("inplace=True with k the same tensor as q would rotate it twice")
     call = Call("rotate_qk", q.device, q.dtype, grads, inplace and not grads, per_head=freqs.ndim == 3)
     chosen = select_backend(backend, call)
     q_out, k_out = chosen.rotate_qk(q, k, pos, freqs, scale, pairing, layout, inplace=call.inplace)
@@ -187,6 +236,69 @@ def norm_rotate_qk(
     call = Call("norm_rotate_qk", q.device, q.dtype, grads, per_head=freqs.ndim == 3)
     chosen = select_backend(backend, call)
     return chosen.norm_rotate_qk(q, k, q_weight, k_weight, eps, pos, freqs, scale, pairing, layout)
+
+
+def rotation_tables(rotation: Rotation, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plane tables ``scale * cos(angle)``, ``scale * sin(angle)`` of a rotation: ``[B|1, S, n]`` (per-head ``F``:
+    ``[B|1, S, H, n]``) in ``dtype``, from float64 angles, rounded once."""
+    return plane_cos_sin(rotation.pos, rotation.freqs, rotation.scale, dtype)
+
+
+def _by_tables(x: torch.Tensor, tables, rotation: Rotation, layout: str, backend, inplace: bool) -> torch.Tensor:
+    cos, sin = (table_for_layout(t, layout) for t in tables)
+    grads = _grads(x=x, cos=cos, sin=sin)
+    call = Call("rotate_table", x.device, x.dtype, grads, inplace and not grads)
+    out = select_backend(backend, call).rotate_table(x, cos, sin, rotation.pairing, layout, inplace=call.inplace)
+    return x.copy_(out) if inplace and grads else out
+
+
+def rotate(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    rotation: Rotation,
+    layout: str = "bshd",
+    backend: str | None = None,
+    *,
+    inplace: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rotate q and k (or q alone, ``k=None``) by ``rotation``: the one entry every rope-like object calls.
+
+    Arguments are checked by the caller (:class:`~axial_rope.rotary.Rotary`): q ``[B, S, H, D]``
+    (``bshd``) or ``[B, H, S, D]`` (``bhsd``), k the same with ``H_k`` dividing ``H``; ``rotation.pos``
+    ``[B|1, S, R]``. A per-token attention factor is an amplitude no per-plane kernel takes, so those
+    rotations go through cos/sin tables computed once here (float64 angles times the factor) and
+    :func:`apply_rope`'s operation on the same backends.
+    """
+    if rotation.per_token_scale:
+        if inplace:
+            _check_inplace(q=q, k=k)
+        tables = rotation_tables(rotation, torch.float32 if q.dtype != torch.float64 else torch.float64)
+        q_out = _by_tables(q, tables, rotation, layout, backend, inplace)
+        return q_out, (None if k is None else _by_tables(k, tables, rotation, layout, backend, inplace))
+    pos, freqs, scale, pairing = rotation
+    return rotate_qk(q, k, pos, freqs, scale, pairing, layout, backend, inplace)
+
+
+def norm_rotate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    rotation: Rotation,
+    layout: str = "bshd",
+    backend: str | None = None,
+    *,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head RMSNorm of q and k (weights ``[D]`` or ``None``), then :func:`rotate`; rounded to the input dtype once."""
+    if rotation.per_token_scale:  # normalised in float32 (float64 for float64), rotated by tables, rounded once
+        tables = rotation_tables(rotation, torch.float32 if q.dtype != torch.float64 else torch.float64)
+        out = (_by_tables(rms_norm(x, w, eps), tables, rotation, layout, backend, False) for x, w in
+               ((q, q_weight), (k, k_weight)))  # fmt: skip
+        q_out, k_out = out
+        return q_out.to(q.dtype), k_out.to(k.dtype)
+    pos, freqs, scale, pairing = rotation
+    return norm_rotate_qk(q, k, q_weight, k_weight, eps, pos, freqs, scale, pairing, layout, backend)
 
 
 preload(triton=False)

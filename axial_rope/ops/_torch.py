@@ -18,9 +18,9 @@ Two paths compute the same thing:
   on CPU): each chunk is read once into a float32 work buffer that stays in cache
   (converted on the way in), rotated there and written once (rounded on the way out),
   so no temporary is larger than a chunk and in place needs no second buffer. The work
-  buffers and the last tables are kept per thread (no page faults, no float64
-  trigonometry per call when the same positions come back, e.g. layer after layer). Its
-  backward is the same function rotating by minus the angle; it saves only the tables.
+  buffers (scratch memory only, never results) are kept per thread, so a call does not
+  page-fault in fresh memory. Its backward is the same function rotating by minus the
+  angle; it saves only the tables.
 """
 
 from __future__ import annotations
@@ -101,8 +101,9 @@ def _inverse(tables: tuple, pairing: str) -> tuple:
     return tables[0], -tables[1]
 
 
-# Per-thread state of the eager path on CPU, reused across calls: chunk work buffers (a fresh
-# multi-MiB tensor costs a page fault per 4 KiB on every call) and the last kernel tables.
+# Per-thread scratch of the eager path on CPU, reused across calls: chunk work buffers (a fresh
+# multi-MiB tensor costs a page fault per 4 KiB on every call). Scratch only: every result is
+# computed from the call's own arguments.
 _LOCAL = threading.local()
 
 
@@ -226,37 +227,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str,
     return _RotateByTable.apply(x, pairing, *prepared[dtype])
 
 
-def _tables(pos, freqs, scale, dtype: torch.dtype, pairing: str, layout: str) -> tuple:
-    """Plane tables for ``layout`` and a dict for the eager kernel's tables made from them (per compute dtype).
-
-    On CPU, outside torch.compile and without gradients for pos, F or scale, the last result
-    of this thread is reused when pos, F and scale view the same memory, unchanged (same
-    version counter): a model calling the rotation once per layer with one set of positions
-    builds its tables (float64 trigonometry) once. The entry keeps the tensors alive, so
-    their memory cannot be reused by other tensors while it is cached.
-    """
-    inputs = (pos, freqs, scale)
-    cacheable = pos.device.type == "cpu" and not torch.compiler.is_compiling()
-    cacheable = cacheable and not any(  # inference tensors have no version counter
-        t is not None and (t.is_inference() or (torch.is_grad_enabled() and t.requires_grad)) for t in inputs
-    )
-    if cacheable:
-        key = (dtype, pairing, layout, *(_identity(t) for t in inputs))
-        last = getattr(_LOCAL, "tables", None)
-        if last is not None and last[0] == key:
-            return last[2]
+def _tables(pos, freqs, scale, dtype: torch.dtype, layout: str) -> tuple:
+    """Plane tables for ``layout`` and a dict for the eager kernel's tables made from them (per compute dtype),
+    shared by q and k. Computed on every call: nothing is kept between calls (a model that wants its
+    tables once per forward computes them once, e.g. with :func:`axial_rope.ops.rotation_tables`)."""
     cos, sin = plane_cos_sin(pos, freqs, scale, dtype)
-    result = (table_for_layout(cos, layout), table_for_layout(sin, layout), {})  # {} filled by _rotate, shared by q, k
-    if cacheable:
-        _LOCAL.tables = (key, inputs, result)
-    return result
-
-
-def _identity(t: torch.Tensor | None) -> tuple | None:
-    """What a tensor reads: its memory, view geometry, dtype and version (equal -> equal contents)."""
-    if t is None:
-        return None
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t._version)
+    return table_for_layout(cos, layout), table_for_layout(sin, layout), {}  # {} filled by _rotate
 
 
 class TorchBackend:
@@ -270,7 +246,7 @@ class TorchBackend:
 
     def rotate_qk(self, q, k, pos, freqs, scale, pairing, layout, *, inplace):
         """Plane tables built once from ``pos @ freqs`` (float64 angles, q's compute dtype), applied to q and k."""
-        cos, sin, prepared = _tables(pos, freqs, scale, compute_dtype(q), pairing, layout)
+        cos, sin, prepared = _tables(pos, freqs, scale, compute_dtype(q), layout)
         q_out = _rotate(q, cos, sin, pairing, prepared, inplace)
         return q_out, (None if k is None else _rotate(k, cos, sin, pairing, prepared, inplace))
 

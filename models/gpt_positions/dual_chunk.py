@@ -93,7 +93,7 @@ class DualChunkAttention(Attention):
         region = dc.regions(q_pos, k_pos)  # [S, S_k]
         logits = None
         for which, index in enumerate(dc.query_indices(q_pos)):  # INTRA, SUCCESSIVE, INTER in turn
-            block = rope.apply(q, index, "bshd", seq_len=seq_len).transpose(1, 2) @ k_t  # [B, H, S, S_k]
+            block = rope.rotate(q, index, "bshd", seq_len=seq_len).transpose(1, 2) @ k_t  # [B, H, S, S_k]
             logits = block if logits is None else torch.where(region == which, block, logits)
         return logits / math.sqrt(self.head_dim)
 
@@ -108,7 +108,7 @@ class DualChunkAttention(Attention):
         q, k, v = self._project(x)  # [B, S, H, D]
         if self.qk_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        k = self.rope.apply(k, self.dual_chunk.key_index(q_pos), "bshd", seq_len=seq_len)
+        k = self.rope.rotate(k, self.dual_chunk.key_index(q_pos), "bshd", seq_len=seq_len)
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H_kv, S, D]
         allowed = None
         if cache is not None:

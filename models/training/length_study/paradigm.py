@@ -47,14 +47,14 @@ def pair_logits(model: GPT, tok_q: torch.Tensor, tok_k: torch.Tensor, m: torch.T
     if isinstance(attention, LinearAttention):
         q, k = feature_map(q), feature_map(k)
         if model.rope is not None:
-            q, k = model.rope.apply(q, m), model.rope.apply(k, n)
+            q, k = model.rope.rotate(q, m), model.rope.rotate(k, n)
         return (q * k).sum(-1)[0]
     if c.dual_chunk is not None:
-        k = model.rope.apply(k, c.dual_chunk.key_index(n)).transpose(1, 2)  # [1, H, P, D]
+        k = model.rope.rotate(k, c.dual_chunk.key_index(n)).transpose(1, 2)  # [1, H, P, D]
         scores = attention.scores(q, k, m, n)  # [1, H, P, P]: every query against every key
         return scores[0].diagonal(dim1=-2, dim2=-1).T  # pair p: query p against key p
     if model.rope is not None:
-        q, k = model.rope.apply(q, m), model.rope.apply(k, n)
+        q, k = model.rope.rotate(q, m), model.rope.rotate(k, n)
     logits = (q * k).sum(-1)[0] / math.sqrt(attention.head_dim)  # [P, H]
     if model.bias is not None:
         logits = logits + model.bias(m, n)[0].diagonal(dim1=-2, dim2=-1).T
