@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import axial_rope as ar
-from axial_rope.scaling import NTK, Linear, RIFLEx, YaRN, from_dict
 from axial_rope.rope import TimedRoPE
+from axial_rope.scaling import NTK, Linear, RIFLEx, YaRN, from_dict
 from axial_rope.time_scaling import DyPE, TimeAwareNTK, inv_freq_at
 
 TIMES = [1.0, 0.9, 0.7071067811865476, 0.5, 0.25, 0.1, 0.0]
