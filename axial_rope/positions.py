@@ -3,10 +3,15 @@
 A grid lists its points with the first axis slowest (``meshgrid(indexing="ij")``),
 which is the order of a ``(t, y, x)`` latent flattened row-major: the token at
 flat index ``(ti * H + yi) * W + xi`` sits at ``(ti, yi, xi)``.
+
+Sizes may be symbolic (``torch.compile(dynamic=True)``, ``torch.export`` with dynamic
+dimensions): the functions here build positions from them with torch ops and branch on a size
+only where a mode must (whether an axis is longer than in training, for NTK and YaRN).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -22,20 +27,28 @@ POSITION_MODES = ("none", "interpolate", "ntk", "yarn", "normalize")
 _NORMALIZE = (False, True, "separate", "max", "min")
 
 
+_SYMBOLIC = (torch.SymInt, torch.SymFloat)
+
+
 def _per_axis(name: str, value: float | Sequence[float], n_axes: int) -> list[float]:
-    values = [value] * n_axes if isinstance(value, (int, float)) else list(value)
+    values = [value] * n_axes if isinstance(value, (int, float, *_SYMBOLIC)) else list(value)
     if len(values) != n_axes:
         raise ValueError(f"{name} must be a number or a sequence of {n_axes} numbers (one per axis), got {value!r}")
     for v in values:
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        if isinstance(v, _SYMBOLIC):  # a traced size's ratio: finite by construction
+            continue
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not abs(v) < math.inf:  # refuses NaN, inf
             raise ValueError(f"{name} must hold finite numbers, got {value!r}")
-    return [float(v) for v in values]
+    return [v if isinstance(v, _SYMBOLIC) else float(v) for v in values]
 
 
 def _check_sizes(sizes: Sequence[int]) -> None:
+    """Positive ints; a symbolic size (``torch.SymInt``) passes, a traced size being a positive extent."""
     if not sizes:
         raise ValueError("grid needs at least one size, e.g. grid(H, W)")
     for s in sizes:
+        if isinstance(s, torch.SymInt):
+            continue
         if not isinstance(s, int) or isinstance(s, bool) or s <= 0:
             raise ValueError(f"grid sizes must be positive ints, got {tuple(sizes)!r}")
 
@@ -92,7 +105,7 @@ def grid(
     if normalize not in _NORMALIZE:
         raise ValueError(f"normalize must be one of {_NORMALIZE}, got {normalize!r}")
     offsets, scales = _per_axis("offset", offset, n_axes), _per_axis("scale", scale, n_axes)
-    ref = {"max": max(sizes), "min": min(sizes)}
+    ref = {"max": functools.reduce(torch.sym_max, sizes), "min": functools.reduce(torch.sym_min, sizes)}
     axes = []
     for n, o, s in zip(sizes, offsets, scales):
         c = torch.arange(n, dtype=torch.float64)
@@ -216,10 +229,10 @@ def positions_for_size(
     modes = (mode,) * n_axes if isinstance(mode, str) else tuple(mode)
     if len(modes) != n_axes or any(m not in POSITION_MODES for m in modes):
         raise ValueError(f"mode must be one of {POSITION_MODES} or one per axis ({n_axes}), got {mode!r}")
-    factors = tuple(max(n / t, 1.0) for n, t in zip(sizes, train))
+    factors = tuple(torch.sym_max(n / t, 1.0) for n, t in zip(sizes, train))  # no branch on a symbolic size
     normalized = [a for a, m in enumerate(modes) if m == "normalize"]
-    longest = max((sizes[a] for a in normalized), default=1)
-    longest_train = max((train[a] for a in normalized), default=1)
+    longest = functools.reduce(torch.sym_max, (sizes[a] for a in normalized), 1)
+    longest_train = functools.reduce(torch.sym_max, (train[a] for a in normalized), 1)
     axes, scaling = [], []
     for n, t, s, m in zip(sizes, train, factors, modes):
         c = torch.arange(n, dtype=torch.float64)
@@ -227,7 +240,7 @@ def positions_for_size(
             c = c / s
         elif m == "normalize":
             c = (c + 0.5 - n / 2) * (longest_train / longest)
-        scaled = s > 1 and m in ("ntk", "yarn")
+        scaled = m in ("ntk", "yarn") and s > 1  # only these modes look at the factor (a guard when symbolic)
         scaling.append((NTK(s) if m == "ntk" else YaRN(s, t)) if scaled else None)
         axes.append(c)
     return SizedPositions(_mesh(axes, dtype, device), tuple(scaling), factors)

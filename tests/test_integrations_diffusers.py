@@ -247,16 +247,21 @@ def test_unsupported_model_error_lists_supported_classes():
         set_rope_processors(torch.nn.Linear(2, 2))
 
 
-def test_foreign_processors_in_rotary_blocks_are_not_replaced():
+def test_foreign_processors_stay_and_rotate_by_the_scaled_tables():
     class CustomProcessor(FluxAttnProcessor):  # e.g. a user's or an IP-adapter processor
         pass
 
-    model, _ = _flux()
-    model.single_transformer_blocks[0].attn.set_processor(CustomProcessor())
-    before = dict(model.attn_processors)
-    with pytest.raises(ValueError, match="CustomProcessor"):
-        set_rope_processors(model)
-    assert model.attn_processors == before
+    model, inputs = _eval("flux")
+    expected = set_rope_processors(model, scaling=ar.scaling.Linear(2.0)) and _run(model, inputs)
+    remove_rope_processors(model)
+    custom = CustomProcessor()
+    model.single_transformer_blocks[0].attn.set_processor(custom)
+    handle = set_rope_processors(model, scaling=ar.scaling.Linear(2.0))
+    assert model.single_transformer_blocks[0].attn.processor is custom  # left as it is
+    assert "single_transformer_blocks.0.attn.processor" not in handle.names
+    torch.testing.assert_close(_run(model, inputs), expected, atol=1e-5, rtol=1e-5)  # and scaled like ours
+    handle.remove()
+    assert model.single_transformer_blocks[0].attn.processor is custom
 
 
 def test_backend_is_checked_and_used():
@@ -368,19 +373,32 @@ def test_docs_diffusers_examples_run():
         exec(compile(block, "docs/integrations.md:diffusers", "exec"), namespace)
 
 
-def test_attention_called_alone_uses_tables_unscaled_and_refuses_scaled():
-    # no transformer forward, so no recorded positions: unscaled falls back to the model's tables
+def test_attention_called_alone_rotates_by_the_tables_it_is_given():
+    # no transformer forward: the processor rotates by the tables passed in, the model's own or the scaled ones
     model, _ = _flux()
     attn = model.single_transformer_blocks[0].attn
-    x = torch.randn(1, 7, 32)
-    tables = model.pos_embed(ar.grid(7, 1, 1))
+    x, ids = torch.randn(1, 7, 32), ar.grid(7, 1, 1)
+    tables = model.pos_embed(ids)
     with torch.no_grad():
         stock = attn(x, image_rotary_emb=tables)
         set_rope_processors(model)
         torch.testing.assert_close(attn(x, image_rotary_emb=tables), stock, atol=1e-6, rtol=1e-5)
         set_rope_processors(model, scaling=ar.scaling.Linear(2.0))
-        with pytest.raises(RuntimeError, match="positions"):
-            attn(x, image_rotary_emb=tables)
+        scaled = model.pos_embed(ids)  # the tables module now computes the scaled tables
+        expected = ar.AxialRoPE((4, 6, 6), scaling=ar.scaling.Linear(2.0)).cos_sin(ids)
+        for got, want in zip(scaled, expected):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(attn(x, image_rotary_emb=scaled), stock_with(attn, x, scaled), atol=1e-6, rtol=1e-5)
+
+
+def stock_with(attn, x, tables):
+    """The stock processor's output for the same tables."""
+    ours = attn.processor
+    attn.set_processor(FluxAttnProcessor())
+    try:
+        return attn(x, image_rotary_emb=tables)
+    finally:
+        attn.set_processor(ours)
 
 
 def test_gradients_match_stock_through_fused_norm_and_rotation():
@@ -417,16 +435,22 @@ def test_gradient_checkpointing_recomputes_with_each_forwards_own_positions():
     torch.testing.assert_close(first_grads(True), first_grads(False), atol=1e-5, rtol=1e-4)
 
 
-def test_fusing_projections_after_installing_is_refused_at_the_next_forward():
+def test_fusing_projections_after_installing_keeps_the_scaling():
+    # fuse_qkv_projections() replaces every processor by diffusers' fused one: they rotate by the same tables
     model, inputs = _eval("cogvideox")
-    set_rope_processors(model, scaling=(ar.scaling.RIFLEx(1, 6), None, None))
-    model.fuse_qkv_projections()  # diffusers replaces every processor with its own fused one
-    with pytest.raises(RuntimeError, match="were replaced.*fuse_qkv_projections"):
-        _run(model, inputs)
+    handle = set_rope_processors(model, scaling=(ar.scaling.RIFLEx(1, 6), None, None))
+    scaled = _run(model, inputs)
+    model.fuse_qkv_projections()
+    assert not any(_ours(p) for p in model.attn_processors.values())
+    torch.testing.assert_close(_run(model, inputs), scaled, atol=1e-5, rtol=1e-4)
+    handle.remove()  # the tables go back to the pipeline's; the fused stock processors stay
+    stock_fused = _run(model, inputs)
     set_rope_processors(model)  # installed after fusing: our processors run the fused projections
-    out = _run(model, inputs)
-    remove_rope_processors(model)
-    torch.testing.assert_close(out, _run(model, inputs), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(_run(model, inputs), stock_fused, atol=1e-5, rtol=1e-4)
+
+
+def _ours(processor) -> bool:
+    return type(processor).__module__.startswith("axial_rope")
 
 
 def test_cogvideox_head_dim_not_divisible_by_16_is_a_clear_error():
@@ -465,3 +489,31 @@ def test_mode_arguments_are_checked():
         set_rope_processors(model, mode="yarn")
     with pytest.raises(ValueError, match="mode must be one of"):
         set_rope_processors(model, mode="stretch", train_size=(2, 3))
+
+
+def test_a_later_blocks_processor_replaced_by_stock_still_rotates_by_the_scaled_tables():
+    model, inputs = _eval("flux")
+    set_rope_processors(model, scaling=ar.scaling.NTK(2.0))
+    scaled = _run(model, inputs)
+    model.single_transformer_blocks[0].attn.set_processor(FluxAttnProcessor())  # the last block, back to stock
+    torch.testing.assert_close(_run(model, inputs), scaled, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, equal", [("wan", True), ("hunyuan_video", False), ("cogvideox", False)])
+def test_normalize_at_the_training_size_equals_stock_only_where_every_token_is_rotated(name, equal):
+    # normalize centres the grid: a shift of every position, invisible to attention between rotated tokens
+    # (Wan's self-attention) but not to HunyuanVideo's and CogVideoX's unrotated text tokens in joint attention
+    model, inputs = _eval(name)
+    stock = _run(model, inputs)
+    grid = {"wan": (3, 2, 3), "hunyuan_video": (3, 4, 6), "cogvideox": (3, 4, 4)}[name]
+    set_rope_processors(model, mode="normalize", train_size=grid)
+    diff = _run(model, inputs).sub(stock).abs().max()
+    assert diff < 1e-5 if equal else diff > 1e-3
+
+
+@pytest.mark.parametrize("train_size", [(0, 2, 3), (3, -2, 3), (3, 2.0, 3), "323", (3, 2), None, (3, True, 3)])
+def test_train_size_is_checked_at_install(train_size):
+    model, _ = _wan()
+    with pytest.raises(ValueError, match="train_size"):
+        set_rope_processors(model, mode="interpolate", train_size=train_size)
+    assert not any(type(p).__module__.startswith("axial_rope") for p in model.attn_processors.values())

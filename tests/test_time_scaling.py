@@ -347,7 +347,6 @@ def test_video_families_divide_the_timestep_by_1000():
 
 def test_time_errors_are_clear():
     from axial_rope.integrations.diffusers import set_rope_processors
-    from axial_rope.integrations.diffusers_processors import RopeState
 
     rope = ar.AxialRoPE((8, 8), scaling=(None, DyPE(2.0, 4)))
     q, pos = torch.randn(1, 6, 1, 16), ar.grid(2, 3)
@@ -376,9 +375,9 @@ def test_time_errors_are_clear():
     model, inputs = tiny_flux()
     with pytest.raises(ValueError, match="noise_timestep"):
         set_rope_processors(model, scaling=NTK(2.0), noise_timestep=1000.0)
-    state = RopeState(rope)
-    with pytest.raises(RuntimeError, match="timestep"):
-        state.record((torch.zeros(6, 16), torch.zeros(6, 16)), pos)
+    set_rope_processors(model, scaling=(None, DyPE(2.0, 4), DyPE(2.0, 4)))
+    with pytest.raises(ValueError, match="reads each forward's `timestep`"):
+        model(**inputs)
 
 
 def test_docs_scaling_examples_run():

@@ -164,7 +164,7 @@ def test_set_rope_processors_follows_a_schedulers_steps():
 
     def velocity(x, t):  # FluxPipeline passes timestep = sigma (t / 1000)
         out = flux(**(inputs | {"hidden_states": x, "timestep": t / 1000}))[0]
-        seen.append(float(handle.state.time))
+        seen.append(float(handle.tables.time))
         return out
 
     pipe = SimpleNamespace(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), progress_bar=lambda steps: steps)

@@ -1,20 +1,23 @@
-"""Run the RoPE of diffusers' video and image transformers through axial_rope.
+"""Run the RoPE of diffusers' video and image transformers through axial_rope, scaled for other sizes.
 
-``set_rope_processors(transformer)`` swaps the stock attention processors of a
-``FluxTransformer2DModel``, ``HunyuanVideoTransformer3DModel``, ``WanTransformer3DModel``,
-``CogVideoXTransformer3DModel`` or ``LTXVideoTransformer3DModel`` for processors that rotate q and k with
-:class:`~axial_rope.AxialRoPE` (fusing QK-RMSNorm where the model has a per-head
-one), through diffusers' own ``set_attn_processor``. Unscaled, the output equals the
-stock model's; with ``scaling`` (per axis), the frequencies are rescaled so the model
-can run beyond its training resolution or length.
+``set_rope_processors(transformer)`` adapts a ``FluxTransformer2DModel``,
+``HunyuanVideoTransformer3DModel``, ``WanTransformer3DModel``, ``CogVideoXTransformer3DModel`` or
+``LTXVideoTransformer3DModel`` through diffusers' own extension points:
 
-Positions are read, never patched in: a forward hook on the model's rotary module
-(Flux: ``pos_embed``, whose input is the ids; HunyuanVideo, Wan: ``rope``, whose input is
-the latent video) or a pre-hook on the transformer (CogVideoX, whose tables come from the
-pipeline) records ``pos`` ``[S, 3]`` against the tables of that forward, which the
-processors receive (so activation checkpointing recomputes with the right positions).
-A pre-hook on the transformer refuses to run when something (``fuse_qkv_projections()``,
-``set_attn_processor``) has replaced the installed processors since.
+- **the tables** (with ``scaling`` or ``mode``): the module that computes the model's rotary tables
+  (Flux ``pos_embed``, HunyuanVideo and Wan ``rope``) is replaced by
+  :class:`~axial_rope.integrations.diffusers_tables.RotaryTables`, which computes them from the same
+  input with scaled frequencies or sized positions; CogVideoX's tables, a forward argument, are
+  replaced by a forward pre-hook. Every attention processor downstream, stock or not, rotates by them.
+- **the processors**: the stock attention processors of the rotary blocks are swapped, through
+  ``set_attn_processor``, for processors that rotate by the tables passed in on axial_rope's
+  backends (fused Triton kernels on GPU); other processors (IP-adapter, a user's) are left as they
+  are, and rotate by the same tables.
+
+Unscaled, the model keeps its own tables and the output equals the stock model's. Nothing is kept
+between forwards: positions and tables are computed inside each forward from its inputs, so the
+adapted model compiles (fullgraph, regional, dynamic sizes), exports and checkpoints activations
+as the stock one does.
 
 A time-dependent scaling (:mod:`axial_rope.time_scaling`: ``DyPE``, ``TimeAwareNTK``) reads the
 sampling time from the transformer's own ``timestep`` argument, in a pre-hook, so the pipeline
@@ -27,7 +30,6 @@ index over ``num_train_timesteps``: a time fraction, not a flow sigma).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -43,13 +45,21 @@ from ..ops import BACKENDS
 from ..positions import POSITION_MODES
 from ..rope import AxialRoPE
 from ..scaling import Scaling
-from .diffusers_ltx import LTXVideoRopeProcessor, ltx_hook, ltx_rope
+from .diffusers_ltx import LTXVideoRopeProcessor, ltx_rope
 from .diffusers_processors import (
     CogVideoXRopeProcessor,
     FluxRopeProcessor,
     HunyuanVideoRopeProcessor,
-    RopeState,
     WanRopeProcessor,
+)
+from .diffusers_tables import (
+    RotaryTables,
+    Sizing,
+    argument_hook,
+    flux_positions,
+    grid_positions,
+    latent_grid,
+    time_hook,
 )
 
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
@@ -59,84 +69,41 @@ _ATTR = "_axial_rope_processors"  # where the handle lives on the transformer in
 
 @dataclass(frozen=True)
 class _Family:
-    """How one model family is adapted: its rotary layout, stock processors and where positions come from."""
+    """How one model family is adapted: its rotary layout, where its tables come from, its stock processors."""
 
     model: type
     stock: tuple[type, ...]  # the processors replaced
     processor: type
     layout: Callable[[torch.nn.Module], tuple[tuple[int, ...], float]]  # -> (axes_dim (t|-, y, x), theta)
-    hook: Callable[[torch.nn.Module, RopeState], torch.utils.hooks.RemovableHandle]
-    # processor names (keys of attn_processors) in the rotary blocks: all must be stock; the rest
-    # (e.g. HunyuanVideo's text refiner) is left alone
+    # where the tables come from: the transformer's submodule that computes them (replaced when scaled), or
+    # the forward argument the pipeline passes them in (replaced by a pre-hook)
+    tables_module: str | None
+    tables_argument: str | None
+    # (transformer) -> (rope, sizing, *inputs) -> (pos [S, 3], scaling per axis), from the producer's inputs
+    positions: Callable
+    table_layout: Callable = lambda cos, sin: (cos, sin)  # [S, D] tables -> the stock producer's layout
+    # processor names (keys of attn_processors) in the rotary blocks; the rest (e.g. HunyuanVideo's
+    # text refiner) is left alone
     blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
-    tables_when_unscaled: bool = False  # rotate with the model's own tables when unscaled (exact)
+    grid_axes: int = 3  # axes that `mode` sizes: (t, y, x); Flux: (y, x)
     noise_timestep: float = 1000.0  # the transformer's `timestep` at pure noise (t = 1)
     # a fixed convention rope (no spectrum, so no scaling or mode), built from the model; else from `layout`
     convention: Callable[[torch.nn.Module], AxialRoPE] | None = None
 
 
-def _token_grid(frames: int, height: int, width: int, patch: Sequence[int]) -> tuple[int, int, int]:
-    # latent [.., F, .., H, W] -> the token grid (t, y, x), as the model's patch embedding cuts it
-    p_t, p_h, p_w = patch
-    return -(-frames // p_t), height // p_h, width // p_w
+def _latent_positions(patch: Callable, channels_first: bool = True):
+    """Positions of a latent video's token grid ``[B, C, F, H, W]`` (CogVideoX: ``[B, F, C, H, W]``)."""
 
+    def positions(transformer):
+        cut = patch(transformer)
 
-# Position hooks: each records the positions of one forward against the tables the stock model
-# computes in it (the output of its rotary module) and passes to every processor.
+        def of(rope, sizing, latent):
+            sizes = latent_grid(latent.shape, cut, channels_first=channels_first)
+            return grid_positions(sizes, rope, sizing, latent.device)
 
+        return of
 
-def _flux_hook(model, state):
-    def hook(module, args, output):
-        state.record_ids(output, args[0].float())  # ids [S, 3], text rows first, as FluxPosEmbed reads them
-
-    return model.pos_embed.register_forward_hook(hook)
-
-
-def _latent_video_hook(rope_module, patch, state):
-    def hook(module, args, output):
-        _, _, frames, height, width = args[0].shape  # latent video [B, C, F, H, W]
-        state.record_grid(output, _token_grid(frames, height, width, patch), args[0].device)
-
-    return rope_module.register_forward_hook(hook)
-
-
-def _hunyuan_hook(model, state):
-    patch = (model.config.patch_size_t, model.config.patch_size, model.config.patch_size)
-    return _latent_video_hook(model.rope, patch, state)
-
-
-def _wan_hook(model, state):
-    return _latent_video_hook(model.rope, tuple(model.rope.patch_size), state)
-
-
-def _cogvideox_hook(model, state):
-    patch = (model.config.patch_size_t or 1, model.config.patch_size, model.config.patch_size)
-    signature = inspect.signature(model.forward)
-
-    def hook(module, args, kwargs):
-        call = signature.bind_partial(*args, **kwargs).arguments  # the tables come from the pipeline
-        _, frames, _, height, width = call["hidden_states"].shape  # [B, F, C, H, W]
-        # the integer latent grid: CogVideoX 1.5's pipeline positions (and 1.0's at its base size)
-        sizes = _token_grid(frames, height, width, patch)
-        state.record_grid(call.get("image_rotary_emb"), sizes, call["hidden_states"].device)
-
-    return model.register_forward_pre_hook(hook, with_kwargs=True)
-
-
-def _time_hook(model, state: RopeState, noise_timestep: float):
-    """A pre-hook that sets ``state.time`` from the forward's ``timestep``: ``max(timestep) / noise_timestep``."""
-    signature = inspect.signature(model.forward)
-
-    def hook(module, args, kwargs):
-        timestep = signature.bind_partial(*args, **kwargs).arguments.get("timestep")
-        if timestep is None:
-            state.time = None
-            return
-        # one time per forward ([] float64, on the timestep's device: no host sync); the batch (CFG
-        # halves) shares the step's time, per-token timesteps (Wan 2.2) give the noised tokens' maximum
-        state.time = torch.as_tensor(timestep).detach().to(torch.float64).amax() / noise_timestep
-
-    return model.register_forward_pre_hook(hook, with_kwargs=True)
+    return positions
 
 
 def _wan_layout(model):
@@ -160,7 +127,10 @@ _FAMILIES = (
         stock=(FluxAttnProcessor,),
         processor=FluxRopeProcessor,
         layout=lambda m: (tuple(m.pos_embed.axes_dim), float(m.pos_embed.theta)),
-        hook=_flux_hook,
+        tables_module="pos_embed",  # FluxPosEmbed(ids): ids [S, 3], text rows first
+        tables_argument=None,
+        positions=lambda m: lambda rope, sizing, ids: flux_positions(ids, rope, sizing),
+        grid_axes=2,
         noise_timestep=1.0,  # FluxPipeline passes timestep = sigma
     ),
     _Family(
@@ -168,14 +138,19 @@ _FAMILIES = (
         stock=(HunyuanVideoAttnProcessor2_0,),
         processor=HunyuanVideoRopeProcessor,
         layout=lambda m: (tuple(m.rope.rope_dim), float(m.rope.theta)),
-        hook=_hunyuan_hook,
+        tables_module="rope",  # HunyuanVideoRotaryPosEmbed(hidden_states): the latent video
+        tables_argument=None,
+        positions=_latent_positions(lambda m: (m.config.patch_size_t, m.config.patch_size, m.config.patch_size)),
     ),
     _Family(
         model=diffusers.WanTransformer3DModel,
         stock=(WanAttnProcessor,),
         processor=WanRopeProcessor,
         layout=_wan_layout,
-        hook=_wan_hook,
+        tables_module="rope",  # WanRotaryPosEmbed(hidden_states): the latent video
+        tables_argument=None,
+        positions=_latent_positions(lambda m: tuple(m.rope.patch_size)),
+        table_layout=lambda cos, sin: (cos[None, :, None], sin[None, :, None]),  # [1, S, 1, D]
         blocks=("blocks.",),
     ),
     _Family(
@@ -183,16 +158,20 @@ _FAMILIES = (
         stock=(CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0),
         processor=CogVideoXRopeProcessor,
         layout=_cogvideox_layout,
-        hook=_cogvideox_hook,
-        tables_when_unscaled=True,  # the pipeline's crop grids are not integer positions
+        tables_module=None,
+        tables_argument="image_rotary_emb",  # from the pipeline; scaled: the integer latent grid's
+        positions=_latent_positions(
+            lambda m: (m.config.patch_size_t or 1, m.config.patch_size, m.config.patch_size), channels_first=False
+        ),
     ),
     _Family(
         model=diffusers.LTXVideoTransformer3DModel,
         stock=(LTXVideoAttnProcessor,),
         processor=LTXVideoRopeProcessor,
         layout=lambda m: ((), 0.0),  # unused: the rope is the per-head LTX-Video convention
-        hook=ltx_hook,
-        tables_when_unscaled=True,  # upstream's float32 angles (1e-3 rad at theta * pi / 2): rotate by its table
+        tables_module=None,  # unscaled only: the model's own tables (upstream's float32 angles, rotated as given)
+        tables_argument=None,
+        positions=lambda m: None,
         convention=ltx_rope,
     ),
 )
@@ -201,32 +180,44 @@ SUPPORTED = tuple(f.model.__name__ for f in _FAMILIES)
 
 
 class RopeProcessors:
-    """Handle of installed axial_rope processors; :meth:`remove` restores the originals.
+    """Handle of an installed adaptation; :meth:`remove` restores the stock model.
 
     Attributes:
-        rope: the :class:`~axial_rope.AxialRoPE` shared by the processors.
+        rope: the :class:`~axial_rope.AxialRoPE` of the model (scaled as installed).
+        tables: the :class:`~axial_rope.integrations.diffusers_tables.RotaryTables` computing the tables
+            (``None`` unscaled: the model's own tables).
         names: the processor names (keys of ``transformer.attn_processors``) that were replaced.
+        hooks: the forward pre-hooks installed on the transformer (the sampling time; CogVideoX's tables).
     """
 
-    def __init__(self, transformer, state: RopeState, originals: dict, names: list[str], hooks: list):
-        self.transformer, self.state, self._hooks = transformer, state, hooks
+    def __init__(self, transformer, rope, tables, originals: dict, names: list[str], hooks: list, replaced=None):
+        self.transformer, self.rope, self.tables, self.hooks = transformer, rope, tables, hooks
         self.originals = originals  # every processor before installation, by name
         self.names = names
-
-    @property
-    def rope(self) -> AxialRoPE:
-        return self.state.rope
+        self._replaced = replaced  # (attribute, the stock tables module) when the tables module was replaced
 
     def remove(self) -> None:
-        """Put the original processors back and drop the hooks (idempotent)."""
+        """Put the stock tables module and processors back and drop the hooks (idempotent).
+
+        A processor replaced since installation (``fuse_qkv_projections()``, ``set_attn_processor``) is
+        left as it is now: only processors that are still ours go back to the originals.
+        """
         if getattr(self.transformer, _ATTR, None) is not self:
             return
         current = dict(self.transformer.attn_processors)
-        current.update({name: self.originals[name] for name in self.names})
+        ours = {name: self.originals[name] for name in self.names if _is_ours(current[name])}
+        current.update(ours)
         self.transformer.set_attn_processor(current)
-        for hook in self._hooks:
+        for hook in self.hooks:
             hook.remove()
+        if self._replaced is not None:
+            name, stock = self._replaced
+            setattr(self.transformer, name, stock.to(next(self.tables.rope.buffers()).device))
         delattr(self.transformer, _ATTR)
+
+
+def _is_ours(processor) -> bool:
+    return type(processor).__module__.startswith("axial_rope.")
 
 
 def _family(transformer) -> _Family:
@@ -248,7 +239,7 @@ def set_rope_processors(
     backend: str | None = None,
     noise_timestep: float | None = None,
 ) -> RopeProcessors:
-    """Install attention processors that run the transformer's RoPE through axial_rope.
+    """Run the transformer's RoPE through axial_rope: fast processors, and scaled tables where asked.
 
     Args:
         transformer: a ``FluxTransformer2DModel``, ``HunyuanVideoTransformer3DModel``,
@@ -274,95 +265,100 @@ def set_rope_processors(
 
     Returns:
         A :class:`RopeProcessors` handle; ``handle.remove()`` (or
-        :func:`remove_rope_processors`) restores the original processors.
+        :func:`remove_rope_processors`) restores the stock model.
 
     Raises:
         TypeError: for any other model (the message lists the supported classes).
-        ValueError: for an unknown ``backend``, or when the rotary blocks hold processors other
-            than the stock ones (e.g. IP-adapter processors), as replacing them would drop their behaviour.
+        ValueError: for an unknown ``backend``, a ``scaling`` that does not fit the model's axes, a bad
+            ``mode`` or ``train_size``.
     """
     family = _family(transformer)
     if backend not in (None, *BACKENDS):
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}")
     sizing = _sizing(family, mode, train_size, scaling)
+    name = type(transformer).__name__
     if family.convention is not None:
         if scaling is not None or mode is not None:
             raise ValueError(
-                f"{type(transformer).__name__}'s RoPE is a fixed per-head frequency model (axial_rope.conventions); "
+                f"{name}'s RoPE is a fixed per-head frequency model (axial_rope.conventions); "
                 "the scaling methods and modes need a spectrum per axis: leave scaling and mode unset"
             )
         rope = family.convention(transformer)
         rope.backend = backend
     else:
         axes_dim, theta = family.layout(transformer)
-        rope = AxialRoPE(axes_dim, theta, scaling, pairing="interleaved", backend=backend)  # checks scaling
-    previous = getattr(transformer, _ATTR, None)
-    if previous is not None:  # re-install from the stock processors, not on top of ours
-        previous.remove()
+        try:
+            rope = AxialRoPE(axes_dim, theta, scaling, pairing="interleaved", backend=backend)  # checks scaling
+        except ValueError as err:
+            raise ValueError(f"{name} (axes {_axes(family)} of {list(axes_dim)} channels): {err}") from err
     if noise_timestep is not None and (not rope.time_dependent or not noise_timestep > 0):
         raise ValueError(f"noise_timestep (> 0) goes with a time-dependent scaling, got {noise_timestep!r}")
-    unscaled = sizing is None and not any(s is not None for s in rope.scaling)
-    state = RopeState(rope, use_tables=family.tables_when_unscaled and unscaled, sizing=sizing)
+    previous = getattr(transformer, _ATTR, None)
+    if previous is not None:  # re-install from the stock model, not on top of ours
+        previous.remove()
+
+    device = next(iter(transformer.parameters())).device
+    rope = rope.to(device)
+    scaled = sizing is not None or any(s is not None for s in rope.scaling)
+    tables, hooks, replaced = None, [], None
+    if scaled:
+        positions = family.positions(transformer)
+        stock = None if family.tables_module is None else getattr(transformer, family.tables_module)
+        tables = RotaryTables(
+            rope, positions, family.table_layout, sizing, time_dependent=rope.time_dependent, stock=stock
+        ).to(device)
+        if rope.time_dependent:  # registered first (hooks run in order): the time is set before the tables
+            hooks.append(time_hook(transformer, tables, noise_timestep or family.noise_timestep))
+        if family.tables_module is not None:
+            replaced = (family.tables_module, stock)
+            setattr(transformer, family.tables_module, tables)
+        else:
+            hooks.append(argument_hook(transformer, family.tables_argument, tables, "hidden_states"))
 
     originals = dict(transformer.attn_processors)
-    names = [name for name in originals if name.startswith(family.blocks)]
-    # exact types: a subclass (e.g. a user's processor) may do more than the stock one
-    foreign = sorted({type(originals[n]).__name__ for n in names if type(originals[n]) not in family.stock})
-    if foreign or not names:
-        raise ValueError(
-            f"set_rope_processors replaces {type(transformer).__name__}'s stock processors "
-            f"({', '.join(c.__name__ for c in family.stock)}), but its rotary blocks use {foreign or 'none'}; "
-            "remove those (e.g. IP-adapter or custom processors) first, as replacing them would drop their behaviour"
-        )
-    new = {
-        name: family.processor(state, originals[name]) if name in names else proc for name, proc in originals.items()
-    }
+    # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
+    # by the same tables
+    names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]) in family.stock]
+    new = {n: family.processor(backend, originals[n]) if n in names else p for n, p in originals.items()}
     transformer.set_attn_processor(new)
-    # the time hook first (hooks run in the order registered): the time is set before positions are recorded
-    hooks = [_time_hook(transformer, state, noise_timestep or family.noise_timestep)] if rope.time_dependent else []
-    hooks += [family.hook(transformer, state), _guard(transformer, names[0], family.processor)]
-    handle = RopeProcessors(transformer, state, originals, names, hooks)
+    handle = RopeProcessors(transformer, rope, tables, originals, names, hooks, replaced)
     setattr(transformer, _ATTR, handle)
     return handle
 
 
-def _sizing(family: _Family, mode, train_size, scaling) -> tuple | None:
-    """``(train_size, mode)`` for :class:`RopeState`, checked; ``None`` without ``mode``."""
+def _axes(family: _Family) -> str:
+    return "(index, y, x)" if family.grid_axes == 2 else "(t, y, x)"
+
+
+def _sizing(family: _Family, mode, train_size, scaling) -> Sizing | None:
+    """The per-forward sizing of ``mode`` and ``train_size``, checked; ``None`` without ``mode``."""
     if mode is None:
         if train_size is not None:
             raise ValueError("train_size goes with mode (how to size positions against it)")
         return None
     if scaling is not None:
         raise ValueError("pass either scaling (fixed per-axis methods) or mode (sized per forward), not both")
-    n_axes = 2 if family.model is diffusers.FluxTransformer2DModel else 3
+    n_axes = family.grid_axes
     modes = (mode,) * n_axes if isinstance(mode, str) else tuple(mode)
     if len(modes) != n_axes or any(m not in POSITION_MODES for m in modes):
         raise ValueError(f"mode must be one of {POSITION_MODES} or one per grid axis ({n_axes}), got {mode!r}")
     if n_axes == 2 and "normalize" in modes:
         raise ValueError("mode 'normalize' moves Flux's text ids off 0; use 'interpolate', 'ntk' or 'yarn'")
-    if train_size is None or len(tuple(train_size)) != n_axes:
-        raise ValueError(f"mode needs train_size, the training token grid ({n_axes} sizes), got {train_size!r}")
-    return tuple(train_size), modes
-
-
-def _guard(transformer, name: str, processor: type):
-    """A pre-hook that raises when the processor ``name`` is no longer one of ours (replaced since)."""
-    attention = transformer.get_submodule(name.removesuffix(".processor"))
-
-    def hook(module, args, kwargs):
-        if not isinstance(attention.processor, processor):
-            raise RuntimeError(
-                f"the axial_rope processors of this {type(transformer).__name__} were replaced (now "
-                f"{type(attention.processor).__name__}), e.g. by fuse_qkv_projections() or set_attn_processor(), "
-                "which drops their positions and scaling; call set_rope_processors again after it (our processors "
-                "run fused projections too), or remove_rope_processors() first to go back to the stock ones"
-            )
-
-    return transformer.register_forward_pre_hook(hook, with_kwargs=True)
+    axes = "(y, x)" if n_axes == 2 else "(t, y, x)"
+    sizes = None if train_size is None or isinstance(train_size, (str, bytes)) else tuple(train_size)
+    if (
+        sizes is None
+        or len(sizes) != n_axes
+        or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in sizes)
+    ):
+        raise ValueError(
+            f"mode needs train_size, the training token grid {axes}: {n_axes} positive ints, got {train_size!r}"
+        )
+    return Sizing(sizes, modes)
 
 
 def remove_rope_processors(transformer: torch.nn.Module) -> None:
-    """Restore the processors that :func:`set_rope_processors` replaced.
+    """Restore what :func:`set_rope_processors` replaced.
 
     Raises:
         ValueError: if no axial_rope processors are installed on ``transformer``.

@@ -22,7 +22,7 @@ import torch
 
 from ..conventions import ltx_video
 from ..ops import apply_rope
-from .diffusers_processors import RopeState, _head_mask, _RopeProcessor
+from .diffusers_processors import _head_mask, _RopeProcessor
 
 __all__ = ["LTXVideoRopeProcessor", "ltx_rope", "ltx_hook", "ltx_positions"]
 
@@ -89,22 +89,8 @@ class LTXVideoRopeProcessor(_RopeProcessor):
         attention_mask = _head_mask(attn, attention_mask, *context.shape[:2])
         q, k, v = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
         q, k = attn.norm_q(q), attn.norm_k(k)  # RMSNorm over H * D channels
+        if image_rotary_emb is not None:  # the model's table [B, S, H * D]: the hidden size as one head
+            cos, sin = image_rotary_emb
+            q, k = (apply_rope(t[:, :, None], cos, sin, "interleaved", "bshd", self.backend)[:, :, 0] for t in (q, k))
         q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))  # [B, S, H, D]
-        if image_rotary_emb is not None:
-            q, k = self._rotate(q, k, image_rotary_emb)
         return attn.to_out[1](attn.to_out[0](self._attend(q, k, v, attention_mask)))
-
-    def _rotate(self, q: torch.Tensor, k: torch.Tensor, tables) -> tuple[torch.Tensor, torch.Tensor]:
-        state = self.state
-        if state.use_tables:  # the model's table [B, S, H * D]: the hidden size as one head of H * D channels
-            cos, sin = tables
-            backend = state.rope.backend
-            flat = [apply_rope(t.flatten(2)[:, :, None], cos, sin, "interleaved", "bshd", backend) for t in (q, k)]
-            return flat[0].view_as(q), flat[1].view_as(k)
-        pos, rope = state.recorded(tables)
-        if pos is None or pos.shape[-2] != q.shape[1]:
-            raise RuntimeError(
-                f"axial_rope LTX-Video processors found no positions for the {q.shape[1]} rotated tokens; call the "
-                "transformer itself (not its attention blocks alone), so that its position hook sees every forward"
-            )
-        return rope(q, k, pos.to(q.device), "bshd")

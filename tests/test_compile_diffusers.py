@@ -1,0 +1,143 @@
+"""diffusers' own compile checks (``tests/models/testing_utils/compile.py``, ``TorchCompileTesterMixin``) on every
+family ``set_rope_processors`` serves: unscaled, with a fixed scaling, and with a per-timestep (DyPE) scaling.
+
+The Dynamo-level checks run with ``backend="eager"`` (what they test is tracing: graph breaks and
+recompiles, not code generation); one family goes through inductor and AOTInductor, as diffusers'
+``test_compile_works_with_aot`` does.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+
+import axial_rope as ar
+from axial_rope.time_scaling import DyPE
+
+diffusers = pytest.importorskip("diffusers")
+
+from diffusers.models.embeddings import get_3d_rotary_pos_embed  # noqa: E402
+from test_conventions_integration import _ltx  # noqa: E402
+from test_integrations_diffusers import MODELS  # noqa: E402
+
+from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
+
+FAMILIES = ("flux", "hunyuan_video", "wan", "cogvideox")
+VARIANTS = {
+    "unscaled": None,
+    "scaled": (None, ar.scaling.NTK(2.0), ar.scaling.YaRN(2.0, 2)),
+    "timed": (None, DyPE(2.0, 2), DyPE(2.0, 2, method="ntk")),
+}
+
+
+def _model(family: str, variant: str):
+    torch.manual_seed(0)
+    model, inputs = MODELS[family]()
+    model.eval()
+    set_rope_processors(model, scaling=VARIANTS[variant])
+    return model, inputs
+
+
+def _sized(family: str, inputs: dict, h: int, w: int) -> dict:
+    """diffusers' ``get_dummy_inputs(height, width)``: the same model inputs at an ``h x w`` latent grid."""
+    g = torch.Generator().manual_seed(10 * h + w)
+    if family == "flux":
+        return dict(inputs, hidden_states=torch.randn(2, h * w, 4, generator=g), img_ids=ar.grid(1, h, w))
+    if family == "cogvideox":  # patch 2; the pipeline's tables for the h x w token grid
+        tables = get_3d_rotary_pos_embed(16, ((0, 0), (h, w)), (h, w), 3)
+        return dict(inputs, hidden_states=torch.randn(2, 3, 4, 2 * h, 2 * w, generator=g), image_rotary_emb=tables)
+    patch = 2 if family == "wan" else 1
+    return dict(inputs, hidden_states=torch.randn(2, 4, 3, patch * h, patch * w, generator=g))
+
+
+def _later_step(inputs: dict) -> dict:
+    """The next sampling step: another timestep, same shapes and dtypes."""
+    t = inputs["timestep"]
+    return dict(inputs, timestep=(t * 0.5).to(t.dtype))
+
+
+def _graphs(model) -> int:
+    """Graphs a compiled adapted model makes: its forward, and one per pre-hook of the adapter (the step's time
+    written into a buffer; CogVideoX's tables replacing the pipeline's argument), each traced whole."""
+    return 1 + len(model._axial_rope_processors.hooks)
+
+
+def _run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def _close(got, want):
+    """Compiled against eager: the torch backend's eager path (one complex multiply) and its traced expression
+    path round the rotation differently, by up to 2 float32 ulps of each rotated channel (4 u |x|, u = 2**-24),
+    carried through two blocks of O(1) activations: 1e-5 bounds it with room."""
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fullgraph_without_recompiling(family, variant):
+    model, inputs = _model(family, variant)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for step in (inputs, _later_step(inputs)):
+            _close(_run(compiled, step), _run(model, step))
+    assert counter.frame_count == _graphs(model)  # none added by the second step
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_repeated_blocks_compile_once(family, variant):
+    model, inputs = _model(family, variant)
+    if not model._repeated_blocks:
+        pytest.skip(f"{type(model).__name__} declares no _repeated_blocks")
+    torch._dynamo.reset()
+    expected = [_run(model, step) for step in (inputs, _later_step(inputs))]
+    model.compile_repeated_blocks(fullgraph=True, backend="eager")
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for step, want in zip((inputs, _later_step(inputs)), expected):
+            _close(_run(model, step), want)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dynamic_sizes_compile_once(family, variant):
+    model, inputs = _model(family, variant)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
+    with torch.fx.experimental._config.patch(use_duck_shape=False):
+        for h, w in ((4, 4), (4, 8), (8, 8)):
+            sized = _sized(family, inputs, h, w)
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                out = _run(compiled, sized)
+            _close(out, _run(model, sized))
+    assert counter.frame_count == _graphs(model)
+
+
+def test_ltx_video_fullgraph_without_recompiling():
+    model, inputs = _ltx()
+    set_rope_processors(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for step in (inputs, _later_step(inputs)):
+            _close(_run(compiled, step), _run(model, step))
+
+
+def test_export_and_aot_inductor_package_equal_eager(tmp_path):
+    # diffusers' test_compile_works_with_aot on the scaled, time-dependent Flux: export (the pre-hook and its
+    # buffer write included), compile the package with AOTInductor, load it, run it at another timestep
+    from torch._inductor.package import load_package
+
+    model, inputs = _model("flux", "timed")
+    exported = torch.export.export(model, args=(), kwargs=inputs)
+    later = _later_step(inputs)
+    _close(exported.module()(**later)[0], _run(model, later))
+    path = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "flux.pt2"))
+    loaded = load_package(path, run_single_threaded=True)
+    for step in (inputs, later):  # inductor's fused kernels: the same bound as the traced path's
+        _close(loaded(**step)[0], _run(model, step))
