@@ -1,4 +1,4 @@
-"""LTX-Video (diffusers ``LTXVideoTransformer3DModel``) through axial_rope: its processor and position hook.
+"""LTX-Video (diffusers ``LTXVideoTransformer3DModel``) through axial_rope: its rope and processor.
 
 LTX-Video builds one rotary table over the whole hidden size and rotates q and k before splitting
 the heads, so each head has its own frequencies: the rope is
@@ -8,15 +8,11 @@ the heads, so each head has its own frequencies: the rope is
 Unscaled (the only mode: the per-head schedule has no spectrum for the scaling methods), the
 processor rotates with the model's own table, as the stock processor does, through
 :func:`axial_rope.apply_rope` on the hidden size seen as one head; that is the stock result to
-float32 rounding, whereas positions would reproduce it only to upstream's float32 angle error
-(up to ``theta * pi / 2 * 2**-24`` rad). The hook still records each forward's positions
-(``video_coords``, or the grid times ``rope_interpolation_scale`` and the patch sizes), so the
-processor rotates by positions when the state is told to (``state.use_tables = False``).
+float32 rounding, whereas the convention's float64 angles would reproduce it only to upstream's
+float32 angle error (up to ``theta * pi / 2 * 2**-24`` rad).
 """
 
 from __future__ import annotations
-
-import inspect
 
 import torch
 
@@ -24,7 +20,7 @@ from ..conventions import ltx_video
 from ..ops import apply_rope
 from .diffusers_processors import _head_mask, _RopeProcessor
 
-__all__ = ["LTXVideoRopeProcessor", "ltx_rope", "ltx_hook", "ltx_positions"]
+__all__ = ["LTXVideoRopeProcessor", "ltx_rope"]
 
 
 def ltx_rope(model):
@@ -38,40 +34,6 @@ def ltx_rope(model):
         base_width=rope.base_width,
         theta=rope.theta,
     )
-
-
-def ltx_positions(rope_module, call: dict, device) -> torch.Tensor:
-    """The positions ``[S, 3]`` (or per sample ``[B, S, 3]``) of one call of ``LTXVideoRotaryPosEmbed``.
-
-    ``video_coords`` ``[B, 3, S]`` as given; else the ``num_frames x height x width`` grid times
-    ``rope_interpolation_scale`` and the patch sizes, in float32 as upstream multiplies them.
-    """
-    coords = call.get("video_coords")
-    if coords is not None:
-        coords = coords.transpose(1, 2)  # [B, S, 3]
-        return coords[0] if bool((coords == coords[:1]).all()) else coords
-    scales = call.get("rope_interpolation_scale")
-    patches = (rope_module.patch_size_t, rope_module.patch_size, rope_module.patch_size)
-    axes = []
-    for a, n in enumerate((call["num_frames"], call["height"], call["width"])):
-        g = torch.arange(n, dtype=torch.float32, device=device)
-        if scales is not None:
-            scale = scales[a]
-            scale = scale.to(device) if isinstance(scale, torch.Tensor) else scale
-            g = g * scale * patches[a]
-        axes.append(g)
-    return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
-
-
-def ltx_hook(model, state: RopeState):
-    """A forward hook on ``model.rope`` recording each forward's positions against its tables."""
-    signature = inspect.signature(model.rope.forward)
-
-    def hook(module, args, kwargs, output):
-        call = signature.bind(*args, **kwargs).arguments
-        state.record(output, ltx_positions(module, call, call["hidden_states"].device))
-
-    return model.rope.register_forward_hook(hook, with_kwargs=True)
 
 
 class LTXVideoRopeProcessor(_RopeProcessor):
