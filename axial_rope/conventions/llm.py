@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..frequencies import Frequencies
-from ..hf_config import from_rope_parameters
 from ..rope import AxialRoPE
-from ..scaling import base_inv_freq
+from ..scaling import base_inv_freq, from_rope_parameters
 from ._registry import Convention, register
 from .qwen_vl import check_mrope_section
 
