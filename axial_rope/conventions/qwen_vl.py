@@ -29,6 +29,8 @@ QWEN3_SOURCE = "transformers 5.24.0 `models/qwen3_vl/modeling_qwen3_vl.py` `Qwen
 
 def check_mrope_section(mrope_section: Sequence[int], head_dim: int, name: str = "mrope_section") -> tuple[int, ...]:
     """``mrope_section`` as a tuple of 3 plane counts summing to ``head_dim / 2`` (``ValueError`` naming the field)."""
+    if not isinstance(mrope_section, (list, tuple)):
+        raise ValueError(f"{name} must be a list of 3 ints (planes for t, h, w), got {mrope_section!r}")
     section = tuple(mrope_section)
     if len(section) != 3 or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in section):
         raise ValueError(f"{name} must be 3 positive ints (planes for t, h, w), got {mrope_section!r}")
