@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import conventions as conv
+from .conventions.model_types import REFUSED, Rotation, rotation
 from .conventions.per_layer import LayerRoPE
+from .frequencies import Frequencies
 from .rope import AxialRoPE
 
 __all__ = ["rope_from_config", "layers_from_config", "DIFFUSERS_CLASSES"]
@@ -23,7 +25,12 @@ _MISSING = object()
 
 def _get(config, name: str, default=_MISSING):
     """A field of a config object or dict (``default`` when absent, else ``ValueError`` naming it)."""
-    value = config.get(name, _MISSING) if isinstance(config, dict) else getattr(config, name, _MISSING)
+    try:
+        value = config.get(name, _MISSING) if isinstance(config, dict) else getattr(config, name, _MISSING)
+    except Exception as error:  # noqa: BLE001 - e.g. transformers' per-layer configs refuse a global head_dim
+        raise ValueError(
+            f"{type(config).__name__}: reading {name!r} failed ({type(error).__name__}: {error})"
+        ) from None
     if value is _MISSING or (value is None and default is not _MISSING):
         if default is _MISSING:
             kind = _get(config, "_class_name", None) or _get(config, "model_type", None) or type(config).__name__
@@ -141,7 +148,12 @@ def _rope_parameters(config, layer_type: str | None) -> dict:
 
 
 def rope_from_config(
-    config, *, layer_type: str | None = None, modality: str = "video", class_name: str | None = None
+    config,
+    *,
+    layer_type: str | None = None,
+    modality: str = "video",
+    class_name: str | None = None,
+    pairing: str | None = None,
 ) -> AxialRoPE:
     """The :class:`~axial_rope.AxialRoPE` of a transformers or diffusers model config.
 
@@ -155,10 +167,12 @@ def rope_from_config(
         modality: LTX-2's ``"video"`` or ``"audio"`` rope (audio reads the ``audio_*`` fields).
 
     transformers: head dim from ``head_dim`` (or ``hidden_size / num_attention_heads``), the spectrum and
-    scaling from ``rope_parameters``, half pairing except the interleaved models
-    (:data:`~axial_rope.conventions.INTERLEAVED_MODEL_TYPES`). A multimodal config's ``text_config`` is read.
-    Mochi's frequencies are weights, not config: its rope starts from zeros (pass ``pos_frequencies`` to
-    :func:`~axial_rope.conventions.mochi`).
+    scaling from ``rope_parameters``; the pairing, sign and M-RoPE layout from the ``model_type``'s entry in
+    :data:`~axial_rope.conventions.MODEL_TYPES`, which a test checked against the model's own code (a
+    ``model_type`` not there raises ``ValueError`` naming it). A multimodal config's ``text_config`` is read.
+    ``pairing`` (``"half"`` or ``"interleaved"``): the pairing of a model type that is not pinned, which you
+    checked in its ``apply_rotary_pos_emb`` (for a pinned one it must agree). Mochi's frequencies are weights,
+    not config: its rope starts from zeros (pass ``pos_frequencies`` to :func:`~axial_rope.conventions.mochi`).
     """
     if isinstance(config, (str, bytes, int, float, list, tuple)) or config is None:
         raise TypeError(f"config must be a transformers or diffusers config (an object or a dict), got {config!r}")
@@ -174,15 +188,48 @@ def rope_from_config(
             return _ltx2(config, "audio")
         return DIFFUSERS_CLASSES[class_name](config)
     text = _text_config(config)
-    model_type = _get(text, "model_type", None) or _get(config, "model_type", None) or ""
+    model_type = _get(text, "model_type", None) or _get(config, "model_type", None)
+    turn = _rotation(model_type, pairing)
     params = _rope_parameters(text, layer_type)
-    return conv.rope_for_parameters(
+    if turn.mrope is not None:  # the code lays the sections out; no modeling file reads `mrope_interleaved`
+        params.pop("mrope_interleaved", None)
+    elif params.get("mrope_section") is not None and model_type in conv.MODEL_TYPES:
+        raise ValueError(
+            f"model_type {model_type!r} has no M-RoPE (its rotary, checked, ignores it), but rope_parameters has "
+            f"mrope_section {params['mrope_section']!r}"
+        )
+    rope = conv.rope_for_parameters(
         params,
         _head_dim(text, layer_type),
-        max_position_embeddings=_size(text, "max_position_embeddings", None),
-        interleaved=model_type in conv.INTERLEAVED_MODEL_TYPES,
-        mrope_interleaved=model_type.startswith("qwen3_vl"),
+        max_position_embeddings=_get(text, "max_position_embeddings", None),
+        interleaved=turn.pairing == "interleaved",
+        mrope_interleaved=turn.mrope == "cycled",
     )
+    return _negated(rope, model_type) if turn.sign < 0 else rope
+
+
+def _rotation(model_type: str | None, pairing: str | None) -> Rotation:
+    """The pinned rotation of ``model_type``, or (not pinned) the ``pairing`` the caller checked."""
+    if pairing is not None and pairing not in ("half", "interleaved"):
+        raise ValueError(f"pairing must be None, 'half' or 'interleaved', got {pairing!r}")
+    if pairing is None or model_type in conv.MODEL_TYPES or model_type in REFUSED:
+        pinned = rotation(model_type)
+        if pairing is not None and pairing != pinned.pairing:
+            raise ValueError(
+                f"pairing={pairing!r} contradicts model_type {model_type!r}, whose code pairs {pinned.pairing!r} (checked)"
+            )
+        return pinned
+    return Rotation(pairing)
+
+
+def _negated(rope: AxialRoPE, model_type: str | None) -> AxialRoPE:
+    """``rope`` turning by minus its angles (negated ``F``): NanoChat's ``rotate_half`` is ``cat(x2, -x1)``."""
+    if rope.length_dependent:
+        raise ValueError(
+            f"model_type {model_type!r} rotates by minus the angle: a length-dependent scaling is not built"
+        )
+    model = rope.frequency_model
+    return AxialRoPE.from_frequencies(Frequencies(-model.freqs, model.scale, model.transform), pairing=rope.pairing)
 
 
 def _ltx2(config, modality: str) -> AxialRoPE:
