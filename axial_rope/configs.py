@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import conventions as conv
+from .conventions.model_types import REFUSED, Rotation, rotation
 from .conventions.per_layer import LayerRoPE
+from .frequencies import Frequencies
 from .rope import AxialRoPE
 
 __all__ = ["rope_from_config", "layers_from_config", "DIFFUSERS_CLASSES"]
@@ -23,7 +25,12 @@ _MISSING = object()
 
 def _get(config, name: str, default=_MISSING):
     """A field of a config object or dict (``default`` when absent, else ``ValueError`` naming it)."""
-    value = config.get(name, _MISSING) if isinstance(config, dict) else getattr(config, name, _MISSING)
+    try:
+        value = config.get(name, _MISSING) if isinstance(config, dict) else getattr(config, name, _MISSING)
+    except Exception as error:  # noqa: BLE001 - e.g. transformers' per-layer configs refuse a global head_dim
+        raise ValueError(
+            f"{type(config).__name__}: reading {name!r} failed ({type(error).__name__}: {error})"
+        ) from None
     if value is _MISSING or (value is None and default is not _MISSING):
         if default is _MISSING:
             kind = _get(config, "_class_name", None) or _get(config, "model_type", None) or type(config).__name__
@@ -32,12 +39,32 @@ def _get(config, name: str, default=_MISSING):
     return value
 
 
+def _kind(config) -> str:
+    return _get(config, "_class_name", None) or _get(config, "model_type", None) or type(config).__name__
+
+
+def _size(config, name: str, default=_MISSING) -> int:
+    """An int field >= 1 (a head dim, a head count): ``ValueError`` naming the field, its value and the expectation."""
+    value = _get(config, name, default)
+    if value is None and default is None:
+        return value
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{_kind(config)} config: {name} must be an int >= 1, got {value!r}")
+    return value
+
+
 def _axes_sum(config, field: str, head_field: str, heads_field: str | None = None) -> tuple[int, ...]:
     """``config[field]`` as a tuple whose sum must be the head dim (``ValueError`` naming both fields otherwise)."""
-    axes = tuple(_get(config, field))
-    head = _get(config, head_field)
+    axes = _get(config, field)
+    if not isinstance(axes, (list, tuple)) or any(not isinstance(d, int) or isinstance(d, bool) for d in axes):
+        raise ValueError(f"{_kind(config)} config: {field} must be a list of ints (channels per axis), got {axes!r}")
+    axes = tuple(axes)
+    head = _size(config, head_field)
     if heads_field is not None:
-        head = head // _get(config, heads_field)
+        heads = _size(config, heads_field)
+        if head % heads:
+            raise ValueError(f"{head_field} {head} is not divisible by {heads_field} {heads}")
+        head = head // heads
     if sum(axes) != head:
         raise ValueError(f"{field} {list(axes)} sums to {sum(axes)} channels, but the head has {head} ({head_field})")
     return axes
@@ -52,24 +79,24 @@ DIFFUSERS_CLASSES: dict[str, Callable] = {
     "HunyuanImageTransformer2DModel": lambda c: conv.hunyuan_image(
         _axes_sum(c, "rope_axes_dim", "attention_head_dim"), _get(c, "rope_theta")
     ),
-    "WanTransformer3DModel": lambda c: conv.wan(_get(c, "attention_head_dim")),
+    "WanTransformer3DModel": lambda c: conv.wan(_size(c, "attention_head_dim")),
     "CogVideoXTransformer3DModel": lambda c: _cogvideox(c),
     "LTXVideoTransformer3DModel": lambda c: conv.ltx_video(
-        _get(c, "num_attention_heads"), _get(c, "attention_head_dim")
+        _size(c, "num_attention_heads"), _size(c, "attention_head_dim")
     ),
     "LTX2VideoTransformer3DModel": lambda c: _ltx2(c, "video"),
     "Lumina2Transformer2DModel": lambda c: conv.lumina2(
         _axes_sum(c, "axes_dim_rope", "hidden_size", "num_attention_heads"), _get(c, "axes_lens")
     ),
-    "MochiTransformer3DModel": lambda c: conv.mochi(_get(c, "num_attention_heads"), _get(c, "attention_head_dim")),
-    "HunyuanDiT2DModel": lambda c: conv.hunyuan_dit(_get(c, "attention_head_dim")),
+    "MochiTransformer3DModel": lambda c: conv.mochi(_size(c, "num_attention_heads"), _size(c, "attention_head_dim")),
+    "HunyuanDiT2DModel": lambda c: conv.hunyuan_dit(_size(c, "attention_head_dim")),
 }
 
 
 def _cogvideox(config) -> AxialRoPE:
     if not _get(config, "use_rotary_positional_embeddings", False):
         raise ValueError("CogVideoXTransformer3DModel config: use_rotary_positional_embeddings is False (no RoPE)")
-    return conv.cogvideox(_get(config, "attention_head_dim"))
+    return conv.cogvideox(_size(config, "attention_head_dim"))
 
 
 def _text_config(config):
@@ -80,30 +107,37 @@ def _text_config(config):
 
 
 def _head_dim(config, layer_type: str | None) -> int:
-    head_dim = _get(config, "head_dim", None)
+    head_dim = _size(config, "head_dim", None)
     if layer_type == "full_attention" and _get(config, "global_head_dim", None) is not None:
-        head_dim = _get(config, "global_head_dim")  # Gemma 4's global layers
+        head_dim = _size(config, "global_head_dim")  # Gemma 4's global layers
     if head_dim is None:
-        hidden, heads = _get(config, "hidden_size"), _get(config, "num_attention_heads")
+        hidden, heads = _size(config, "hidden_size"), _size(config, "num_attention_heads")
         if hidden % heads:
             raise ValueError(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}; give head_dim")
         head_dim = hidden // heads
     return head_dim
 
 
+def _dict_field(name: str, value) -> dict:
+    """A copy of a ``rope_parameters``-like field (``None`` is ``{}``); ``ValueError`` naming it unless a dict."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):  # a dict subclass too (diffusers' FrozenDict)
+        raise ValueError(f"{name} must be a dict of RoPE settings (rope_type, rope_theta, ...), got {value!r}")
+    return dict(value)
+
+
 def _rope_parameters(config, layer_type: str | None) -> dict:
     """``rope_parameters`` (or ``rope_scaling`` + ``rope_theta`` + ``partial_rotary_factor``), for one layer type."""
-    params = _get(config, "rope_parameters", None)
-    if params is None:
-        params = dict(_get(config, "rope_scaling", None) or {})
-    params = dict(params)
+    name = "rope_parameters" if _get(config, "rope_parameters", None) is not None else "rope_scaling"
+    params = _dict_field(name, _get(config, name, None))
     per_type = {k: v for k, v in params.items() if k in conv.per_layer.LAYER_TYPES}
     if per_type:
         if layer_type is None:
             raise ValueError(f"rope_parameters holds one entry per layer type {sorted(per_type)}: pass layer_type")
         if layer_type not in per_type:
             raise ValueError(f"layer_type {layer_type!r} is not in rope_parameters (has {sorted(per_type)})")
-        params = dict(per_type[layer_type] or {})
+        params = _dict_field(f"{name}[{layer_type!r}]", per_type[layer_type])
     elif layer_type is not None and layer_type not in conv.per_layer.LAYER_TYPES:
         raise ValueError(f"layer_type must be one of {conv.per_layer.LAYER_TYPES}, got {layer_type!r}")
     for key, legacy in (("rope_theta", "rope_theta"), ("partial_rotary_factor", "partial_rotary_factor"),
@@ -114,7 +148,12 @@ def _rope_parameters(config, layer_type: str | None) -> dict:
 
 
 def rope_from_config(
-    config, *, layer_type: str | None = None, modality: str = "video", class_name: str | None = None
+    config,
+    *,
+    layer_type: str | None = None,
+    modality: str = "video",
+    class_name: str | None = None,
+    pairing: str | None = None,
 ) -> AxialRoPE:
     """The :class:`~axial_rope.AxialRoPE` of a transformers or diffusers model config.
 
@@ -128,11 +167,15 @@ def rope_from_config(
         modality: LTX-2's ``"video"`` or ``"audio"`` rope (audio reads the ``audio_*`` fields).
 
     transformers: head dim from ``head_dim`` (or ``hidden_size / num_attention_heads``), the spectrum and
-    scaling from ``rope_parameters``, half pairing except the interleaved models
-    (:data:`~axial_rope.conventions.INTERLEAVED_MODEL_TYPES`). A multimodal config's ``text_config`` is read.
-    Mochi's frequencies are weights, not config: its rope starts from zeros (pass ``pos_frequencies`` to
-    :func:`~axial_rope.conventions.mochi`).
+    scaling from ``rope_parameters``; the pairing, sign and M-RoPE layout from the ``model_type``'s entry in
+    :data:`~axial_rope.conventions.MODEL_TYPES`, which a test checked against the model's own code (a
+    ``model_type`` not there raises ``ValueError`` naming it). A multimodal config's ``text_config`` is read.
+    ``pairing`` (``"half"`` or ``"interleaved"``): the pairing of a model type that is not pinned, which you
+    checked in its ``apply_rotary_pos_emb`` (for a pinned one it must agree). Mochi's frequencies are weights,
+    not config: its rope starts from zeros (pass ``pos_frequencies`` to :func:`~axial_rope.conventions.mochi`).
     """
+    if isinstance(config, (str, bytes, int, float, list, tuple)) or config is None:
+        raise TypeError(f"config must be a transformers or diffusers config (an object or a dict), got {config!r}")
     if type(config).__name__ in DIFFUSERS_CLASSES and hasattr(config, "config"):  # a diffusers model
         class_name, config = type(config).__name__, config.config
     class_name = class_name or _get(config, "_class_name", None)
@@ -145,15 +188,48 @@ def rope_from_config(
             return _ltx2(config, "audio")
         return DIFFUSERS_CLASSES[class_name](config)
     text = _text_config(config)
-    model_type = _get(text, "model_type", None) or _get(config, "model_type", None) or ""
+    model_type = _get(text, "model_type", None) or _get(config, "model_type", None)
+    turn = _rotation(model_type, pairing)
     params = _rope_parameters(text, layer_type)
-    return conv.rope_for_parameters(
+    if turn.mrope is not None:  # the code lays the sections out; no modeling file reads `mrope_interleaved`
+        params.pop("mrope_interleaved", None)
+    elif params.get("mrope_section") is not None and model_type in conv.MODEL_TYPES:
+        raise ValueError(
+            f"model_type {model_type!r} has no M-RoPE (its rotary, checked, ignores it), but rope_parameters has "
+            f"mrope_section {params['mrope_section']!r}"
+        )
+    rope = conv.rope_for_parameters(
         params,
         _head_dim(text, layer_type),
         max_position_embeddings=_get(text, "max_position_embeddings", None),
-        interleaved=model_type in conv.INTERLEAVED_MODEL_TYPES,
-        mrope_interleaved=model_type.startswith("qwen3_vl"),
+        interleaved=turn.pairing == "interleaved",
+        mrope_interleaved=turn.mrope == "cycled",
     )
+    return _negated(rope, model_type) if turn.sign < 0 else rope
+
+
+def _rotation(model_type: str | None, pairing: str | None) -> Rotation:
+    """The pinned rotation of ``model_type``, or (not pinned) the ``pairing`` the caller checked."""
+    if pairing is not None and pairing not in ("half", "interleaved"):
+        raise ValueError(f"pairing must be None, 'half' or 'interleaved', got {pairing!r}")
+    if pairing is None or model_type in conv.MODEL_TYPES or model_type in REFUSED:
+        pinned = rotation(model_type)
+        if pairing is not None and pairing != pinned.pairing:
+            raise ValueError(
+                f"pairing={pairing!r} contradicts model_type {model_type!r}, whose code pairs {pinned.pairing!r} (checked)"
+            )
+        return pinned
+    return Rotation(pairing)
+
+
+def _negated(rope: AxialRoPE, model_type: str | None) -> AxialRoPE:
+    """``rope`` turning by minus its angles (negated ``F``): NanoChat's ``rotate_half`` is ``cat(x2, -x1)``."""
+    if rope.length_dependent:
+        raise ValueError(
+            f"model_type {model_type!r} rotates by minus the angle: a length-dependent scaling is not built"
+        )
+    model = rope.frequency_model
+    return AxialRoPE.from_frequencies(Frequencies(-model.freqs, model.scale, model.transform), pairing=rope.pairing)
 
 
 def _ltx2(config, modality: str) -> AxialRoPE:
@@ -161,8 +237,8 @@ def _ltx2(config, modality: str) -> AxialRoPE:
     prefix = "audio_" if modality == "audio" else ""
     bases = {} if prefix else dict(base_height=_get(config, "base_height"), base_width=_get(config, "base_width"))
     return conv.ltx2(
-        _get(config, prefix + "num_attention_heads"),
-        _get(config, prefix + "attention_head_dim"),
+        _size(config, prefix + "num_attention_heads"),
+        _size(config, prefix + "attention_head_dim"),
         pos_embed_max_pos=_get(config, prefix + "pos_embed_max_pos"),
         rope_theta=_get(config, "rope_theta"),
         rope_double_precision=_get(config, "rope_double_precision"),

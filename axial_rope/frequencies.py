@@ -59,21 +59,19 @@ def scaling_method(value) -> Scaling | None:
 
 
 def plane_axes(axes_dim: Sequence[int], spectrum: str) -> list[int]:
-    """The axis of each plane: contiguous sections, or (``"cycled"``) round robin.
+    """The axis of each plane: contiguous sections, or (``"cycled"``) Qwen3-VL's interleaved M-RoPE.
 
-    ``cycled`` deals planes to the axes in turn, skipping axes whose share
-    (``axes_dim[a] / 2`` planes) is used up: Qwen3-VL's interleaved M-RoPE.
+    ``cycled`` is transformers' rule (``Qwen3VLTextRotaryEmbedding``, ``apply_interleaved_mrope``): with
+    ``n`` axes and shares ``s_a = axes_dim[a] / 2``, plane ``j`` belongs to axis ``a >= 1`` when
+    ``j % n == a`` and ``j < n * s_a``, else to axis 0. With ``s_0`` the largest share that is the round
+    robin ``t, h, w, t, ...`` with axis 0 taking the rest ([24, 20, 20]); otherwise an axis may get more
+    or fewer planes than its share, as in transformers ([16, 24, 24]: 22, 21, 21).
     """
     shares = [d // 2 for d in axes_dim]
     if spectrum != "cycled":
         return [a for a, n in enumerate(shares) for _ in range(n)]
-    left, order = list(shares), []
-    while any(left):
-        for a in range(len(left)):
-            if left[a]:
-                order.append(a)
-                left[a] -= 1
-    return order
+    n = len(shares)
+    return [next((a for a in range(1, n) if j % n == a and j < n * shares[a]), 0) for j in range(sum(shares))]
 
 
 def spectrum_frequencies(

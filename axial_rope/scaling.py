@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import torch
 
+from .hf_config import CONFIG_KEYS, fill_lengths
 from .scaling_checks import as_floats, as_int, check_positive, check_theta_above_one
 
 __all__ = [
@@ -387,5 +388,36 @@ def inv_freq(
     return inv, float(factor)
 
 
-# transformers configs -> methods: in hf_config.py (imported last: it builds on REGISTRY above)
-from .hf_config import CONFIG_KEYS, from_rope_parameters  # noqa: E402
+def from_rope_parameters(params: dict | None, *, max_position_embeddings: int | None = None) -> Scaling | None:
+    """Build a scaling method from a transformers ``rope_parameters`` (or ``rope_scaling``) dict.
+
+    ``None``, ``{}`` and ``rope_type="default"`` give ``None`` (plain RoPE). ``rope_type`` (or ``type``)
+    picks the method from :data:`axial_rope.scaling.REGISTRY`; other keys must be its fields or :data:`CONFIG_KEYS`
+    (ignored). ``null`` means the field's default, except ``truncate: null``: no truncation, as in
+    transformers. ``max_position_embeddings`` (the config attribute) fills ``dynamic``'s length and a
+    missing ``original_max_position_embeddings``, and gives ``yarn`` / ``longrope`` without ``factor``
+    ``max_position_embeddings / original_max_position_embeddings``, as transformers does (Phi-3 keeps
+    ``original_max_position_embeddings`` on the config: pass ``config.rope_parameters``, which has it).
+    """
+    if params is None:
+        return None  # a config without rope_scaling: default RoPE
+    if not isinstance(params, dict):
+        raise TypeError(f"rope_parameters must be a dict or None, got {params!r}")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        unknown = sorted(set(params) - CONFIG_KEYS)
+        if unknown:  # a misspelt 'rope_type' lands here too; a per-layer-type dict needs one entry at a time
+            raise ValueError(f"rope_type 'default': unknown key(s) {unknown}; valid keys are {sorted(CONFIG_KEYS)}")
+        return None
+    if kind not in REGISTRY:
+        raise ValueError(f"rope_type {kind!r} is not supported; expected one of {['default', *REGISTRY]}")
+    cls = REGISTRY[kind]
+    names = {f.name for f in fields(cls)}
+    if max_position_embeddings is None:
+        max_position_embeddings = params.get("max_position_embeddings")  # Ministral 3 keeps a copy here
+    values = {k: v for k, v in params.items() if k in names or k not in CONFIG_KEYS}
+    if "truncate" in values and values["truncate"] is None:
+        values["truncate"] = False  # transformers tests `if truncate:`, so null does not truncate
+    values = {k: v for k, v in values.items() if v is not None}
+    fill_lengths(kind, names, values, max_position_embeddings)
+    return _build(cls, values, also_valid=CONFIG_KEYS)

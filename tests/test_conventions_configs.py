@@ -3,6 +3,8 @@ field it cannot honour raises ``ValueError`` naming the field."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conventions_support import max_diff
@@ -112,7 +114,7 @@ ERRORS = [
     ({"model_type": "gemma3_text", "head_dim": 16, "rope_parameters": {"full_attention": {"rope_theta": 1e6},
                                                                        "sliding_attention": {"rope_theta": 1e4}}},
      "layer_type"),
-    ({"model_type": "gemma4", "head_dim": 16, "rope_parameters": {"rope_type": "proportional", "rope_theta": 1e6,
+    ({"model_type": "llama", "head_dim": 16, "rope_parameters": {"rope_type": "proportional", "rope_theta": 1e6,
                                                                   "partial_rotary_factor": 0.5, "beta": 1}}, "beta"),
     ({"_class_name": "SD3Transformer2DModel"}, "_class_name 'SD3Transformer2DModel'"),
     ({"_class_name": "FluxTransformer2DModel", "attention_head_dim": 128, "axes_dims_rope": [16, 56, 48]},
@@ -127,3 +129,40 @@ ERRORS = [
 def test_unknown_or_inconsistent_fields_name_the_field(config, field):
     with pytest.raises(ValueError, match=field.replace("[", r"\[")):
         ar.rope_from_config(config)
+
+
+LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2}
+# each was a TypeError or ZeroDivisionError from deep inside ("not all arguments converted during string
+# formatting", "integer modulo by zero", "'int' object is not iterable"); now: the field, its value, the expectation
+MISTYPED = [
+    (LLAMA | {"hidden_size": "64"}, "hidden_size must be an int >= 1, got '64'"),
+    (LLAMA | {"num_attention_heads": "2"}, "num_attention_heads must be an int >= 1, got '2'"),
+    (LLAMA | {"num_attention_heads": 0}, "num_attention_heads must be an int >= 1, got 0"),
+    (LLAMA | {"head_dim": "32"}, "head_dim must be an int >= 1, got '32'"),
+    (LLAMA | {"head_dim": True}, "head_dim must be an int >= 1, got True"),
+    (LLAMA | {"rope_parameters": [["rope_type", "linear"]]}, "rope_parameters must be a dict"),
+    (LLAMA | {"rope_scaling": ["linear", 2.0]}, "rope_scaling must be a dict"),
+    ({"model_type": "gemma3_text", "head_dim": 16, "rope_parameters": {"full_attention": [1e6],
+      "sliding_attention": {"rope_theta": 1e4}}}, "rope_parameters['full_attention'] must be a dict"),
+    ({"model_type": "qwen2_vl", "head_dim": 128, "rope_parameters": {"rope_theta": 1e6, "mrope_section": 64}},
+     "mrope_section must be a list of 3 ints (planes for t, h, w), got 64"),
+    ({"_class_name": "FluxTransformer2DModel", "attention_head_dim": "16", "axes_dims_rope": [4, 6, 6]},
+     "attention_head_dim must be an int >= 1, got '16'"),
+    ({"_class_name": "FluxTransformer2DModel", "attention_head_dim": 16, "axes_dims_rope": 16},
+     "axes_dims_rope must be a list of ints"),
+    ({"_class_name": "Lumina2Transformer2DModel", "hidden_size": 64, "num_attention_heads": 0,
+      "axes_dim_rope": [8, 12, 12], "axes_lens": [300, 512, 512]}, "num_attention_heads must be an int >= 1, got 0"),
+    ({"_class_name": "WanTransformer3DModel", "attention_head_dim": "128"}, "attention_head_dim must be an int >= 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("config", "message"), MISTYPED, ids=[m.split(" ")[0] for _, m in MISTYPED])
+def test_mistyped_fields_name_the_field_value_and_expectation(config, message):
+    layer_type = "full_attention" if config.get("model_type") == "gemma3_text" else None
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ar.rope_from_config(config, layer_type=layer_type)
+
+
+def test_a_config_that_is_not_a_config_is_a_type_error():
+    with pytest.raises(TypeError, match="config must be a transformers or diffusers config.*got 'llama'"):
+        ar.rope_from_config("llama")

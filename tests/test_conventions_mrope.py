@@ -112,6 +112,33 @@ def test_qwen3_vl_interleaved():
     assert torch.equal(ar.rope_from_config(embed.config).freqs, rope.freqs)
 
 
+@pytest.mark.parametrize("section", [(24, 20, 20), (16, 24, 24), (4, 6, 6), (8, 12, 12), (2, 7, 5), (6, 5, 5)])
+def test_qwen3_vl_interleaved_follows_transformers_for_every_section(section):
+    """transformers caps the h and w strides at 3 x their section: where h or w has more planes than t,
+    the axes do not get their section's count (a round robin would give q off by up to 0.09)."""
+    qwen3 = pytest.importorskip("transformers.models.qwen3_vl.modeling_qwen3_vl")
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
+
+    head_dim = 2 * sum(section)
+    params = {"rope_type": "default", "rope_theta": 5e6, "mrope_section": list(section), "mrope_interleaved": True}
+    embed = qwen3.Qwen3VLTextRotaryEmbedding(qwen_vl_config(Qwen3VLTextConfig, params, head_dim))
+    pos = torch.stack([torch.arange(9.0), torch.arange(9.0) * 3 % 7, 20 - torch.arange(9.0)], dim=-1)  # [S, 3]
+    rope = ar.rope_from_config(embed.config)
+    assert torch.equal(rope.freqs, conv.qwen3_vl(head_dim, 5e6, section).freqs)
+    cos, sin = embed(torch.zeros(1), pos.T[:, None].long())
+    ours = rope.cos_sin(pos[None])
+    assert max_diff((ours[0], cos), (ours[1], sin)) <= 1e-5
+    q, k = seeded(1, 2, 9, head_dim, seed=1), seeded(1, 1, 9, head_dim, seed=2)
+    want_q, want_k = qwen3.apply_rotary_pos_emb(q, k, cos, sin)
+    got_q, got_k = rope(q, k, pos[None], layout="bhsd")
+    assert_close(got_q, want_q, 1e-5)
+    assert_close(got_k, want_k, 1e-5)
+    # the rule itself: plane j is h when j % 3 == 1 and j < 3 x h's section, w likewise, else t
+    h, w = section[1], section[2]
+    rule = [1 if j % 3 == 1 and j < 3 * h else 2 if j % 3 == 2 and j < 3 * w else 0 for j in range(sum(section))]
+    assert rope.plane_axis == rule
+
+
 # -- VideoRoPE: a transcription of the authors' code, written out independently -----------------------
 
 

@@ -5,7 +5,8 @@
 implementation's; ``<name>_positions(...)`` (where the convention defines positions) builds the
 token coordinates it rotates by. :data:`REGISTRY` lists every convention with the upstream file and
 version its tests compare against (``tests/test_conventions_*.py``); :func:`table` renders it for
-``docs/conventions.md``.
+``docs/conventions.md``. :data:`MODEL_TYPES` holds the transformers model types whose rotation
+(pairing, sign, M-RoPE layout) a test checked against their modeling code, for :func:`axial_rope.rope_from_config`.
 """
 
 from ._registry import FAMILIES, REGISTRY, Convention, table
@@ -13,10 +14,11 @@ from .cogvideox import cogvideox, cogvideox_positions
 from .dinov3 import dinov3
 from .flux import flux, flux_positions
 from .hunyuan import hunyuan_dit, hunyuan_dit_crop, hunyuan_dit_positions, hunyuan_image, hunyuan_video
-from .llm import INTERLEAVED_MODEL_TYPES, gpt_neox, llama, p_rope, rope_for_parameters
+from .llm import gpt_neox, llama, p_rope, rope_for_parameters
 from .ltx import ltx2, ltx2_audio_positions, ltx2_positions, ltx_video, ltx_video_positions
 from .lumina import lumina2, lumina2_positions
 from .mochi import mochi, mochi_positions
+from .model_types import INTERLEAVED_MODEL_TYPES, MODEL_TYPES, Rotation
 from .per_layer import LayerRoPE, gemma, llama4
 from .qwen_vl import mrope_positions, qwen2_5_vl, qwen2_vl, qwen3_vl
 from .timm_vit import eva02, timm_cat, timm_mixed, timm_positions
@@ -24,7 +26,8 @@ from .videorope import videorope, videorope_positions
 from .wan import video_grid_positions, wan, wan_axes_dim
 
 __all__ = [
-    "FAMILIES", "REGISTRY", "Convention", "LayerRoPE", "INTERLEAVED_MODEL_TYPES", "table", "rope_for_parameters",
+    "FAMILIES", "REGISTRY", "Convention", "LayerRoPE", "INTERLEAVED_MODEL_TYPES", "MODEL_TYPES", "Rotation", "table",
+    "rope_for_parameters",
     "flux", "flux_positions", "hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions",
     "hunyuan_dit_crop", "wan", "wan_axes_dim", "video_grid_positions", "cogvideox", "cogvideox_positions",
     "ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions",

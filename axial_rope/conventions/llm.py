@@ -5,17 +5,13 @@ from __future__ import annotations
 import torch
 
 from ..frequencies import Frequencies
-from ..hf_config import from_rope_parameters
 from ..rope import AxialRoPE
-from ..scaling import base_inv_freq
+from ..scaling import base_inv_freq, from_rope_parameters
 from ._registry import Convention, register
 from .qwen_vl import check_mrope_section
 
-__all__ = ["llama", "gpt_neox", "p_rope", "rope_for_parameters", "INTERLEAVED_MODEL_TYPES"]
+__all__ = ["llama", "gpt_neox", "p_rope", "rope_for_parameters"]
 
-# transformers models whose rotary pairs channels (2j, 2j+1) (complex view or repeat_interleave); the rest
-# use rotate_half (checked: Llama 4 `apply_rotary_emb`, Cohere `rotate_half` + `repeat_interleave`)
-INTERLEAVED_MODEL_TYPES = frozenset({"llama4", "llama4_text", "cohere", "cohere2"})
 # rope_parameters keys of the proportional type (modeling_rope_utils `_validate_proportional_rope_parameters`)
 _PROPORTIONAL_KEYS = frozenset({"rope_type", "rope_theta", "partial_rotary_factor", "factor"})
 
@@ -37,7 +33,8 @@ def llama(
     """A transformers decoder's RoPE: ``theta ** (-2j / D)`` over the head, half pairing, scaled by ``rope_parameters``.
 
     ``rope_parameters`` (or ``rope_scaling``) picks the scaling method (:func:`axial_rope.scaling.from_rope_parameters`);
-    ``interleaved=True`` for the models that pair ``(2j, 2j+1)`` (Llama 4, Cohere).
+    ``interleaved=True`` for the models that pair ``(2j, 2j+1)`` (Llama 4, Cohere, GLM, ...:
+    :data:`~axial_rope.conventions.model_types.INTERLEAVED_MODEL_TYPES`).
     """
     scaling = from_rope_parameters(rope_parameters, max_position_embeddings=max_position_embeddings)
     return AxialRoPE(head_dim, theta=rope_theta, scaling=scaling, pairing="interleaved" if interleaved else "half")
@@ -90,7 +87,8 @@ def rope_for_parameters(
     ``partial_rotary_factor``, ``mrope_section``/``mrope_interleaved``) for a head of ``head_dim`` channels.
 
     ``rope_type="proportional"`` is :func:`p_rope`; ``mrope_section`` the Qwen-VL M-RoPE (contiguous, or
-    cycled with ``mrope_interleaved``); ``partial_rotary_factor`` narrows the rotary width (GPT-NeoX rule).
+    cycled with ``mrope_interleaved``; GLM-OCR's with ``interleaved`` pairing); ``partial_rotary_factor``
+    narrows the rotary width (GPT-NeoX rule). ``interleaved`` pairs ``(2j, 2j+1)``, else half pairing.
     Unknown keys and inconsistent values raise ``ValueError`` naming the key.
     """
     params = dict(params or {})
@@ -112,7 +110,8 @@ def rope_for_parameters(
             raise ValueError(f"mrope_section with partial_rotary_factor {factor}: M-RoPE sections cover the whole head")
         section = check_mrope_section(section, head_dim)
         spectrum = "cycled" if params.get("mrope_interleaved") or mrope_interleaved else "split"
-        return AxialRoPE(tuple(2 * s for s in section), theta, scaling, pairing="half", spectrum=spectrum)
+        pairing = "interleaved" if interleaved else "half"
+        return AxialRoPE(tuple(2 * s for s in section), theta, scaling, pairing=pairing, spectrum=spectrum)
     rot_dim = _rotary_planes(head_dim, factor, "neox")
     if rot_dim % 2 or rot_dim == 0:
         raise ValueError(f"partial_rotary_factor {factor} gives {rot_dim} rotary channels of head_dim {head_dim}: "

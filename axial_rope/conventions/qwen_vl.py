@@ -1,8 +1,9 @@
 """Qwen2-VL, Qwen2.5-VL and Qwen3-VL multimodal RoPE (M-RoPE), as transformers implements them.
 
 One spectrum ``theta ** (-2j / D)`` over the head; ``mrope_section`` (planes per axis ``t, h, w``)
-cuts it into contiguous sections (Qwen2-VL, Qwen2.5-VL) or deals it round robin (Qwen3-VL,
-``mrope_interleaved``). Half pairing. Positions (:func:`mrope_positions`): text tokens sit at
+cuts it into contiguous sections (Qwen2-VL, Qwen2.5-VL) or interleaves it ``t, h, w, t, ...``
+(Qwen3-VL, ``mrope_interleaved``: h and w take planes up to 3 x their section, t the others, as
+transformers does; :func:`~axial_rope.frequencies.plane_axes`). Half pairing. Positions (:func:`mrope_positions`): text tokens sit at
 ``(i, i, i)``; a vision grid starts where the text stopped, and the next text resumes after
 ``max(h, w)`` (transformers 5.x ``get_rope_index``); Qwen2.5-VL spaces video frames by absolute
 time, ``tokens_per_second * seconds_per_grid``.
@@ -28,6 +29,8 @@ QWEN3_SOURCE = "transformers 5.24.0 `models/qwen3_vl/modeling_qwen3_vl.py` `Qwen
 
 def check_mrope_section(mrope_section: Sequence[int], head_dim: int, name: str = "mrope_section") -> tuple[int, ...]:
     """``mrope_section`` as a tuple of 3 plane counts summing to ``head_dim / 2`` (``ValueError`` naming the field)."""
+    if not isinstance(mrope_section, (list, tuple)):
+        raise ValueError(f"{name} must be a list of 3 ints (planes for t, h, w), got {mrope_section!r}")
     section = tuple(mrope_section)
     if len(section) != 3 or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in section):
         raise ValueError(f"{name} must be 3 positive ints (planes for t, h, w), got {mrope_section!r}")
@@ -50,7 +53,11 @@ def qwen2_5_vl(head_dim: int = 128, rope_theta: float = 1000000.0, mrope_section
 
 
 def qwen3_vl(head_dim: int = 128, rope_theta: float = 5000000.0, mrope_section: Sequence[int] = (24, 20, 20)):
-    """Qwen3-VL's interleaved M-RoPE: planes dealt ``t, h, w, t, h, w, ...`` (``spectrum="cycled"``), half pairing."""
+    """Qwen3-VL's interleaved M-RoPE: planes ``t, h, w, t, h, w, ...`` (``spectrum="cycled"``), half pairing.
+
+    h and w take planes ``1, 4, 7, ...`` and ``2, 5, 8, ...`` below 3 x their section, t the others
+    (transformers' rule: with h or w's section above t's, the axes get other counts than their sections).
+    """
     section = check_mrope_section(mrope_section, head_dim)
     return AxialRoPE(tuple(2 * s for s in section), theta=rope_theta, pairing="half", spectrum="cycled")
 
@@ -133,7 +140,7 @@ register(
         name="qwen3_vl",
         family="qwen_vl",
         source=QWEN3_SOURCE,
-        axes="(t, h, w): `mrope_section` 24, 20, 20 planes dealt round robin, t takes the rest",
+        axes="(t, h, w): `mrope_section` 24, 20, 20 planes interleaved t, h, w (h, w below 3 x section), t the rest",
         pairing="half",
         positions="as Qwen2-VL; each video frame its own grid",
         max_diff=2e-07,
