@@ -49,6 +49,7 @@ class ContextParallel:
             (:meth:`check_consistent`: one all-gather of a few int64); ``False`` skips that, e.g. on
             GPUs after one explicit check, where reading the result waits for the queued work.
             Compiled code never runs it (call :meth:`check_consistent` before compiled regions).
+            Like every field, the same on every rank (the check is collective).
     """
 
     group: Any = None
