@@ -183,6 +183,29 @@ def _check_items(items: Sequence[Item]) -> None:
                 raise ValueError(f"pack: item {i}'s {what} are on {x.device}, item 0's tokens on {first.tokens.device}")
 
 
+def _pos_dtype(items: Sequence[Item]) -> torch.dtype:
+    """The packed positions' dtype: one that every item's coordinates convert to without rounding.
+
+    Integer dtypes promote among themselves (int64 stays int64) and float32 with float32; any
+    other mix is float64 (float32 holds integers only up to ``2**24``: ``2**24 + 1`` would become
+    ``2**24``). float64 holds integers up to ``2**53``, so integers past that, mixed with floats,
+    are refused (a ``ValueError``): build those items' positions as float64 yourself.
+    """
+    dtypes = [item.pos.dtype for item in items]
+    dtype = dtypes[0]
+    for other in dtypes[1:]:
+        dtype = torch.promote_types(dtype, other)
+    if not dtype.is_floating_point or all(d == dtype for d in dtypes):
+        return dtype  # integers only, or one float dtype: exact as they are
+    for i, item in enumerate(items):  # integers about to become float64: exact up to 2**53 (a host read)
+        if not item.pos.is_floating_point() and item.pos.numel() and int(item.pos.abs().max()) > 2**53:
+            raise ValueError(
+                f"pack: item {i} has integer positions up to {int(item.pos.abs().max())}, past 2**53, and other "
+                "items have float positions: float64 would round them; give every item integer positions"
+            )
+    return torch.float64
+
+
 def pack(items: Sequence[Item], *, n_axes: int | None = None, pad_to: int | None = None) -> Packed:
     """Lay ``items`` end to end: tokens ``[T, C]``, positions ``[T, n_axes]`` and their boundaries.
 
@@ -194,12 +217,14 @@ def pack(items: Sequence[Item], *, n_axes: int | None = None, pad_to: int | None
             padding is one extra segment at position 0, which attends to itself only.
 
     Returns:
-        :class:`Packed`, positions float32 unless every item's are float64.
+        :class:`Packed`, positions in a dtype that holds every item's exactly (:func:`_pos_dtype`):
+        the items' own when they share one, int64 for integers, float64 when floats are mixed with
+        float64 or with integers.
     """
     items = list(items)
     _check_items(items)
     n_axes = n_axes or max(item.pos.shape[1] for item in items)
-    pos_dtype = torch.float64 if all(i.pos.dtype == torch.float64 for i in items) else torch.float32
+    pos_dtype = _pos_dtype(items)
     tokens = torch.cat([item.tokens for item in items])
     pos = torch.cat([_lift(item, n_axes, i).to(pos_dtype) for i, item in enumerate(items)])
     lengths, pad = [item.tokens.shape[0] for item in items], 0

@@ -11,7 +11,13 @@ buffer, ``config_fingerprint``, written with the weights by ``save_pretrained``,
   both values; to change one on purpose, pass it to ``from_pretrained`` (``theta=...``), which
   then is what the model records;
 - weights whose shapes the config does not give (``hidden_size``, ``num_heads`` with QK-norm,
-  ...) are an error that says so, instead of diffusers' advice to re-initialise them.
+  ...) are an error that says so, instead of diffusers' advice to re-initialise them;
+- weights the config has no place for, or lacks (an edited ``qk_norm``: ``None`` -> ``"rms"``
+  adds norm weights, ``"rms"`` -> ``"layer"`` adds their biases; ``depth``, ``num_classes``,
+  ``cond_dim``), are an error naming the field, before any weight is loaded, instead of a
+  log line and new random weights (or, with ``device_map``, a meta-device error). The check
+  sits in ``_load_pretrained_model``, where diffusers compares the checkpoint's key names
+  with the model's on every loading path.
 
 ``load_state_dict`` between models in memory copies weights only: the fingerprint always
 describes the model's own config. Files saved without a fingerprint (older versions) load
@@ -21,6 +27,7 @@ unchecked.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import re
 import struct
@@ -93,9 +100,16 @@ class CheckedConfigMixin:
         return model
 
     @classmethod
-    def _init_fields(cls) -> list[str]:
-        import inspect
+    def _load_pretrained_model(cls, *args, **kwargs):
+        # diffusers' one call with the model built from config.json and the checkpoint's key names,
+        # before any weight is read: arguments taken by name, so a reordering cannot fool the check
+        arguments = inspect.signature(super()._load_pretrained_model).bind(*args, **kwargs).arguments
+        model, loaded = arguments["model"], arguments["loaded_keys"]
+        _check_keys(model, loaded, arguments.get("pretrained_model_name_or_path"))
+        return super()._load_pretrained_model(*args, **kwargs)
 
+    @classmethod
+    def _init_fields(cls) -> list[str]:
         return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
 
     def _check_fingerprint(self, source, explicit: set[str]) -> None:
@@ -120,6 +134,42 @@ class CheckedConfigMixin:
                 f"these fields change the outputs without changing a shape: restore config.json, or pass the new "
                 f"value to from_pretrained ({differ[0]}=...) to mean it"
             )
+
+
+# Which config field decides whether a weight exists (block indices: depth, counted apart)
+_KEY_FIELDS = ((re.compile(r"\.[qk]_norm\."), "qk_norm"), (re.compile(r"y_embedder\."), "num_classes"),
+               (re.compile(r"cond_embedder\."), "cond_dim"))  # fmt: skip
+_BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
+
+
+def _check_keys(model, loaded_keys, source) -> None:
+    """``ValueError`` naming the config fields for weights that the checkpoint lacks or the model has no place for."""
+    expected, loaded = set(model.state_dict()) - {FINGERPRINT}, set(loaded_keys) - {FINGERPRINT}
+    if expected == loaded:
+        return
+    blocks = [{int(m.group(1)) for k in keys if (m := _BLOCK.search(k))} for keys in (loaded, expected)]
+    problems = []
+    if blocks[0] != blocks[1]:
+        problems.append(f"depth: the weights have {len(blocks[0])} blocks, config.json {model.config.get('depth')!r}")
+    same_blocks = blocks[0] & blocks[1]
+    differ = {k for k in expected ^ loaded if (m := _BLOCK.search(k)) is None or int(m.group(1)) in same_blocks}
+    by_field: dict[str, tuple[list[str], list[str]]] = {}  # field: (weights lacking, weights with no place)
+    for key in sorted(differ):
+        field = next((f for pattern, f in _KEY_FIELDS if pattern.search(key)), "another field")
+        by_field.setdefault(field, ([], []))[key in loaded].append(key)
+    for field, (lacking, extra) in by_field.items():
+        value = f" ({model.config.get(field)!r} in config.json)" if field in model.config else ""
+        said = [f"lacks {_few(lacking)}"] if lacking else []
+        said += [f"has {_few(extra)}, which this config has no place for"] if extra else []
+        problems.append(f"{field}{value}: the checkpoint " + " and ".join(said))
+    raise ValueError(
+        f"the config.json of {source} does not describe its weights ({'; '.join(problems)}): these fields decide "
+        "which weights exist; restore the config the weights were saved with"
+    )
+
+
+def _few(keys: list[str]) -> str:
+    return ", ".join(keys[:2]) + (f", ... ({len(keys)} weights)" if len(keys) > 2 else "")
 
 
 def _decode(current, code: torch.Tensor) -> str:

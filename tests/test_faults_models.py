@@ -141,6 +141,14 @@ def _edit(path, **changes):
         ({"num_heads": 8}, "does not describe its weights .*num_heads: the weights have 32 channels per head"),
         ({"hidden_size": 64}, "does not describe its weights"),
         ({"num_heads": 2.5}, "DiTConfig.num_heads must be an int"),
+        # weights the edited config lacks or has no place for (before: a log line, new random weights)
+        (
+            {"qk_norm": "layer"},
+            r"qk_norm \('layer' in config.json\): the checkpoint lacks dit.blocks.0.attn.k_norm.bias",
+        ),
+        ({"qk_norm": None}, r"qk_norm \(None in config.json\): the checkpoint has .*q_norm.weight.* no place for"),
+        ({"depth": 3}, r"depth: the weights have 2 blocks, config.json 3"),
+        ({"depth": 1}, r"depth: the weights have 2 blocks, config.json 1"),
     ],
 )
 def test_image_config_edits_are_refused_on_load(saved_image, changes, match):
@@ -153,6 +161,32 @@ def test_image_config_edits_are_refused_on_load(saved_image, changes, match):
     if "theta" in changes and changes["theta"] is not ...:  # diffusers' other loading path checks too
         with pytest.raises(ValueError, match="saved with the weights"):
             AxialDiT2DModel.from_pretrained(path, low_cpu_mem_usage=False)
+    if "qk_norm" in changes:  # every loading path, device_map too (before: a meta-device error)
+        for kwargs in ({"low_cpu_mem_usage": False}, {"device_map": "cpu"}, {"qk_norm": changes["qk_norm"]}):
+            with pytest.raises(ValueError, match=match):
+                AxialDiT2DModel.from_pretrained(path, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_qk_norm_added_in_config_json_is_refused_naming_it(kind, tmp_path):
+    """Weights saved without QK-norm, config.json edited to ``"rms"`` or ``"layer"``: the checkpoint has
+    no norm weights to load, so the model would run with freshly initialised ones. Refused, naming the field."""
+    pytest.importorskip("diffusers")
+    from models.diffusers_models import AxialDiT2DModel, AxialDiT3DModel
+
+    cls = AxialDiT2DModel if kind == "image" else AxialDiT3DModel
+    model = perturb(cls.from_preset("tiny", depth=1, qk_norm=None))
+    model.save_pretrained(tmp_path)
+    for qk_norm in ("rms", "layer"):
+        _edit(tmp_path, qk_norm=qk_norm)
+        match = rf"qk_norm \('{qk_norm}' in config.json\): the checkpoint lacks dit.blocks.0.attn.k_norm"
+        for kwargs in ({}, {"low_cpu_mem_usage": False}):
+            with pytest.raises(ValueError, match=match):
+                cls.from_pretrained(tmp_path, **kwargs)
+    _edit(tmp_path, qk_norm=None)  # the config the weights were saved with loads them exactly
+    loaded = cls.from_pretrained(tmp_path)
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_image_config_explicit_overrides_load_and_are_recorded(saved_image, tmp_path):

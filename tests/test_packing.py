@@ -61,6 +61,49 @@ def test_flux_convention_puts_text_at_zero():
     assert torch.equal(item.pos[:4], torch.zeros(4, 2)) and torch.equal(item.pos[4:], ar.grid(2, 3))
 
 
+BIG = 2**24 + 1  # the first integer float32 cannot hold: it rounds to 2**24
+
+
+def _far_text(dtype: torch.dtype) -> Item:
+    """Three text tokens at 2**24 + 1, + 2, + 3 (float32 would make them 2**24, 2**24 + 2, 2**24 + 4)."""
+    return (
+        Item.text(torch.randn(3, C))
+        if dtype is None
+        else Item(torch.randn(3, C), (BIG + torch.arange(3, dtype=dtype))[:, None], (3,), kind="text")
+    )
+
+
+@pytest.mark.parametrize(
+    "far, others, expected",
+    [
+        (torch.int64, [torch.int64], torch.int64),  # integers stay integers (before: float32)
+        (torch.int64, [torch.int32, torch.int64], torch.int64),
+        (torch.int64, [torch.float32], torch.float64),  # before: float32, 2**24 + 1 -> 2**24
+        (torch.float64, [torch.float32, torch.int64], torch.float64),  # before: float32
+        (torch.float64, [torch.float64], torch.float64),
+    ],
+)
+def test_packed_positions_are_exact_and_rotate_as_each_item_alone(far, others, expected):
+    others = [Item(torch.randn(2, C), torch.arange(2, dtype=d)[:, None] + 7, (2,), kind="text") for d in others]
+    items = [others[0], _far_text(far), *others[1:]]
+    p = pack(items)
+    assert p.pos.dtype == expected
+    assert p.pos[2:5, 0].tolist() == [BIG, BIG + 1, BIG + 2]  # every value exact
+    rope = ar.AxialRoPE(C, theta=100.0)
+    rotated = rope.apply(p.tokens[None, :, None], p.pos)[0, :, 0]  # [T, C]
+    for start, item in zip(p.segments.bounds, items):
+        alone = rope.apply(item.tokens[None, :, None], item.pos)[0, :, 0]
+        # float32 rotation arithmetic: equal to rounding (before: 1.1 off at 2**24 + 1)
+        torch.testing.assert_close(rotated[start : start + len(item.tokens)], alone, rtol=0, atol=1e-6)
+
+
+def test_integers_past_float64_mixed_with_floats_are_refused():
+    huge = Item(torch.randn(1, C), torch.tensor([[2**53 + 1]]), (1,), kind="text")
+    with pytest.raises(ValueError, match=r"item 1 has integer positions up to 9007199254740993, past 2\*\*53"):
+        pack([Item.text(torch.randn(2, C)), huge])
+    assert pack([huge, huge]).pos[0, 0].item() == 2**53 + 1  # integers alone stay int64
+
+
 def test_greedy_pack_is_first_fit_decreasing_and_reports_waste():
     plan = greedy_pack([5, 9, 3, 7, 2, 8, 6], 12)
     assert plan.bins == ((1, 2), (5, 4), (3, 0), (6,)) and plan.loads == (12, 10, 12, 6)

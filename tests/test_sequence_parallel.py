@@ -20,6 +20,7 @@ send exactly the bytes of ``communication_bytes``.
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +35,7 @@ import axial_rope as ar
 from axial_rope.layers import Attention
 from axial_rope.parallel import (
     ContextParallel,
+    RankFailedError,
     communication_bytes,
     reset_sent_bytes,
     ring,
@@ -165,6 +167,95 @@ def test_sharded_attention_equals_one_process(tmp_path, world):
     failures = [f"rank {r}: {f}" for r, res in enumerate(results) for f in res["failures"]]
     assert not failures, "\n".join(failures[:20])
     print(f"world {world}: largest error {max(res['max_err'] for res in results):.2e} of the scale")
+
+
+def _disagreements(rank: int):
+    """(field, what each rank's value must read as, this rank's call): calls that differ in one field.
+
+    Unchecked, the length and dtype cases abort a process inside gloo, and the seq_len, layout,
+    causal and scale cases return a wrong attention without an error."""
+    q = torch.randn(1, 2, 4, 8, generator=torch.Generator().manual_seed(0))
+    cp = ContextParallel(None, "ring").for_length(8)
+
+    def attend(q, cp=cp, **kw):
+        return lambda: sequence_parallel_attention(q, q, q, cp, **kw)
+
+    first = rank == 0
+    yield (
+        "q.shape",
+        ["(1, 2, 4, 8) on rank 0", "(1, 2, 5, 8) on rank 1"],
+        attend(q if first else torch.zeros(1, 2, 5, 8), ContextParallel(None, "ring")),
+    )
+    yield "q.dtype", ["torch.float32 on rank 0", "torch.float64 on rank 1"], attend(q if first else q.double())
+    yield "seq_len", ["8 on rank 0", "7 on rank 1"], attend(q, cp if first else cp.for_length(7))  # both L = 4
+    zigzag = ContextParallel(None, "ring", "zigzag", seq_len=8)
+    yield "layout", ["'contiguous' on rank 0", "'zigzag' on rank 1"], attend(q, cp if first else zigzag)
+    ulysses = ContextParallel(None, "ulysses", seq_len=8)
+    yield "method", ["'ring' on rank 0", "'ulysses' on rank 1"], attend(q, cp if first else ulysses)
+    yield "causal", ["False on rank 0", "True on rank 1"], attend(q, causal=not first)
+    yield "scale", ["None on rank 0", "0.5 on rank 1"], attend(q, scale=None if first else 0.5)
+    yield (
+        "x.shape",
+        ["(1, 4, 3) on rank 0", "(1, 5, 3) on rank 1"],
+        lambda: ContextParallel().gather(torch.zeros(1, 4 + rank, 3)),
+    )
+    gather = lambda: ContextParallel().gather(q)  # noqa: E731
+    yield "call", ["'sequence_parallel_attention' on rank 0", "'cp.gather' on rank 1"], attend(q) if first else gather
+
+
+def _consistency_worker(rank: int, init_file: str, out_dir: str) -> None:
+    # a short timeout: a rank that hangs fails the test in seconds instead of gloo's 30 minutes
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2, timeout=timedelta(seconds=15)
+    )
+    torch.set_num_threads(1)
+    result: dict = {"errors": {}, "failures": []}
+    for field, values, call in _disagreements(rank):
+        try:
+            call()
+            result["failures"].append(f"{field}: no error")
+        except ValueError as err:
+            result["errors"][field] = str(err)
+            if not all(f"{field}: " in str(err) and v in str(err) for v in values):
+                result["failures"].append(f"{field}: {err}")
+    q = torch.randn(1, 2, 4, 8, generator=torch.Generator().manual_seed(0))
+    ContextParallel().check_consistent(q, q, q)  # the group still works after the refusals
+    sequence_parallel_attention(q, q, q, ContextParallel())
+    # A rank that stays alive without making the call: the other's collective times out (2 s here)
+    # and says that another rank failed.
+    short = dist.new_group([0, 1], timeout=timedelta(seconds=2))
+    if rank == 0:
+        try:
+            sequence_parallel_attention(q, q, q, ContextParallel(short))
+            result["failures"].append("a silent rank: no error")
+        except RankFailedError as err:
+            result["errors"]["silent rank"] = str(err)
+    dist.barrier()
+    # A rank that exits: the other's next collective says another rank failed.
+    if rank == 1:
+        Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
+        os._exit(0)  # gone without a word, as a crashed process is
+    try:
+        sequence_parallel_attention(q, q, q, ContextParallel())
+        result["failures"].append("an exited rank: no error")
+    except RankFailedError as err:
+        result["errors"]["exited rank"] = str(err)
+    Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
+
+
+def test_ranks_that_disagree_all_raise_the_same_error_naming_the_field(tmp_path):
+    mp.spawn(_consistency_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
+    assert not results[0]["failures"] + results[1]["failures"], results
+    for field, message in results[0]["errors"].items():
+        if field in ("silent rank", "exited rank"):
+            assert "another rank of the process group failed" in message, message
+            assert "timeout=timedelta" in message
+        else:
+            assert results[1]["errors"][field] == message  # the same error on every rank
+            assert message.startswith("the 2 ranks of the context-parallel group disagree")
+    assert {"silent rank", "exited rank"} <= results[0]["errors"].keys()
+    assert "Timed out" in results[0]["errors"]["silent rank"]
 
 
 # -- one process: no process group needed --------------------------------------------------

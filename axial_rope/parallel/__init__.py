@@ -5,10 +5,12 @@ attention crosses the shards (``"ulysses"`` all-to-all or ``"ring"``);
 ``sequence_parallel_attention`` is the attention itself, and
 ``axial_rope.layers.Attention(..., context_parallel=cp)`` calls it. Positions stay
 global: each rank rotates its own tokens with their coordinates in the whole sequence.
+Eager calls first check that the ranks agree (``ContextParallel.check_consistent``); a
+collective broken by another rank's failure raises ``RankFailedError``.
 See ``docs/distributed.md``.
 """
 
-from .comm import reset_sent_bytes, sent_bytes
+from .comm import RankFailedError, reset_sent_bytes, sent_bytes
 from .functional import communication_bytes, sequence_parallel_attention
 from .ring import ring_attention
 from .sharding import LAYOUTS, METHODS, ContextParallel, padded_length, split_groups
@@ -18,6 +20,7 @@ __all__ = [
     "ContextParallel",
     "LAYOUTS",
     "METHODS",
+    "RankFailedError",
     "communication_bytes",
     "padded_length",
     "reset_sent_bytes",

@@ -8,17 +8,25 @@
 
 Every byte this process sends through them is added to a counter (:func:`sent_bytes`),
 which the tests and the benchmark compare with the formulas of
-:func:`axial_rope.parallel.communication_bytes`.
+:func:`axial_rope.parallel.communication_bytes` (the consistency check's few int64 are not
+counted: they are not the method's traffic).
+
+A collective that fails because another rank of the group died or stopped answering (gloo:
+"Connection reset by peer", "Timed out waiting ..."; NCCL: ``DistBackendError``) raises
+:class:`RankFailedError`, which says so, instead of the transport's message.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_to_all", "all_gather", "RingShift", "sent_bytes", "reset_sent_bytes"]
+__all__ = ["all_to_all", "all_gather", "RingShift", "RankFailedError", "collective", "sent_bytes", "reset_sent_bytes"]
 
 _SENT = [0]  # bytes sent by this process since the last reset
 
@@ -30,6 +38,36 @@ def sent_bytes() -> int:
 
 def reset_sent_bytes() -> None:
     _SENT[0] = 0
+
+
+class RankFailedError(RuntimeError):
+    """A collective of the context-parallel group failed because another rank failed, left or did not answer.
+
+    The other rank's own error is in its log; this rank's traceback shows where it was waiting.
+    """
+
+
+# What the transports say when the other end is gone or silent (gloo's tcp pair, NCCL's watchdog)
+_PEER_GONE = re.compile(r"connection (reset|closed|refused)|broken pipe|timed out|timeout|peer|abort", re.I)
+
+
+@contextmanager
+def collective(what: str) -> Iterator[None]:
+    """Re-raise a collective's failure caused by another rank as :class:`RankFailedError` naming ``what``."""
+    try:
+        yield
+    except RankFailedError:
+        raise
+    except RuntimeError as err:
+        if not (isinstance(err, dist.DistError) or _PEER_GONE.search(str(err))):
+            raise
+        raise RankFailedError(
+            f"{what} failed: another rank of the process group failed, exited or did not reach it within "
+            "the process group's timeout (its own error is in its log; a rank that fails and stays alive "
+            "blocks the others until that timeout: set it with "
+            "dist.init_process_group(..., timeout=timedelta(seconds=...))). "
+            f"The transport said: {err}"
+        ) from err
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -44,7 +82,8 @@ def _exchange(x: torch.Tensor, group) -> torch.Tensor:
     """x ``[P, ...]``: slice ``i`` goes to group rank ``i``; returns ``[P, ...]``, slice ``j`` from rank ``j``."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    dist.all_to_all_single(out, x, group=group)
+    with collective("an all-to-all of sequence-parallel attention"):
+        dist.all_to_all_single(out, x, group=group)
     _SENT[0] += _nbytes(x) * (x.shape[0] - 1) // x.shape[0]  # this rank's own slice stays here
     return out
 
@@ -75,7 +114,8 @@ class _AllGather(torch.autograd.Function):
         ctx.group, ctx.dim, ctx.size = group, dim, x.shape[dim]
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x, group=group)
+        with collective("an all-gather of context-parallel shards"):
+            dist.all_gather(parts, x, group=group)
         _SENT[0] += _nbytes(x) * (len(parts) - 1)  # the logical volume: this shard to every other rank
         return torch.cat(parts, dim)
 
@@ -120,14 +160,16 @@ class RingShift:
         recvs = [torch.empty_like(t) for t in sends]
         ops = [dist.P2POp(dist.isend, t, self.next, self.group, self.tag) for t in sends]
         ops += [dist.P2POp(dist.irecv, t, self.prev, self.group, self.tag) for t in recvs]
-        works = dist.batch_isend_irecv(ops)
+        with collective("a ring shift of ring attention"):
+            works = dist.batch_isend_irecv(ops)
         _SENT[0] += sum(_nbytes(t) for t in sends)
         self._pending = (works, recvs, sends)  # the send buffers must live until the sends complete
         return self
 
     def wait(self) -> list[torch.Tensor]:
         works, recvs = self._pending[0], self._pending[1]
-        for work in works:
-            work.wait()
+        with collective("a ring shift of ring attention"):
+            for work in works:
+                work.wait()
         self._pending = None
         return recvs

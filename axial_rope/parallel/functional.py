@@ -24,6 +24,10 @@ def sequence_parallel_attention(
 
     Every rank of ``cp.group`` must call it with its own shard (it is collective). Queries and
     keys are already rotated with their *global* positions (:meth:`ContextParallel.positions`).
+    An eager call first checks that the ranks agree on the call (:meth:`ContextParallel.check_consistent`:
+    shapes, dtypes, method, layout, ``seq_len``, ``causal``, ``scale``); if not, every rank raises
+    the same ``ValueError``. A collective that fails because another rank did raises
+    :class:`~axial_rope.parallel.comm.RankFailedError`.
 
     Args:
         q: ``[B, H, L, D]`` this rank's queries, ``L = cp.local_len(S)`` slots in ``cp``'s layout.
@@ -37,6 +41,8 @@ def sequence_parallel_attention(
         ``[B, H, L, D]``, this rank's rows of the attention output; padding rows are finite and
         meaningless (drop them with ``cp.valid()``).
     """
+    if cp._eager_check():  # first: with the ranks in agreement, the checks below fail on all or none
+        cp.check_consistent(q, k, v, causal=causal, scale=scale)
     if q.ndim != 4 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2:] != q.shape[2:]:
         raise ValueError(f"q must be [B, H, L, D] and k, v [B, H_kv, L, D], got {tuple(q.shape)}, {tuple(k.shape)}")
     if q.shape[1] % k.shape[1]:

@@ -11,6 +11,7 @@ and by :meth:`ContextParallel.valid` masks in a loss.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import all_gather
+from .consistency import call_fields, check_fields
 
 __all__ = ["ContextParallel", "METHODS", "LAYOUTS", "padded_length", "split_groups"]
 
@@ -43,12 +45,18 @@ class ContextParallel:
         layout: ``"contiguous"`` or ``"zigzag"`` (two chunks per rank, balanced causal work).
         seq_len: the unpadded global length ``S``; ``None``: no padding (``S = P * local length``).
             Set it per sequence with :meth:`for_length`.
+        check: every eager call that communicates first checks that the ranks agree on it
+            (:meth:`check_consistent`: one all-gather of a few int64); ``False`` skips that, e.g. on
+            GPUs after one explicit check, where reading the result waits for the queued work.
+            Compiled code never runs it (call :meth:`check_consistent` before compiled regions).
+            Like every field, the same on every rank (the check is collective).
     """
 
     group: Any = None
     method: str = "ring"
     layout: str = "contiguous"
     seq_len: int | None = None
+    check: bool = True
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -57,6 +65,8 @@ class ContextParallel:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len <= 0):
             raise ValueError(f"seq_len must be a positive int or None, got {self.seq_len!r}")
+        if not isinstance(self.check, bool):
+            raise TypeError(f"check must be a bool, got {self.check!r}")
 
     # -- the group ------------------------------------------------------------------
 
@@ -73,6 +83,35 @@ class ContextParallel:
     def for_length(self, seq_len: int) -> ContextParallel:
         """The same sharding for a sequence of ``seq_len`` tokens (what attention needs to mask padding)."""
         return replace(self, seq_len=seq_len)
+
+    def check_consistent(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+        *,
+        causal: bool = False,
+        scale: float | None = None,
+    ) -> None:
+        """Check that every rank of the group makes the same attention call; collective.
+
+        One all-gather of a few int64 (the shapes and dtypes of ``q``, ``k``, ``v``; ``method``,
+        ``layout``, ``seq_len``, ``causal``, ``scale``). Where they differ, every rank raises the
+        same ``ValueError`` naming each field that differs and each rank's value, before any
+        collective that could abort a process or return a wrong result. Eager
+        :func:`~axial_rope.parallel.sequence_parallel_attention` runs it on every call (unless
+        ``check=False``); before compiled code, call it once yourself (with the ``[B, H, L, D]``
+        tensors or tensors of their shapes and dtypes). With one rank it does nothing.
+        """
+        scale_code = math.nan if scale is None else float(scale)  # a float field either way; nan reads as None
+        fields = call_fields(
+            self, {"method": METHODS, "layout": LAYOUTS}, {"q": q, "k": k, "v": v}, causal=causal, scale=scale_code
+        )
+        check_fields(self, fields, "sequence_parallel_attention", q.device)
+
+    def _eager_check(self) -> bool:
+        # a host read of gathered values: outside compiled graphs only (DESIGN.md, compile-first)
+        return self.check and not torch.compiler.is_compiling() and self.world > 1
 
     # -- the layout -----------------------------------------------------------------
 
@@ -145,6 +184,10 @@ class ContextParallel:
         Differentiable for a loss computed identically on every rank from the gathered tensor:
         the gradient of the shard is this rank's slice of the gathered tensor's gradient.
         """
+        dim = dim % x.ndim
+        if self._eager_check():  # an all-gather of shards that differ in shape would abort in gloo
+            fields = call_fields(self, {"layout": LAYOUTS}, {"x": x}, dim=dim, gather_seq_len=seq_len)
+            check_fields(self, fields, "cp.gather", x.device)
         S = seq_len or self.seq_len or x.shape[dim] * self.world
         if x.shape[dim] != self.local_len(S):
             raise ValueError(f"x has {x.shape[dim]} tokens along dim {dim}, a shard of {S} holds {self.local_len(S)}")
