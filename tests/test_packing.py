@@ -90,9 +90,9 @@ def test_packed_positions_are_exact_and_rotate_as_each_item_alone(far, others, e
     assert p.pos.dtype == expected
     assert p.pos[2:5, 0].tolist() == [BIG, BIG + 1, BIG + 2]  # every value exact
     rope = ar.AxialRoPE(C, theta=100.0)
-    rotated = rope.apply(p.tokens[None, :, None], p.pos)[0, :, 0]  # [T, C]
+    rotated = rope.rotate(p.tokens[None, :, None], p.pos)[0, :, 0]  # [T, C]
     for start, item in zip(p.segments.bounds, items):
-        alone = rope.apply(item.tokens[None, :, None], item.pos)[0, :, 0]
+        alone = rope.rotate(item.tokens[None, :, None], item.pos)[0, :, 0]
         # float32 rotation arithmetic: equal to rounding (before: 1.1 off at 2**24 + 1)
         torch.testing.assert_close(rotated[start : start + len(item.tokens)], alone, rtol=0, atol=1e-6)
 
