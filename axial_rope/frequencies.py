@@ -129,7 +129,7 @@ def _floats(name: str, value, n_axes: int | None) -> tuple[float, ...] | None:
         return None
     values = tuple(value) if isinstance(value, (tuple, list)) else (value,) * (n_axes or 1)
     for v in values:
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not abs(v) < math.inf:  # traceable isfinite
             raise ValueError(f"PositionTransform: {name} must hold finite numbers, got {value!r}")
     return tuple(float(v) for v in values)
 

@@ -241,6 +241,8 @@ def positions_for_size(
         elif m == "normalize":
             c = (c + 0.5 - n / 2) * (longest_train / longest)
         scaled = m in ("ntk", "yarn") and s > 1  # only these modes look at the factor (a guard when symbolic)
-        scaling.append((NTK(s) if m == "ntk" else YaRN(s, t)) if scaled else None)
+        # the method's frequencies are Python math on the factor: a symbolic one is specialised (float()),
+        # so a compiled model recompiles per size in these modes instead of breaking its graph
+        scaling.append((NTK(float(s)) if m == "ntk" else YaRN(float(s), t)) if scaled else None)
         axes.append(c)
     return SizedPositions(_mesh(axes, dtype, device), tuple(scaling), factors)

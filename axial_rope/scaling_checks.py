@@ -13,7 +13,8 @@ __all__ = ["as_floats", "as_int", "check_positive", "check_theta_above_one"]
 
 
 def check_positive(owner: str, name: str, value: float, *, strict: bool = True) -> None:
-    bad = not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+    # abs(v) < inf refuses NaN and inf; unlike math.isfinite, torch.compile traces it on a number
+    bad = not isinstance(value, (int, float)) or isinstance(value, bool) or not abs(value) < math.inf
     if bad or (value <= 0 if strict else value < 0):
         need = "a finite number > 0" if strict else "a finite number >= 0"
         raise ValueError(f"{owner}: {name} must be {need}, got {value!r}")

@@ -176,7 +176,7 @@ class DiT(nn.Module):
         if scaling is not None or mode in TIME_MODES:
             sized = ar.positions_for_size((h, w), self.train_grid, "none", device=device)
             if scaling is None:  # per axis longer than in training: its factor
-                scaling = tuple(self._time_scaling(mode, f) if f > 1 else None for f in sized.factors)
+                scaling = tuple(self._time_scaling(mode, float(f)) if f > 1 else None for f in sized.factors)
             return sized.pos, scaling if isinstance(scaling, tuple) else (scaling, scaling)
         sized = ar.positions_for_size((h, w), self.train_grid, mode, device=device)
         return sized.pos, sized.scaling
