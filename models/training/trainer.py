@@ -359,10 +359,16 @@ class Run:
                 if bar is not None:
                     bar.close()
             interrupted = interrupted or stop.requested is not None
-            if consistent and self.saved_step != self.step:
-                self.save()
-            if cfg.report and not interrupted:
-                self.report(final=True)
+            try:
+                if consistent and self.saved_step != self.step:
+                    self.save()
+                if cfg.report and not interrupted:
+                    self.report(final=True)
+            except KeyboardInterrupt:  # a second Ctrl-C in the final save or report. A save is atomic: the file
+                interrupted = True  # holds this step if the rename was done, else the last checkpoint, untouched
+                with contextlib.suppress(checkpoint.CheckpointError):  # none on disk: saved_step stays None
+                    self.saved_step = checkpoint.metadata(self.out)["step"] if self.rank == 0 else self.saved_step
+                consistent = consistent and self.saved_step == self.step
         result = {"step": self.step, "interrupted": interrupted, "out": str(self.out)}
         if not consistent:  # stopped inside a step: only the last checkpoint holds (None: there is none)
             result |= {"step": self.saved_step, "unsaved": True}
