@@ -72,12 +72,12 @@ def test_dit_timesteps_and_labels_name_the_argument_and_the_range(kind):
     else:
         model, x = VideoDiT(replace(VIDEO_PRESETS["tiny"], depth=1)).eval(), torch.randn(2, 3, 2, 4, 4)
     with torch.no_grad():
-        with pytest.raises(
-            TypeError, match=r"t must be the timesteps.* \[0, 1000\], got None"
-        ):  # before: RuntimeError
+        with pytest.raises(TypeError, match=r"t must be the timesteps.* \[0, 1000\], got None"):  # before: RuntimeError
             model(x, None, y)
         # 4 classes and the null label 4 (label dropout); before: IndexError, "index out of range in self"
-        with pytest.raises(ValueError, match=r"y must hold class labels in \[0, 4\] \(4 classes; 4: the null label\).*got \[7\]"):
+        with pytest.raises(
+            ValueError, match=r"y must hold class labels in \[0, 4\] \(4 classes; 4: the null label\).*got \[7\]"
+        ):
             model(x, t, torch.tensor([0, 7]))
         with pytest.raises(ValueError, match=r"y must hold class labels .*got \[-1\]"):
             model(x, t, torch.tensor([-1, 0]))
