@@ -28,7 +28,7 @@ import torch
 from .position_checks import check_positions
 from .positions import grid as _grid
 from .positions import text_positions
-from .segments import Segments
+from .segments import Segments, as_int
 
 __all__ = ["Item", "Packed", "PackPlan", "greedy_pack", "pack", "unpack"]
 
@@ -55,14 +55,23 @@ class Item:
     kind: str = "grid"
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(self.shape))
+        try:  # numpy and torch integer sides and prefixes are sizes (stored as Python ints)
+            object.__setattr__(self, "shape", tuple(as_int(s) for s in self.shape))
+        except TypeError as err:
+            raise TypeError(f"Item.shape must hold ints, got {err} in {self.shape}") from None
+        try:
+            object.__setattr__(self, "prefix", as_int(self.prefix))
+        except TypeError as err:
+            raise TypeError(f"Item.prefix must be an int (text tokens before the grid), got {err}") from None
+        if self.prefix < 0:
+            raise ValueError(f"Item.prefix must be an int >= 0 (text tokens before the grid), got {self.prefix}")
         if not isinstance(self.tokens, torch.Tensor) or self.tokens.ndim != 2:
             raise ValueError(f"Item.tokens must be [S, C], got {getattr(self.tokens, 'shape', type(self.tokens))}")
         if not isinstance(self.pos, torch.Tensor) or self.pos.ndim != 2:
             raise ValueError(f"Item.pos must be [S, n_axes], got {getattr(self.pos, 'shape', type(self.pos))}")
         check_positions(self.pos)
         n = self.prefix + math.prod(self.shape)
-        if n == 0 or any(not isinstance(s, int) or s <= 0 for s in self.shape):
+        if n == 0 or any(s <= 0 for s in self.shape):
             raise ValueError(f"Item is empty or has a non-positive size: shape {self.shape}, prefix {self.prefix}")
         if self.tokens.shape[0] != n or self.pos.shape[0] != n:
             raise ValueError(
@@ -284,10 +293,29 @@ def greedy_pack(lengths: Sequence[int], budget: int, *, max_bins: int | None = N
     Returns:
         :class:`PackPlan`; each bin's items in decreasing length. FFD uses at most ``11/9 OPT + 1`` bins.
     """
-    if not isinstance(budget, int) or budget <= 0:
+    try:  # numpy and torch integers are counts too
+        budget = as_int(budget)
+    except TypeError as err:
+        raise TypeError(f"budget must be a positive int (tokens per bin), got {err}") from None
+    if budget <= 0:
         raise ValueError(f"budget must be a positive int (tokens per bin), got {budget!r}")
+    try:
+        max_bins = None if max_bins is None else as_int(max_bins)
+    except TypeError as err:
+        raise TypeError(f"max_bins must be None (no limit) or an int >= 1, got {err}") from None
+    if max_bins is not None and max_bins < 1:  # 0 or fewer bins would drop every item
+        raise ValueError(f"max_bins must be None (no limit) or an int >= 1, got {max_bins}")
+    sizes = []
     for i, n in enumerate(lengths):
-        if not isinstance(n, int) or n <= 0:
+        try:
+            sizes.append(as_int(n))
+        except TypeError:
+            raise TypeError(
+                f"greedy_pack: item {i} has a length of type {type(n).__name__} ({n!r}), expected an int"
+            ) from None
+    lengths = sizes
+    for i, n in enumerate(lengths):
+        if n <= 0:
             raise ValueError(f"greedy_pack: item {i} has length {n!r}, expected an int > 0")
         if n > budget:
             raise ValueError(f"greedy_pack: item {i} has {n} tokens, more than the budget of {budget} per bin")

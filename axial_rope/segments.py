@@ -9,16 +9,32 @@ error naming the item.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from itertools import accumulate
 
 import torch
 
-__all__ = ["Segments"]
+__all__ = ["Segments", "as_int"]
 
 
-def _fail_item(what: str, item: int, detail: str) -> None:
-    raise ValueError(f"{what}: item {item} {detail}")
+def as_int(value) -> int:
+    """``value`` as a Python int: Python, numpy and one-element torch integers pass; a ``TypeError`` (whose
+    message is the type and value) for bools, floats and everything else, so the caller names the argument."""
+    if (
+        isinstance(value, bool)
+        or getattr(value, "dtype", None) in (torch.bool, bool)
+        or type(value).__name__ == "bool_"
+    ):
+        raise TypeError(f"bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{type(value).__name__} {value!r}") from None
+
+
+def _fail_item(what: str, item: int, detail: str, kind: type[Exception] = ValueError) -> None:
+    raise kind(f"{what}: item {item} {detail}") from None
 
 
 class Segments:
@@ -40,12 +56,15 @@ class Segments:
         lengths = tuple(lengths)
         if not lengths:
             raise ValueError("Segments need at least one item")
+        ints = []  # numpy and torch integers too: host ints from here on
         for i, n in enumerate(lengths):
-            if not isinstance(n, int) or isinstance(n, bool):
-                _fail_item("segment lengths", i, f"has a length of type {type(n).__name__}, expected an int")
-            if n <= 0:
+            try:
+                ints.append(as_int(n))
+            except TypeError:
+                _fail_item("segment lengths", i, f"has a length of type {type(n).__name__}, expected an int", TypeError)
+            if ints[-1] <= 0:
                 _fail_item("segment lengths", i, f"is empty (length {n}); drop empty items before packing")
-        self.lengths = lengths
+        self.lengths = lengths = tuple(ints)
         self.bounds = (0, *accumulate(lengths))  # host ints: the per-item loop never reads the device
         self.total, self.max_seqlen = self.bounds[-1], max(lengths)
         if self.total >= 2**31:
@@ -59,7 +78,13 @@ class Segments:
     @classmethod
     def from_cu_seqlens(cls, cu_seqlens: torch.Tensor, total: int | None = None) -> Segments:
         """Segments from cumulative lengths ``[N + 1]`` (int), checked; ``total``: the tokens they must cover."""
-        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype.is_floating_point or cu_seqlens.ndim != 1:
+        if (
+            not isinstance(cu_seqlens, torch.Tensor)
+            or cu_seqlens.dtype.is_floating_point
+            or cu_seqlens.dtype in (torch.bool,)
+            or cu_seqlens.is_complex()
+            or cu_seqlens.ndim != 1
+        ):
             got = cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens).__name__
             raise TypeError(f"cu_seqlens must be a 1-D integer tensor [N + 1], got {got}")
         cu = [int(v) for v in cu_seqlens.tolist()]  # the one host read

@@ -265,6 +265,11 @@ def varlen_attention(
         ``[T, H, D]``: row ``t`` equals SDPA over the item of token ``t`` alone.
     """
     _check(q, k, v, segments)
+    if scale is not None:  # a Python number: SDPA's kernels take a host float
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale must be a number (the softmax scale) or None, got {scale!r}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be a finite number (the softmax scale), got {scale!r}")
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     choice = choose_backend(q, requires_grad=grad, backend=backend)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale

@@ -45,7 +45,7 @@ import axial_rope as ar
 from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
 from axial_rope.packing import Item, Packed, pack, unpack
 
-from .checks import batch_timesteps, check_fields
+from .checks import batch_timesteps, check_fields, check_labels, check_time_range
 from .flow import T_SCALE, classifier_free_guidance
 from .packed import patch_tokens
 
@@ -58,7 +58,8 @@ POS_MODES = (*ar.POSITION_MODES, *TIME_MODES)
 
 def noise_level(t: torch.Tensor) -> torch.Tensor:
     """The noise level in ``[0, 1]`` of model timesteps ``t [B]`` (``t / T_SCALE``): what a time-dependent
-    scaling reads (one shared value; :func:`axial_rope.time_scaling.sampling_time` checks it). Torch ops only."""
+    scaling reads (one shared value; :func:`axial_rope.time_scaling.sampling_time` checks it). Torch ops only.
+    The forwards check ``t`` first (:func:`models.checks.check_time_range`): only float rounding is clamped."""
     return (t.detach() / T_SCALE).clamp(0, 1)  # clamp: float rounding of 1000 * 1.0 / 1000
 
 
@@ -222,7 +223,9 @@ class DiT(nn.Module):
         t = batch_timesteps(t, x.shape[0], x.device)
         x, (h, w) = self.x_embedder(x)  # [B, S, C], S = h * w
         pos, scaling = self.positions(h, w, pos_mode, scaling=scaling, device=x.device)
+        check_time_range(t, T_SCALE, scaling)  # a time-dependent scaling reads t / 1000: refused outside [0, 1]
         rotation = self.rope.rotation(pos, scaling=scaling, t=noise_level(t))  # once for every block
+        check_labels(y, self.y_embedder, t.shape[0])
         c = self.t_embedder(t) + self.y_embedder(y, force_drop_ids)  # [B, C]
         for block in self.blocks:
             x = block(x, c, rotation=rotation)
@@ -279,6 +282,7 @@ class DiT(nn.Module):
         x = (packed.tokens @ w.weight.flatten(1).T + w.bias)[None]  # [1, T, hidden]
         rotation, segments = packed.rope(self.rope).rotation(packed.pos), packed.segments  # each image its own F
         t = batch_timesteps(t, packed.n_items, x.device)
+        check_labels(y, self.y_embedder, packed.n_items)
         c = self.t_embedder(t) + self.y_embedder(y, force_drop_ids)  # [N, C]: modulation per image, then per token
         for block in self.blocks:
             x = block(x, c, rotation=rotation, segments=segments)

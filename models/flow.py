@@ -9,6 +9,7 @@ The trainer (``models/training``), the reference DiTs and the diffusers pipeline
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -62,6 +63,8 @@ def classifier_free_guidance(
         ``[B, C', ...]``: guided first ``C`` channels (the velocity); the remaining ones (a
         learned variance) from the conditional pass, as DiT's ``forward_with_cfg``.
     """
+    if isinstance(scale, (int, float)) and not math.isfinite(scale):
+        raise ValueError(f"the guidance scale must be a finite number, got {scale!r} (NaN or inf: blank samples)")
     if scale == 1.0:
         return model(x, t, labels, **model_kwargs)
     if labels is None or null_label is None:
@@ -88,6 +91,8 @@ def sample_euler(
     ``velocity(x, t_scaled)`` returns the predicted ``eps - x_0`` (``[B, C, ...]``,
     extra output channels ignored).
     """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1 (Euler steps; 0 would return the noise), got {steps!r}")
     x = noise
     ts = torch.linspace(1.0, 0.0, steps + 1, device=noise.device)
     for t, t_next in zip(ts[:-1], ts[1:]):

@@ -30,7 +30,7 @@ from axial_rope.packing import Item, pack, unpack
 from axial_rope.parallel import ContextParallel
 from axial_rope.time_scaling import is_time_dependent
 
-from .checks import batch_timesteps, check_fields
+from .checks import batch_timesteps, check_fields, check_labels, check_time_range
 from .dit import initialize_weights, noise_level
 from .flow import T_SCALE, noisy
 from .packed import patch_tokens
@@ -156,6 +156,7 @@ class VideoDiT(nn.Module):
                     f"{name} {need} (num_classes={self.config.num_classes}, cond_dim={self.config.cond_dim})"
                 )
         if y is not None:
+            check_labels(y, self.y_embedder, t.shape[0])
             c = c + self.y_embedder(y, force_drop_ids)
         if cond is not None:
             c = c + self.cond_embedder(cond.to(c.dtype))
@@ -207,6 +208,7 @@ class VideoDiT(nn.Module):
             # scaling is told the whole grid (what it infers from unsharded positions: max + 1 per axis)
             x, pos, seq_len = cp.shard(x), cp.positions(pos), tuple(grid)
         # the temporal scaling on the t axis (y, x unscaled); a time-dependent one at t / 1000. Once for every block.
+        check_time_range(t, T_SCALE, temporal_scaling)  # refused outside [0, 1000], not clamped
         rotation = self.rope.rotation(pos, seq_len=seq_len, scaling=(temporal_scaling, None, None), t=noise_level(t))
         c = self.condition(t, y, cond, force_drop_ids)  # [B, C]: the same on every rank of the group
         for block in self.blocks:

@@ -17,21 +17,20 @@ then regenerates ``<out>/benchmarks.md`` from every JSON found there (``--report
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
 import axial_rope as ar
 
-from . import peers
+from . import cli, peers
 from .bench_report import HEADER, format_row, machine, write_chart, write_markdown
+from .cli import positive_int
 
 # peak HBM bandwidth in GB/s, matched against torch.cuda.get_device_name()
 PEAK_GBPS = {
@@ -304,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
 
         bench_packed.main([a for a in argv if a != "--packed"])
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog="scripts.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--packed", action="store_true", help="packed vs padded DiT steps (scripts/bench_packed.py)")
     parser.add_argument("--small", action="store_true", help="small shapes that finish on a 2-core CPU in a minute")
     parser.add_argument("--out", default="docs", help="docs folder to write into")
@@ -312,22 +311,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {list(MODES)}")
     parser.add_argument("--providers", default="", help="comma list of substrings (default: all)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--repeat", type=int, default=None, help="timed runs per case (default 5 CPU, 50 GPU)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--repeat", type=positive_int, default=None, help="timed runs per case (default 5 CPU, 50 GPU)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--tag", default=None, help="result file name (default: device[-small])")
     parser.add_argument("--report", action="store_true", help="only regenerate benchmarks.md and charts from JSON")
     args = parser.parse_args(argv)
-    out = Path(args.out)
+    out = cli.out_folder(parser, "--out", args.out)
+    keys, modes = (
+        cli.choices(parser, "--shapes", args.shapes, SHAPES),
+        cli.choices(parser, "--modes", args.modes, MODES),
+    )
     if args.report:
         for path in sorted((out / "bench").glob("*.json")):
             write_chart(json.loads(path.read_text()), out / "img" / f"bench_{path.stem}.png")
         write_markdown(out)
         return
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, args.dtype)
-    repeat = args.repeat or (50 if device == "cuda" else 5)
+    repeat = args.repeat if args.repeat is not None else (50 if device == "cuda" else 5)
     shapes = SMALL if args.small else SHAPES
     names = [n for n in args.providers.split(",") if n]
     peers.unpack()
@@ -336,8 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     (out / "bench").mkdir(parents=True, exist_ok=True)
     info = machine(device, dtype, torch.get_num_threads(), peers.versions())
     result = {"machine": info, "repeat": repeat, "rows": [], "shapes": {s.name: asdict(s) for s in shapes.values()}}
-    for key in args.shapes.split(","):
-        result["rows"] += run_shape(shapes[key], args.modes.split(","), names, dtype, device, repeat)
+    for key in keys:
+        result["rows"] += run_shape(shapes[key], modes, names, dtype, device, repeat)
         # written after every shape: a run stopped at its time limit keeps what it measured
         (out / "bench" / f"{tag}.json").write_text(json.dumps(result, indent=1))
         write_chart(result, out / "img" / f"bench_{tag}.png")

@@ -19,7 +19,6 @@ the other processes (two threads on two busy cores: 10 ms per SDPA call instead 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import platform
@@ -37,6 +36,9 @@ from models.dit import PRESETS, DiT
 from models.flow import T_SCALE
 from models.training.data import Shapes
 from models.training.packed_data import MixedSizes, render_images
+
+from . import cli
+from .cli import positive_int
 
 STRATEGIES = ("packed", "padded", "bucketed")
 
@@ -175,16 +177,20 @@ def attention_paths(segments, heads: int, head_dim: int, device, repeat: int) ->
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog="scripts.bench --packed", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="DiT preset (patch size kept)")
-    parser.add_argument("--images", type=int, default=32, help="images in the batch")
-    parser.add_argument("--bucket", type=int, default=16, help="bucket side granularity in pixels")
-    parser.add_argument("--repeat", type=int, default=7, help="timed rounds (one step of each strategy per round)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default on CPU: 1)")
+    parser.add_argument("--images", type=positive_int, default=32, help="images in the batch")
+    parser.add_argument("--bucket", type=positive_int, default=16, help="bucket side granularity in pixels")
+    parser.add_argument(
+        "--repeat", type=positive_int, default=7, help="timed rounds (one step of each strategy per round)"
+    )
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default on CPU: 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     parser.add_argument("--no-attention", action="store_true", help="skip the attention-path timings")
     args = parser.parse_args(argv)
+    if args.json is not None:
+        cli.out_file(parser, "--json", args.json)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(args.threads or 1)

@@ -13,21 +13,24 @@ each video over P ranks (``--cp-method ring|ulysses``), the batch over the N / P
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import os
 import sys
 
 from models.training.checkpoint import CheckpointError
 from models.training.config import RUN_DEFAULTS, TrainConfig, run_config
+from models.training.run_checks import check_memory, check_run
 from models.training.rundir import RunFolderError
 from models.training.trainer import TrainingDiverged, train
+
+from . import cli
 
 # booleans, set by the flags below
 FLAGS = ("resume", "overwrite", "allow_changes", "fsdp", "packed", "progress", "report")
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog="scripts.train", description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(RUN_DEFAULTS), default="dit")
     for field in dataclasses.fields(TrainConfig):
         if field.name == "model" or field.name in FLAGS:
@@ -49,23 +52,35 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     values = {k: v for k, v in vars(args).items() if v is not None and k in TrainConfig.__dataclass_fields__}
     values |= {"progress": not args.no_progress, "report": not args.no_report}
     try:
-        return run_config(**values)
-    except ValueError as err:  # a nonsense setting: argparse's usage line and exit status 2
+        cfg = run_config(**values)
+        # what the model cannot take (its preset, a side the patch does not divide) and what the machine cannot hold
+        check_memory(cfg, check_run(cfg), world=int(os.environ.get("WORLD_SIZE", 1)))
+    except ValueError as err:  # a nonsense setting: one line and exit status 2, before anything runs
         parser.error(str(err))
+    cli.out_folder(parser, "--out", cfg.out)
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
         result = train(parse_args(argv))
     except (CheckpointError, RunFolderError, TrainingDiverged) as err:  # a message for a person, not a traceback
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+        cli.fail("scripts.train", err)
+    except OSError as err:  # the run folder or a file in it cannot be written (permissions, disk full, size limit)
+        cli.fail("scripts.train", f"cannot write the run: {err}")
+    except KeyboardInterrupt:  # a second Ctrl-C before the loop (the trainer handles those in and after it)
+        _stopped("the last checkpoint written is kept")
     if result.get("unsaved"):
         saved = "no checkpoint" if result["step"] is None else f"the checkpoint of step {result['step']} kept"
-        print(f"stopped at once, mid-step: {saved}: {result['out']}")
-        sys.exit(130)
+        _stopped(f"{saved}: {result['out']}")
     state = "interrupted, saved" if result["interrupted"] else "done"
     print(f"{state} at step {result['step']}: {result['out']}")
+
+
+def _stopped(what: str) -> None:
+    """A forced stop (a second Ctrl-C): one line on stderr, exit status 130 (128 + SIGINT), as shells report it."""
+    print(f"scripts.train: stopped at once (Ctrl-C twice), the last state unsaved: {what}", file=sys.stderr)
+    sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from helpers import assert_close
@@ -9,6 +10,8 @@ from helpers import assert_close
 import axial_rope as ar
 from axial_rope.cache import KVCache
 from axial_rope.layers import Attention
+from axial_rope.packing import Item, greedy_pack, pack
+from axial_rope.varlen import Segments, varlen_attention
 
 # -- positions -----------------------------------------------------------------------------------
 
@@ -142,3 +145,47 @@ def test_cache_in_another_dtype_than_the_model():
             outs[dtype] = attn(x[:, 3:], cache=cache, input_pos=torch.tensor([3]))
     assert outs[torch.bfloat16].dtype == torch.float32
     torch.testing.assert_close(outs[torch.bfloat16], outs[torch.float32], atol=2e-2, rtol=2e-2)
+
+
+# -- packing and varlen: nonsense refused, numpy and torch integer sizes taken ----------------------
+
+
+def test_varlen_attention_refuses_a_scale_that_is_not_a_finite_number():
+    segments, q = Segments([2, 3]), torch.randn(5, 2, 8)
+    for scale in (float("nan"), float("inf"), -float("inf")):  # before: NaN outputs
+        with pytest.raises(ValueError, match="scale must be a finite number"):
+            varlen_attention(q, q, q, segments, scale=scale)
+    for scale in ("0.5", True, torch.tensor(0.5)):
+        with pytest.raises(TypeError, match="scale must be a number"):
+            varlen_attention(q, q, q, segments, scale=scale)
+    half = varlen_attention(q, q, q, segments, scale=0.5, backend="loop")
+    assert_close(half, varlen_attention(q * 0.5**0.5, q * 0.5**0.5, q, segments, scale=1.0, backend="loop"))
+
+
+def test_packing_refuses_a_negative_prefix_and_bin_count():
+    tokens, pos = torch.zeros(3, 4), torch.zeros(3, 2)
+    with pytest.raises(
+        ValueError, match=r"Item.prefix must be an int >= 0 .*, got -1"
+    ):  # before: 3 tokens for a 2 x 2 grid
+        Item(tokens, pos, (2, 2), prefix=-1)
+    with pytest.raises(TypeError, match="prefix must be an int"):
+        Item(torch.zeros(5, 4), torch.zeros(5, 2), (2, 2), prefix=True)
+    for bins in (-1, 0):  # before: every item dropped
+        with pytest.raises(ValueError, match=f"max_bins must be None .* or an int >= 1, got {bins}"):
+            greedy_pack([3, 2], 4, max_bins=bins)
+    with pytest.raises(TypeError, match="cu_seqlens must be a 1-D integer tensor"):  # before: read as 0, 1
+        Segments.from_cu_seqlens(torch.tensor([False, True]))
+
+
+def test_numpy_and_torch_integer_sizes_are_sizes():
+    """Before: ``np.int64`` sides were "empty or non-positive", ``np.int64`` lengths refused as not an int."""
+    item = Item(torch.zeros(6, 4), ar.grid(2, 3), (np.int64(2), torch.tensor(3)))
+    assert item.shape == (2, 3) and all(type(s) is int for s in item.shape)
+    assert pack([item]).shapes == ((2, 3),)
+    plan = greedy_pack([np.int64(3), np.int32(2), torch.tensor(1)], np.int64(4), max_bins=np.int64(2))
+    assert plan.bins == ((0, 2), (1,)) and plan.loads == (4, 2)
+    assert Segments([np.int64(2), 3]).lengths == (2, 3)
+    with pytest.raises(TypeError, match="Item.shape must hold ints, got float 2.0"):
+        Item(torch.zeros(6, 4), ar.grid(2, 3), (2.0, 3))
+    with pytest.raises(TypeError, match="greedy_pack: item 0 has a length of type float"):
+        greedy_pack([2.0], 4)

@@ -64,6 +64,55 @@ def test_dit_timesteps_of_any_wrong_shape_are_a_clear_error(kind):
                 model(x, torch.full(shape, 300.0), y)
 
 
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_dit_timesteps_and_labels_name_the_argument_and_the_range(kind):
+    y, t = torch.tensor([0, 1]), torch.tensor([300.0, 300.0])
+    if kind == "image":
+        model, x = DiT(DIT_PRESETS["tiny"]).eval(), torch.randn(2, 3, 8, 8)
+    else:
+        model, x = VideoDiT(replace(VIDEO_PRESETS["tiny"], depth=1)).eval(), torch.randn(2, 3, 2, 4, 4)
+    with torch.no_grad():
+        with pytest.raises(TypeError, match=r"t must be the timesteps.* \[0, 1000\], got None"):  # before: RuntimeError
+            model(x, None, y)
+        # 4 classes and the null label 4 (label dropout); before: IndexError, "index out of range in self"
+        with pytest.raises(
+            ValueError, match=r"y must hold class labels in \[0, 4\] \(4 classes; 4: the null label\).*got \[7\]"
+        ):
+            model(x, t, torch.tensor([0, 7]))
+        with pytest.raises(ValueError, match=r"y must hold class labels .*got \[-1\]"):
+            model(x, t, torch.tensor([-1, 0]))
+        with pytest.raises(TypeError, match="y must hold integer class labels, got torch.float32"):
+            model(x, t, torch.tensor([0.0, 1.0]))
+        with pytest.raises(ValueError, match=r"y must be one label per sample, \[B\] = \[2\], got shape \(1,\)"):
+            model(x, t, torch.tensor([1]))  # before: broadcast over the batch
+        model(x, t, torch.tensor([4, 3]))  # the null label is a label
+
+
+def test_time_dependent_dit_refuses_timesteps_outside_0_1000():
+    """The rope's time is ``t / 1000`` in [0, 1]; before, the DiT clamped 1500 to 1000 without a word."""
+    model, x, y = DiT(DIT_PRESETS["tiny"]).eval(), torch.randn(1, 3, 64, 64), torch.tensor([0])
+    with torch.no_grad():
+        for t in (1500.0, -5.0, float("nan")):
+            with pytest.raises(ValueError, match=r"t must be model timesteps in \[0, 1000\]"):
+                model(x, torch.tensor([t]), y, pos_mode="dype")
+        rounded = torch.tensor([1000.0]).nextafter(torch.tensor([2000.0]))  # float rounding of 1000 * 1.0 / 1000 * 1000
+        end = model(x, torch.tensor([1000.0]), y, pos_mode="dype")
+        torch.testing.assert_close(model(x, rounded, y, pos_mode="dype"), end, rtol=1e-4, atol=1e-4)
+
+
+def test_sampling_refuses_zero_steps_and_a_non_finite_guidance_scale():
+    """Before: ``steps=0`` returned the noise, a NaN scale a blank image (``scripts.sample`` exit 0)."""
+    from models.flow import classifier_free_guidance, sample_euler
+
+    noise = torch.randn(2, 3, 4, 4)
+    for steps in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="steps must be an int >= 1"):
+            sample_euler(lambda x, t: x, noise, steps)
+    for scale in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="guidance scale must be a finite number"):
+            classifier_free_guidance(lambda x, t, y: x, noise, torch.zeros(2), torch.tensor([0, 1]), 4, scale)
+
+
 def test_diffusers_wrappers_check_timestep_shapes():
     pytest.importorskip("diffusers")
     from models.diffusers_models import AxialDiT2DModel, AxialDiT3DModel

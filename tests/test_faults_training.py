@@ -250,14 +250,59 @@ def test_a_killed_save_leaves_no_temporary_file(tmp_path, monkeypatch):
 
     with monkeypatch.context() as patch:
         patch.setattr(safetensors.torch, "save_file", killed)
-        with pytest.raises(KeyboardInterrupt):
-            train(replace(cfg, steps=4, ckpt_every=10**6, resume=True))  # the final save: the process dies
+        result = train(replace(cfg, steps=4, ckpt_every=10**6, resume=True))  # the final save, cut off
+    assert result == {"step": 2, "unsaved": True, "interrupted": True, "out": str(tmp_path)}
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     assert (tmp_path / "checkpoint.safetensors").read_bytes() == good
     stale = tmp_path / ".checkpoint.safetensors.tmp4242"  # what SIGKILL mid-save leaves
     stale.write_bytes(b"half")
     train(replace(cfg, steps=3, resume=True))
     assert not stale.exists()
+
+
+CLI_RUN = ["--batch-size", "4", "--resolution", "16", "--no-progress", "--no-report"]
+
+
+def test_a_second_ctrl_c_in_the_final_save_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):
+    """Before: a traceback (the KeyboardInterrupt left ``train``). Now one line, status 130, the checkpoint of
+    step 2 whole and no temporary file: the save is abandoned before its rename."""
+    fsync, calls = os.fsync, []
+
+    def ctrl_c_twice_in_the_second_save(fd):  # the final save's temporary file is written, not yet renamed
+        calls.append(fd)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGINT)  # the first: stop after this step (the step is done: saving)
+            signal.raise_signal(signal.SIGINT)  # the second: stop at once, inside the save
+        return fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", ctrl_c_twice_in_the_second_save)
+    with pytest.raises(SystemExit) as stop:
+        cli.main([*CLI_RUN, "--steps", "3", "--ckpt-every", "2", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 130 and "Traceback" not in err
+    assert "checkpoint of step 2 kept" in err.strip().splitlines()[-1]
+    assert checkpoint.load(tmp_path)["step"] == 2  # whole: its checksums hold
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".checkpoint")] == []
+
+
+def test_a_save_past_the_file_size_limit_is_one_line_and_keeps_the_checkpoint(tmp_path, capsys):
+    """``ulimit -f``: Python ignores SIGXFSZ, so the write fails with EFBIG (before: a traceback)."""
+    import resource
+
+    cli.main([*CLI_RUN, "--steps", "2", "--out", str(tmp_path)])
+    good = (tmp_path / "checkpoint.safetensors").read_bytes()
+    capsys.readouterr()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))  # the log and config fit, the checkpoint not
+    try:
+        with pytest.raises(SystemExit) as stop:
+            cli.main([*CLI_RUN, "--steps", "3", "--resume", "--out", str(tmp_path)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 1 and len(err) == 1 and "File too large" in err[0] and "unchanged" in err[0], err
+    assert (tmp_path / "checkpoint.safetensors").read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".checkpoint")] == []
 
 
 def test_resume_truncates_the_log_to_the_checkpoint(tmp_path, reference, monkeypatch):

@@ -1,12 +1,13 @@
 """Training checkpoints in safetensors: model, EMA and optimizer tensors, the rest as JSON metadata.
 
 Written atomically (a temporary file in the same folder, flushed to disk, then ``os.replace``),
-so an interrupted save never leaves a half-written checkpoint; a save that fails removes its
-temporary file, and :func:`remove_temporaries` clears those of a killed process. Each tensor
-and the metadata carry a checksum, verified on load, and every floating tensor must be
-finite: flipped bytes, edited metadata, NaN weights, a missing entry or a checkpoint of
-another run are a :class:`CheckpointError` that says which, never a silent fresh start or
-a raw ``KeyError``/``ValueError``.
+so an interrupted save never leaves a half-written checkpoint; a save that fails (a full disk,
+the file-size limit: a :class:`CheckpointError`, the old checkpoint kept) removes its temporary
+file, and :func:`remove_temporaries` clears those of a killed process. Each tensor and the
+metadata carry a checksum, verified on load, and every floating tensor must be finite: flipped
+bytes, edited metadata, NaN weights, a missing entry or a checkpoint of another run are a
+:class:`CheckpointError` that says which, never a silent fresh start or a raw
+``KeyError``/``ValueError``.
 """
 
 from __future__ import annotations
@@ -87,10 +88,14 @@ def save(
 ) -> Path:
     """Write a checkpoint atomically. ``model``/``ema`` are full state dicts, ``optimizer`` its state dict;
     ``extra``: JSON the caller wants back from :func:`load` (the trainer's log window, its change history)."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CheckpointError(f"could not make the folder of {path} ({err})") from err
     optim_tensors, optim_meta = _flatten_optimizer(optimizer)
     tensors = {f"model.{k}": v for k, v in model.items()} | {f"ema.{k}": v for k, v in ema.items()} | optim_tensors
     # tied weights share storage, which safetensors refuses: store private contiguous copies
@@ -111,6 +116,8 @@ def save(
         with open(tmp, "rb+") as f:  # on disk before the rename: a power cut leaves the old file, not an empty one
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, SafetensorError) as err:  # disk full, the file-size limit (EFBIG: Python ignores SIGXFSZ)
+        raise CheckpointError(f"could not write {path} ({err}): the checkpoint there, if any, is unchanged") from err
     finally:  # an exception or Ctrl-C mid-save: no temporary file left behind
         tmp.unlink(missing_ok=True)
     return path

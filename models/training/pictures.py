@@ -8,6 +8,10 @@ import torch
 
 from .rundir import read_log
 
+# the file types save_grid and save_gif write (by the name's extension; PIL's writers)
+GRID_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
+ANIMATION_SUFFIXES = (".gif", ".png", ".apng", ".webp", ".tif", ".tiff")  # frames: animated formats only
+
 
 def _to_uint8(images: torch.Tensor) -> torch.Tensor:
     # [-1, 1] float -> [0, 255] uint8

@@ -4,7 +4,8 @@ Inside :class:`DeferredStop` the signals only set :attr:`DeferredStop.requested`
 looks at it between steps, so a signal never lands inside the optimizer step and the state it
 saves is always that of a whole number of steps. A second Ctrl-C stops at once (a
 ``KeyboardInterrupt``); the trainer then keeps its last checkpoint rather than save a state
-that may be half a step.
+that may be half a step. In the final save the save is abandoned: it writes a temporary file
+and renames it, so the file on disk is a whole checkpoint, the new one or the one before.
 """
 
 from __future__ import annotations

@@ -148,6 +148,11 @@ class VideoTask(ImageTask):
 
     def __init__(self, preset: str, resolution: int, frames: int, seed: int):
         self.config = video_dit.PRESETS[preset]
+        patch = self.config.patch_size  # (t, y, x): checked here, not at the first step's patch embedding
+        if frames % patch[0] or resolution % patch[1] or resolution % patch[2]:
+            raise ValueError(
+                f"frames {frames} and resolution {resolution} must divide by the patch_size {patch} (t, y, x)"
+            )
         self.resolution, self.frames, self.seed = resolution, frames, seed
         self.data = MovingShapes(seed=seed, **VIDEO_MOTION.get(preset, {}))
 
@@ -196,16 +201,18 @@ class VideoTask(ImageTask):
         cfg_scale: float = 3.0,
         steps: int = 30,
         seed: int = 0,
+        resolution: int | None = None,
         **kw,
     ) -> torch.Tensor:
-        """Videos ``[classes * per_class, 3, T, R, R]`` in [-1, 1].
+        """Videos ``[classes * per_class, 3, T, R, R]`` in [-1, 1] (``R``: ``resolution``, default the trained one).
 
         ``context_parallel=cp`` (in ``kw``, passed to the model) shards every video's tokens over
         ``cp.group``: collective, the same noise on every rank, the whole videos returned on each.
         """
         frames = frames or self.frames
         y = torch.arange(len(CLASSES)).repeat_interleave(per_class)
-        shape = (len(y), 3, frames, self.resolution, self.resolution)
+        side = resolution or self.resolution
+        shape = (len(y), 3, frames, side, side)
         noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
         null = model.y_embedder.null_label
         device = next(model.parameters()).device  # a GPU under torchrun: the collectives need its tensors

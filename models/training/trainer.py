@@ -32,8 +32,8 @@ from axial_rope.parallel import ContextParallel, split_groups
 
 from . import checkpoint, rundir
 from .config import HYPERPARAMETERS, RUN_KEYS, TrainConfig
-from .config import check as check_config
 from .pictures import plot_loss
+from .run_checks import check_run
 from .stopping import DeferredStop
 from .tasks import TASKS
 
@@ -57,13 +57,7 @@ class Run:
     """The state of one process in a (possibly distributed) run."""
 
     def __init__(self, cfg: TrainConfig):
-        check_config(cfg)  # a TrainConfig checks itself when made; fields set afterwards are checked here
-        if cfg.model not in TASKS:
-            raise ValueError(f"model must be one of {sorted(TASKS)}, got {cfg.model!r}")
-        if cfg.preset not in TASKS[cfg.model].presets:
-            raise ValueError(
-                f"preset for {cfg.model} must be one of {sorted(TASKS[cfg.model].presets)}, got {cfg.preset!r}"
-            )
+        task = check_run(cfg)
         self.cfg = cfg
         self.distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
         if self.distributed and not dist.is_initialized():
@@ -78,7 +72,7 @@ class Run:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
-        self.task = TASKS[cfg.model].from_run(asdict(cfg))
+        self.task = task
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = self.task.build().to(self.device)
         self.trained = self._wrap(self.model)
@@ -365,10 +359,16 @@ class Run:
                 if bar is not None:
                     bar.close()
             interrupted = interrupted or stop.requested is not None
-            if consistent and self.saved_step != self.step:
-                self.save()
-            if cfg.report and not interrupted:
-                self.report(final=True)
+            try:
+                if consistent and self.saved_step != self.step:
+                    self.save()
+                if cfg.report and not interrupted:
+                    self.report(final=True)
+            except KeyboardInterrupt:  # a second Ctrl-C in the final save or report. A save is atomic: the file
+                interrupted = True  # holds this step if the rename was done, else the last checkpoint, untouched
+                with contextlib.suppress(checkpoint.CheckpointError):  # none on disk: saved_step stays None
+                    self.saved_step = checkpoint.metadata(self.out)["step"] if self.rank == 0 else self.saved_step
+                consistent = consistent and self.saved_step == self.step
         result = {"step": self.step, "interrupted": interrupted, "out": str(self.out)}
         if not consistent:  # stopped inside a step: only the last checkpoint holds (None: there is none)
             result |= {"step": self.saved_step, "unsaved": True}
