@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import KVCache
+from .init import deferred_init
 from .ops import norm_rotate, rotate
 from .ops.rotation import Rotation
 from .parallel import ContextParallel, sequence_parallel_attention
@@ -124,17 +125,17 @@ class Attention(nn.Module):
         self.rope, self.qk_norm, self.factor_placement, self.causal = rope, qk_norm, factor_placement, causal
         q_width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
         self.fused_qkv = fused_qkv
-        if fused_qkv:
-            self.qkv = nn.Linear(dim, q_width + 2 * kv_width, bias=qkv_bias)
-        else:
-            self.to_q = nn.Linear(dim, q_width, bias=qkv_bias)
-            self.to_k = nn.Linear(dim, kv_width, bias=qkv_bias)
-            self.to_v = nn.Linear(dim, kv_width, bias=qkv_bias)
-        if qk_norm is not None:
-            norm = nn.RMSNorm if qk_norm == "rms" else nn.LayerNorm
-            self.q_norm, self.k_norm = norm(head_dim, eps=norm_eps), norm(head_dim, eps=norm_eps)
-        self.proj = nn.Linear(q_width, dim, bias=out_bias)
-        self.reset_parameters()
+        with deferred_init(self):  # built on meta, then reset_parameters (axial_rope.init)
+            if fused_qkv:
+                self.qkv = nn.Linear(dim, q_width + 2 * kv_width, bias=qkv_bias)
+            else:
+                self.to_q = nn.Linear(dim, q_width, bias=qkv_bias)
+                self.to_k = nn.Linear(dim, kv_width, bias=qkv_bias)
+                self.to_v = nn.Linear(dim, kv_width, bias=qkv_bias)
+            if qk_norm is not None:
+                norm = nn.RMSNorm if qk_norm == "rms" else nn.LayerNorm
+                self.q_norm, self.k_norm = norm(head_dim, eps=norm_eps), norm(head_dim, eps=norm_eps)
+            self.proj = nn.Linear(q_width, dim, bias=out_bias)
 
     def reset_parameters(self) -> None:
         """DiT's init of attention: xavier-uniform projections, zero biases; unit QK-norm weights."""

@@ -97,5 +97,9 @@ class KVCache(nn.Module):
         self.v.zero_()
         self.filled.zero_()
 
+    def reset_parameters(self) -> None:
+        """The re-initialisation after ``to_empty`` (a cache built on the meta device): an empty cache."""
+        self.reset()
+
     def extra_repr(self) -> str:
         return f"shape={tuple(self.k.shape)}, dtype={self.k.dtype}"

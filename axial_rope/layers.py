@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import FACTOR_PLACEMENTS, QK_NORMS, Attention, xavier_linear
+from .init import deferred_init
 from .ops.rotation import Rotation
 from .parallel import ContextParallel
 from .rope import AxialRoPE
@@ -43,12 +44,12 @@ class Mlp(nn.Module):
 
     def __init__(self, dim: int, hidden_dim: int, *, bias: bool = True):
         super().__init__()
-        self.fc1, self.act, self.fc2 = (
-            nn.Linear(dim, hidden_dim, bias=bias),
-            nn.GELU("tanh"),
-            nn.Linear(hidden_dim, dim, bias=bias),
-        )
-        self.reset_parameters()
+        with deferred_init(self):  # built on meta, then reset_parameters (axial_rope.init)
+            self.fc1, self.act, self.fc2 = (
+                nn.Linear(dim, hidden_dim, bias=bias),
+                nn.GELU("tanh"),
+                nn.Linear(hidden_dim, dim, bias=bias),
+            )
 
     def reset_parameters(self) -> None:
         """Xavier-uniform weights, zero biases (DiT's init of its MLP)."""
@@ -95,19 +96,18 @@ class DiTBlock(nn.Module):
         self, dim: int, num_heads: int, rope: AxialRoPE | None = None, *, mlp_ratio: float = 4.0, **attn_kwargs
     ):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.attn = Attention(dim, num_heads, rope, **attn_kwargs)
-        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
-        self.reset_parameters()
+        with deferred_init(self):
+            self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+            self.attn = Attention(dim, num_heads, rope, **attn_kwargs)
+            self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+            self.mlp = Mlp(dim, int(dim * mlp_ratio))
+            self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
 
     def reset_parameters(self) -> None:
-        """adaLN-Zero: zero modulation, so the gates are 0 and the block starts as the identity.
-
-        The block's own part of DiT's init; ``self.attn`` and ``self.mlp`` reset themselves
-        (their own ``reset_parameters``), as they did when they were built.
-        """
+        """DiT's init of a block: the attention's and the MLP's own (xavier), then adaLN-Zero: zero modulation,
+        so the gates are 0 and the block starts as the identity."""
+        self.attn.reset_parameters()
+        self.mlp.reset_parameters()
         nn.init.zeros_(self.adaLN_modulation[-1].weight)
         nn.init.zeros_(self.adaLN_modulation[-1].bias)
 
@@ -152,10 +152,10 @@ class FinalLayer(nn.Module):
     def __init__(self, dim: int, patch_size: int | Sequence[int], out_channels: int, *, n_axes: int = 2):
         super().__init__()
         patch = _patch_tuple(patch_size, n_axes)
-        self.norm_final = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.linear = nn.Linear(dim, math.prod(patch) * out_channels)
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
-        self.reset_parameters()
+        with deferred_init(self):
+            self.norm_final = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+            self.linear = nn.Linear(dim, math.prod(patch) * out_channels)
+            self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
 
     def reset_parameters(self) -> None:
         """Zero modulation and zero projection (DiT's init): an untrained model predicts zeros."""
@@ -183,10 +183,9 @@ class TimestepEmbedder(nn.Module):
 
     def __init__(self, dim: int, frequency_embedding_size: int = 256, *, init_std: float = 0.02):
         super().__init__()
-        self.frequency_embedding_size = frequency_embedding_size
-        self.mlp = nn.Sequential(nn.Linear(frequency_embedding_size, dim), nn.SiLU(), nn.Linear(dim, dim))
-        self.init_std = init_std
-        self.reset_parameters()
+        self.frequency_embedding_size, self.init_std = frequency_embedding_size, init_std
+        with deferred_init(self):
+            self.mlp = nn.Sequential(nn.Linear(frequency_embedding_size, dim), nn.SiLU(), nn.Linear(dim, dim))
 
     def reset_parameters(self) -> None:
         """MLP weights from ``N(0, init_std)`` (DiT: 0.02), zero biases."""
@@ -215,10 +214,9 @@ class LabelEmbedder(nn.Module):
         super().__init__()
         if not 0 <= dropout_prob < 1:
             raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob!r}")
-        self.num_classes, self.dropout_prob = num_classes, dropout_prob
-        self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), dim)
-        self.init_std = init_std
-        self.reset_parameters()
+        self.num_classes, self.dropout_prob, self.init_std = num_classes, dropout_prob, init_std
+        with deferred_init(self):
+            self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), dim)
 
     def reset_parameters(self) -> None:
         """The table from ``N(0, init_std)``, the null label's row included."""
@@ -267,8 +265,8 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.patch_size = _patch_tuple(patch_size, 2)
         conv = nn.Conv2d if len(self.patch_size) == 2 else nn.Conv3d
-        self.proj = conv(in_channels, dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
-        self.reset_parameters()
+        with deferred_init(self):
+            self.proj = conv(in_channels, dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
     def reset_parameters(self) -> None:
         """Xavier-uniform of the kernel seen as a linear map ``[dim, C * prod(patch)]`` (as DiT), zero bias."""

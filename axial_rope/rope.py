@@ -96,7 +96,7 @@ class AxialRoPE(nn.Module, Rotary):
             raise ValueError(f"num_heads (per-head frequencies) needs learnable=True and an int > 0, got {num_heads!r}")
         if num_heads is not None and model.num_heads not in (None, num_heads):
             raise ValueError(f"num_heads={num_heads} differs from the model's {model.num_heads} per-head frequencies")
-        scale = model.scale if model.scale is not None else torch.ones(model.n_pairs, dtype=torch.float64)
+        scale = model.scale if model.scale is not None else torch.ones(model.n_pairs, dtype=torch.float64, device="cpu")
         device = torch.get_default_device()  # meta under torch.device("meta"): to_empty recomputes (_apply)
         self.register_buffer("freqs", model.freqs.to(device, copy=True), persistent=False)  # [A, n] | [H, A, n]
         self.register_buffer("scale", scale.to(device, copy=True), persistent=False)  # [n_pairs] float64
@@ -201,7 +201,7 @@ class AxialRoPE(nn.Module, Rotary):
             if scaling is not _OWN and any(s is not None for s in _per_axis("scaling", scaling, self.n_axes)):
                 raise ValueError("scaling needs a spectrum (axes_dim, theta); this rope has a fixed frequency model")
             model = self.frequency_model
-            scale = model.scale if model.scale is not None else torch.ones(model.n_pairs, dtype=torch.float64)
+            scale = model.scale if model.scale is not None else torch.ones(model.n_pairs, dtype=torch.float64, device="cpu")
             return model.freqs.clone(), scale.clone()
         freqs, scale = self._spectrum(self.scaling if scaling is _OWN else self._methods(scaling), seq_len, t)
         return freqs, (

@@ -82,6 +82,11 @@ class AxialDiT2DModel(CheckedConfigMixin, ModelMixin, ConfigMixin):
         c = self.dit.config
         return {"input_size": c.input_size, "num_heads": c.num_heads, "theta": float(c.theta), "pos_mode": c.pos_mode}
 
+    def reset_parameters(self) -> None:
+        """The reference model's initialisation; also the re-initialisation after ``to_empty`` (meta-device build)."""
+        self.dit.reset_parameters()
+        self.reset_fingerprint()
+
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AxialDiT2DModel:
         """A randomly initialised model of ``models.dit.PRESETS[name]``, fields replaced by ``overrides``."""
@@ -175,6 +180,11 @@ class AxialDiT3DModel(CheckedConfigMixin, ModelMixin, ConfigMixin):
             "axes_dim": list(self.dit.rope.axes_dim),
             "temporal_scaling": self.config.temporal_scaling,
         }
+
+    def reset_parameters(self) -> None:
+        """The reference model's initialisation; also the re-initialisation after ``to_empty`` (meta-device build)."""
+        self.dit.reset_parameters()
+        self.reset_fingerprint()
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> AxialDiT3DModel:

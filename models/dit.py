@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 import axial_rope as ar
+from axial_rope.init import deferred_init
 from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
 from axial_rope.packing import Item, Packed, pack, unpack
 
@@ -142,22 +143,27 @@ class DiT(nn.Module):
         self.config = c = config  # checked when it was made (DiTConfig.__post_init__)
         self.out_channels = c.in_channels * 2 if c.learn_sigma else c.in_channels
         head_dim = c.hidden_size // c.num_heads
-        # half of each head's planes per axis (y, x); 2 * (head_dim // 4) keeps both even
-        axis_dim = 2 * (head_dim // 4)
-        self.rope = ar.AxialRoPE((axis_dim, axis_dim), theta=c.theta)
         self.train_grid = c.input_size // c.patch_size  # tokens per side in training
+        with deferred_init(self):  # built on meta, then reset_parameters: a meta-device build reproduces it
+            # half of each head's planes per axis (y, x); 2 * (head_dim // 4) keeps both even
+            axis_dim = 2 * (head_dim // 4)
+            self.rope = ar.AxialRoPE((axis_dim, axis_dim), theta=c.theta)
+            self.x_embedder = PatchEmbed(c.patch_size, c.in_channels, c.hidden_size)
+            self.t_embedder = TimestepEmbedder(c.hidden_size)
+            self.y_embedder = LabelEmbedder(c.num_classes, c.hidden_size, c.class_dropout_prob,
+                                            init_std=c.class_init_std)  # fmt: skip
+            self.blocks = nn.ModuleList(
+                [
+                    DiTBlock(c.hidden_size, c.num_heads, self.rope, mlp_ratio=c.mlp_ratio, qk_norm=c.qk_norm)
+                    for _ in range(c.depth)
+                ]
+            )
+            self.final_layer = FinalLayer(c.hidden_size, c.patch_size, self.out_channels)
 
-        self.x_embedder = PatchEmbed(c.patch_size, c.in_channels, c.hidden_size)
-        self.t_embedder = TimestepEmbedder(c.hidden_size)
-        self.y_embedder = LabelEmbedder(c.num_classes, c.hidden_size, c.class_dropout_prob, init_std=c.class_init_std)
-        self.blocks = nn.ModuleList(
-            [
-                DiTBlock(c.hidden_size, c.num_heads, self.rope, mlp_ratio=c.mlp_ratio, qk_norm=c.qk_norm)
-                for _ in range(c.depth)
-            ]
-        )
-        self.final_layer = FinalLayer(c.hidden_size, c.patch_size, self.out_channels)
-        initialize_weights(self)  # DiT's scheme, in one place (the layers drew defaults as they were built)
+    def reset_parameters(self) -> None:
+        """DiT's initialisation (:func:`initialize_weights`); also what re-initialises a model built on the meta
+        device after ``to_empty`` (the same weights as the constructor's for the same seed)."""
+        initialize_weights(self)
 
     def positions(
         self,
@@ -331,8 +337,10 @@ def initialize_weights(model: nn.Module) -> None:
     5. final layer: zero modulation and zero projection, so the untrained model predicts 0.
 
     Each step is the layer's own ``reset_parameters`` (``axial_rope/layers.py``), which its
-    constructor also calls: a layer built alone starts the same way.
+    constructor also calls: a layer built alone starts the same way. The rope's buffers are recomputed
+    (a model built on the meta device has none until then).
     """
+    model.rope.reset_parameters()
     model.x_embedder.reset_parameters()
     model.t_embedder.reset_parameters()
     if model.y_embedder is not None:
@@ -342,7 +350,5 @@ def initialize_weights(model: nn.Module) -> None:
         cond_embedder[0].reset_parameters()
         cond_embedder[2].reset_parameters()
     for block in model.blocks:
-        block.attn.reset_parameters()
-        block.mlp.reset_parameters()
-        block.reset_parameters()
+        block.reset_parameters()  # attention, MLP, then adaLN-Zero
     model.final_layer.reset_parameters()

@@ -25,6 +25,7 @@ from torch import nn
 
 import axial_rope as ar
 from axial_rope.cache import KVCache
+from axial_rope.init import deferred_init
 from axial_rope.layers import Attention
 
 from . import gpt_positions as positions
@@ -173,25 +174,33 @@ class GPT(nn.Module):
         super().__init__()
         self.config = c = config
         rope = c.position == "rope"
-        self.rope = ar.AxialRoPE(c.head_dim, theta=c.theta, scaling=c.scaling, pairing="half") if rope else None
-        self.tok_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList([Block(c, self.rope) for _ in range(c.depth)])
-        self.norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
-        self.output = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-        # absolute positions (added to the embeddings) or a logit bias (shared by the layers, as in T5)
-        self.absolute = {
-            "sinusoidal": lambda: positions.SinusoidalPositions(c.hidden_size),
-            "learned": lambda: positions.LearnedPositions(c.max_seq_len, c.hidden_size),
-        }.get(c.position, lambda: None)()
-        self.bias = {
-            "t5": lambda: positions.T5Bias(c.num_heads, c.t5_buckets, c.t5_max_distance),
-            "alibi": lambda: positions.ALiBi(c.num_heads),
-        }.get(c.position, lambda: None)()
+        with deferred_init(self):  # built on meta, then reset_parameters: a meta-device build reproduces it
+            self.rope = ar.AxialRoPE(c.head_dim, theta=c.theta, scaling=c.scaling, pairing="half") if rope else None
+            self.tok_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
+            self.layers = nn.ModuleList([Block(c, self.rope) for _ in range(c.depth)])
+            self.norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
+            self.output = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+            # absolute positions (added to the embeddings) or a logit bias (shared by the layers, as in T5)
+            self.absolute = {
+                "sinusoidal": lambda: positions.SinusoidalPositions(c.hidden_size),
+                "learned": lambda: positions.LearnedPositions(c.max_seq_len, c.hidden_size),
+            }.get(c.position, lambda: None)()
+            self.bias = {
+                "t5": lambda: positions.T5Bias(c.num_heads, c.t5_buckets, c.t5_max_distance),
+                "alibi": lambda: positions.ALiBi(c.num_heads),
+            }.get(c.position, lambda: None)()
+
+    def reset_parameters(self) -> None:
+        """GPT-2's init: every linear and embedding weight from ``N(0, 0.02)``, norms at 1, fixed buffers (the
+        rope's ``F``, ALiBi's slopes) recomputed; ties the output to the embedding (``to_empty`` unties)."""
+        if self.config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        for module in self.modules():  # the modules whose reset draws no random number
+            if isinstance(module, (nn.RMSNorm, nn.LayerNorm, ar.AxialRoPE, positions.ALiBi)):
+                module.reset_parameters()
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
-        if c.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
 
     def new_caches(self, batch_size: int, max_seq_len: int, *, dtype: torch.dtype | None = None) -> list[KVCache]:
         """One empty :class:`KVCache` per layer for ``batch_size`` sequences of up to ``max_seq_len`` tokens

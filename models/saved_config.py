@@ -65,6 +65,10 @@ class CheckedConfigMixin:
         # an int64 buffer: model.to(dtype) and torch_dtype= leave it exact
         self.register_buffer(FINGERPRINT, self._fingerprint(), persistent=True)
 
+    def reset_fingerprint(self) -> None:
+        """Recompute the buffer (a model built on the meta device gets its values here, after ``to_empty``)."""
+        getattr(self, FINGERPRINT).copy_(self._fingerprint().to(getattr(self, FINGERPRINT).device))
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
         key = prefix + FINGERPRINT
         if key in state_dict:  # from_pretrained compares it with the config; load_state_dict never adopts it

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 import axial_rope as ar
+from axial_rope.init import deferred_init
 from axial_rope.layers import DiTBlock, FinalLayer, LabelEmbedder, PatchEmbed, TimestepEmbedder, unpatchify
 from axial_rope.packing import Item, pack, unpack
 from axial_rope.parallel import ContextParallel
@@ -125,26 +126,30 @@ class VideoDiT(nn.Module):
         self.config = c = config  # checked when it was made (VideoDiTConfig.__post_init__)
         axes_dim = c.axes_dim or default_axes_dim(c.hidden_size // c.num_heads)
         self.out_channels = c.in_channels * 2 if c.learn_sigma else c.in_channels
-        self.rope = ar.AxialRoPE(axes_dim, theta=c.theta)
+        with deferred_init(self):  # built on meta, then reset_parameters: a meta-device build reproduces it
+            self.rope = ar.AxialRoPE(axes_dim, theta=c.theta)
+            self.x_embedder = PatchEmbed(c.patch_size, c.in_channels, c.hidden_size)
+            self.t_embedder = TimestepEmbedder(c.hidden_size)
+            self.y_embedder = (
+                LabelEmbedder(c.num_classes, c.hidden_size, c.class_dropout_prob) if c.num_classes > 0 else None
+            )
+            self.cond_embedder = (
+                nn.Sequential(nn.Linear(c.cond_dim, c.hidden_size), nn.SiLU(), nn.Linear(c.hidden_size, c.hidden_size))
+                if c.cond_dim > 0
+                else None
+            )
+            self.blocks = nn.ModuleList(
+                [
+                    DiTBlock(c.hidden_size, c.num_heads, self.rope, mlp_ratio=c.mlp_ratio, qk_norm=c.qk_norm)
+                    for _ in range(c.depth)
+                ]
+            )
+            self.final_layer = FinalLayer(c.hidden_size, c.patch_size, self.out_channels)
 
-        self.x_embedder = PatchEmbed(c.patch_size, c.in_channels, c.hidden_size)
-        self.t_embedder = TimestepEmbedder(c.hidden_size)
-        self.y_embedder = (
-            LabelEmbedder(c.num_classes, c.hidden_size, c.class_dropout_prob) if c.num_classes > 0 else None
-        )
-        self.cond_embedder = (
-            nn.Sequential(nn.Linear(c.cond_dim, c.hidden_size), nn.SiLU(), nn.Linear(c.hidden_size, c.hidden_size))
-            if c.cond_dim > 0
-            else None
-        )
-        self.blocks = nn.ModuleList(
-            [
-                DiTBlock(c.hidden_size, c.num_heads, self.rope, mlp_ratio=c.mlp_ratio, qk_norm=c.qk_norm)
-                for _ in range(c.depth)
-            ]
-        )
-        self.final_layer = FinalLayer(c.hidden_size, c.patch_size, self.out_channels)
-        initialize_weights(self)  # DiT's scheme, in one place (the layers drew defaults as they were built)
+    def reset_parameters(self) -> None:
+        """DiT's initialisation (:func:`models.dit.initialize_weights`); also the re-initialisation of a model built
+        on the meta device after ``to_empty``."""
+        initialize_weights(self)
 
     def condition(self, t: torch.Tensor, y: torch.Tensor | None, cond: torch.Tensor | None, force_drop_ids=None):
         """The adaLN conditioning vector ``[B, C]``: timestep + class + vector embeddings."""

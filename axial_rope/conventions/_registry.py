@@ -7,10 +7,41 @@ from :attr:`Convention.example`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Convention", "FAMILIES", "REGISTRY", "register", "table"]
+import torch
+from torch import nn
+
+__all__ = ["Convention", "FAMILIES", "REGISTRY", "builds_rope", "register", "table"]
+
+
+def builds_rope(build: Callable) -> Callable:
+    """A convention constructor computes its frequency model on the CPU, also under a meta default device, and
+    hands back ropes whose buffers sit on the caller's default device (as every module's do)."""
+
+    @functools.wraps(build)
+    def constructor(*args, **kwargs):
+        device = torch.get_default_device()
+        with torch.device("cpu"):
+            result = build(*args, **kwargs)
+        for rope in _ropes(result):
+            rope.to(device)
+        return result
+
+    return constructor
+
+
+def _ropes(result):
+    """The rope modules in a constructor's result: a rope, a list of them, or per-layer records holding one."""
+    if isinstance(result, nn.Module):
+        yield result
+    elif isinstance(result, (list, tuple)):
+        for item in result:
+            yield from _ropes(item)
+    elif isinstance(getattr(result, "rope", None), nn.Module):
+        yield result.rope
 
 
 @dataclass(frozen=True)

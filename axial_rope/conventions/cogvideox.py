@@ -6,13 +6,14 @@ import torch
 
 from ..positions import crop_grid, grid
 from ..rope import AxialRoPE
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 
 __all__ = ["cogvideox", "cogvideox_positions"]
 
 SOURCE = "diffusers 0.42.1 `models/embeddings.py` `get_3d_rotary_pos_embed`"
 
 
+@builds_rope
 def cogvideox(attention_head_dim: int = 64, theta: float = 10000.0) -> AxialRoPE:
     """CogVideoX from ``attention_head_dim``: per-axis spectra over ``(t, y, x)`` with ``D/4, 3D/8, 3D/8`` channels.
 

@@ -8,13 +8,14 @@ import torch
 
 from ..frequencies import Frequencies, PositionTransform
 from ..rope import AxialRoPE
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 
 __all__ = ["dinov3"]
 
 SOURCE = "transformers 5.24.0 `models/dinov3_vit/modeling_dinov3_vit.py` `DINOv3ViTRopePositionEmbedding`"
 
 
+@builds_rope
 def dinov3(
     head_dim: int = 64,
     rope_theta: float | None = 100.0,

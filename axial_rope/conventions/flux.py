@@ -8,13 +8,14 @@ import torch
 
 from ..positions import grid, text_positions
 from ..rope import AxialRoPE
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 
 __all__ = ["flux", "flux_positions"]
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_flux.py` `FluxPosEmbed`"
 
 
+@builds_rope
 def flux(axes_dims_rope: Sequence[int] = (16, 56, 56), theta: float = 10000.0) -> AxialRoPE:
     """Flux's RoPE from its transformer config (``axes_dims_rope``; ``FluxPosEmbed``'s theta is 10000).
 

@@ -10,7 +10,7 @@ from ..frequencies import Frequencies
 from ..positions import crop_grid
 from ..rope import AxialRoPE
 from ..scaling import base_inv_freq
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 
 __all__ = ["hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions", "hunyuan_dit_crop"]
 
@@ -22,11 +22,13 @@ DIT_SOURCE = (
 )
 
 
+@builds_rope
 def hunyuan_video(rope_axes_dim: Sequence[int] = (16, 56, 56), rope_theta: float = 256.0) -> AxialRoPE:
     """HunyuanVideo from its config: per-axis spectra over ``(t, y, x)``, interleaved, ``bshd``; text unrotated."""
     return AxialRoPE(tuple(rope_axes_dim), theta=rope_theta, pairing="interleaved")
 
 
+@builds_rope
 def hunyuan_image(rope_axes_dim: Sequence[int] = (64, 64), rope_theta: float = 256.0) -> AxialRoPE:
     """HunyuanImage 2.1 from its config: per-axis spectra over ``(y, x)`` (or ``(t, y, x)``), interleaved.
 
@@ -38,6 +40,7 @@ def hunyuan_image(rope_axes_dim: Sequence[int] = (64, 64), rope_theta: float = 2
     return AxialRoPE(tuple(rope_axes_dim), theta=rope_theta, pairing="interleaved")
 
 
+@builds_rope
 def hunyuan_dit(attention_head_dim: int = 88, theta: float = 10000.0) -> AxialRoPE:
     """Hunyuan-DiT: a head of ``D`` channels, the first ``D / 2`` on x and the last ``D / 2`` on y.
 

@@ -7,7 +7,7 @@ import torch
 from ..frequencies import Frequencies
 from ..rope import AxialRoPE
 from ..scaling import base_inv_freq, from_rope_parameters
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 from .qwen_vl import check_mrope_section
 
 __all__ = ["llama", "gpt_neox", "p_rope", "rope_for_parameters"]
@@ -22,6 +22,7 @@ NEOX_SOURCE = "transformers 5.24.0 `models/gpt_neox/modeling_gpt_neox.py` `GPTNe
 PROP_SOURCE = "transformers 5.24.0 `modeling_rope_utils.py` `_compute_proportional_rope_parameters` (Gemma 4)"
 
 
+@builds_rope
 def llama(
     head_dim: int = 128,
     rope_theta: float = 10000.0,
@@ -46,6 +47,7 @@ def _rotary_planes(head_dim: int, partial_rotary_factor: float, rule: str) -> in
     return int(head_dim * partial_rotary_factor) if rule == "neox" else int(partial_rotary_factor * head_dim // 2)
 
 
+@builds_rope
 def gpt_neox(head_dim: int = 64, rope_theta: float = 10000.0, partial_rotary_factor: float = 0.25) -> AxialRoPE:
     """GPT-NeoX (Pythia) partial rotary: the first ``int(D * partial_rotary_factor)`` channels rotate, half-paired
     among themselves; the rest pass through. (Channels, not a mask: the half pairing spans the rotary width.)
@@ -59,6 +61,7 @@ def gpt_neox(head_dim: int = 64, rope_theta: float = 10000.0, partial_rotary_fac
     return AxialRoPE(rot_dim, theta=rope_theta, pairing="half")
 
 
+@builds_rope
 def p_rope(
     head_dim: int = 256, rope_theta: float = 1000000.0, partial_rotary_factor: float = 0.25, factor: float = 1.0
 ) -> AxialRoPE:
@@ -75,6 +78,7 @@ def p_rope(
     return AxialRoPE.from_frequencies(model, pairing="half")
 
 
+@builds_rope
 def rope_for_parameters(
     params: dict | None,
     head_dim: int,

@@ -22,7 +22,7 @@ import torch
 
 from ..frequencies import Frequencies, PositionTransform
 from ..rope import AxialRoPE
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 
 __all__ = ["ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions"]
 
@@ -53,6 +53,7 @@ def _check_heads(name: str, num_heads: int, head_dim: int, n_axes: int) -> None:
         raise ValueError(f"{name}: the hidden size {num_heads * head_dim} has no plane per axis")
 
 
+@builds_rope
 def ltx_video(
     num_attention_heads: int = 32,
     attention_head_dim: int = 64,
@@ -104,6 +105,7 @@ def ltx_video_positions(
     return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3).to(dtype)
 
 
+@builds_rope
 def ltx2(
     num_attention_heads: int = 32,
     attention_head_dim: int = 128,

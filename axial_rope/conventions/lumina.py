@@ -8,13 +8,14 @@ import torch
 
 from ..positions import grid, text_positions
 from ..rope import AxialRoPE
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 
 __all__ = ["lumina2", "lumina2_positions"]
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_lumina2.py` `Lumina2RotaryPosEmbed`"
 
 
+@builds_rope
 def lumina2(
     axes_dim_rope: Sequence[int] = (32, 32, 32), axes_lens: Sequence[int] = (300, 512, 512), theta: float = 10000.0
 ) -> AxialRoPE:

@@ -8,13 +8,14 @@ import torch
 
 from ..frequencies import Frequencies
 from ..rope import AxialRoPE
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 
 __all__ = ["mochi", "mochi_positions"]
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_mochi.py` `MochiRoPE`"
 
 
+@builds_rope
 def mochi(
     num_attention_heads: int = 24,
     attention_head_dim: int = 128,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..rope import AxialRoPE
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 from .llm import rope_for_parameters
 
 __all__ = ["LayerRoPE", "gemma", "llama4"]
@@ -55,6 +55,7 @@ class LayerRoPE:
         return torch.log1p(torch.floor((p + 1.0) / floor_scale)) * attn_scale + 1.0
 
 
+@builds_rope
 def gemma(
     layer_types: Sequence[str],
     rope_parameters: dict,
@@ -90,6 +91,7 @@ def gemma(
     return layers
 
 
+@builds_rope
 def llama4(
     num_hidden_layers: int,
     head_dim: int = 128,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from ..rope import AxialRoPE
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 
 __all__ = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "mrope_positions", "check_mrope_section"]
 
@@ -41,17 +41,20 @@ def check_mrope_section(mrope_section: Sequence[int], head_dim: int, name: str =
     return section
 
 
+@builds_rope
 def qwen2_vl(head_dim: int = 128, rope_theta: float = 1000000.0, mrope_section: Sequence[int] = (16, 24, 24)):
     """Qwen2-VL's M-RoPE: contiguous sections ``t | h | w`` of one spectrum, half pairing (``spectrum="split"``)."""
     section = check_mrope_section(mrope_section, head_dim)
     return AxialRoPE(tuple(2 * s for s in section), theta=rope_theta, pairing="half", spectrum="split")
 
 
+@builds_rope
 def qwen2_5_vl(head_dim: int = 128, rope_theta: float = 1000000.0, mrope_section: Sequence[int] = (16, 24, 24)):
     """Qwen2.5-VL: Qwen2-VL's frequencies; videos timed by :func:`mrope_positions` with ``tokens_per_second``."""
     return qwen2_vl(head_dim, rope_theta, mrope_section)
 
 
+@builds_rope
 def qwen3_vl(head_dim: int = 128, rope_theta: float = 5000000.0, mrope_section: Sequence[int] = (24, 20, 20)):
     """Qwen3-VL's interleaved M-RoPE: planes ``t, h, w, t, h, w, ...`` (``spectrum="cycled"``), half pairing.
 

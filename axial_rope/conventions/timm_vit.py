@@ -10,7 +10,7 @@ import torch
 from ..frequencies import Frequencies
 from ..rope import AxialRoPE
 from ..scaling import base_inv_freq
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 
 __all__ = ["timm_cat", "timm_positions", "eva02", "timm_mixed"]
 
@@ -33,6 +33,7 @@ def _bands(dim: int, temperature: float, in_pixels: bool, max_res: int, linear_b
     return (bands * torch.pi).double()
 
 
+@builds_rope
 def timm_cat(
     dim: int,
     temperature: float = 10000.0,
@@ -95,6 +96,7 @@ def timm_positions(
     return mesh.reshape(-1, 2).to(dtype)
 
 
+@builds_rope
 def eva02(embed_dim: int = 768, num_heads: int = 12, rope_temperature: float = 10000.0, rope_rotate_half: bool = False):
     """EVA-02 (timm ``Eva`` with ``use_rot_pos_emb``): :func:`timm_cat` on the head dim, language-model bands.
 
@@ -104,6 +106,7 @@ def eva02(embed_dim: int = 768, num_heads: int = 12, rope_temperature: float = 1
     return timm_cat(embed_dim // num_heads, rope_temperature, rotate_half=rope_rotate_half)
 
 
+@builds_rope
 def timm_mixed(freqs: torch.Tensor, *, grid_indexing: str = "xy", learnable: bool = False) -> list[AxialRoPE]:
     """One rope per block from ``RotaryEmbeddingMixed.freqs`` ``[2, depth, H, head_dim / 2]``: dense per-head ``F``.
 

@@ -24,7 +24,7 @@ import torch
 from ..frequencies import Frequencies
 from ..rope import AxialRoPE
 from ..scaling import base_inv_freq
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 from .qwen_vl import check_mrope_section
 
 __all__ = ["videorope", "videorope_positions"]
@@ -33,6 +33,7 @@ SOURCE = "VideoRoPE `videorope-transformer/modeling_videorope.py` (commit 7712ca
 CITATION = "Wei et al. 2025, arXiv:2502.05173"
 
 
+@builds_rope
 def videorope(head_dim: int = 128, rope_theta: float = 1000000.0, mrope_section: Sequence[int] = (16, 24, 24)):
     """VideoRoPE's frequency allocation (Qwen2-VL config fields): spatial planes interleaved, time last."""
     t, h, w = check_mrope_section(mrope_section, head_dim)

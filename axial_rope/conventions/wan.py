@@ -6,7 +6,7 @@ import torch
 
 from ..positions import grid
 from ..rope import AxialRoPE
-from ._registry import Convention, register
+from ._registry import Convention, builds_rope, register
 
 __all__ = ["wan", "wan_axes_dim", "video_grid_positions"]
 
@@ -21,6 +21,7 @@ def wan_axes_dim(attention_head_dim: int) -> tuple[int, int, int]:
     return attention_head_dim - 2 * hw, hw, hw
 
 
+@builds_rope
 def wan(attention_head_dim: int = 128, theta: float = 10000.0) -> AxialRoPE:
     """Wan's RoPE from ``attention_head_dim``: per-axis spectra over ``(t, y, x)``, interleaved, ``bshd``."""
     return AxialRoPE(wan_axes_dim(attention_head_dim), theta=theta, pairing="interleaved")

@@ -43,6 +43,7 @@ from timm.models import build_model_with_cfg, checkpoint, generate_default_cfgs,
 from timm.models._features import feature_take_indices
 from torch import nn
 
+from ..init import deferred_init
 from ..ops.rotation import Rotation
 from ..rope import AxialRoPE
 from ..scaling import Scaling
@@ -118,30 +119,41 @@ class AxialRoPEViT(nn.Module):
         self.num_prefix_tokens = 1 if class_token else 0
         self.dynamic_img_size, self.grad_checkpointing = dynamic_img_size, False
 
-        self.patch_embed = PatchEmbed(
-            img_size=img_size,
-            patch_size=patch_size,
-            in_chans=in_chans,
-            embed_dim=embed_dim,
-            flatten=not dynamic_img_size,
-            output_fmt="NHWC" if dynamic_img_size else None,
-            strict_img_size=not dynamic_img_size,
-        )
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        # one rotary layout shared by every block: (y, x) planes, interleaved as in timm's EVA/diffusers
-        self.rope = AxialRoPE((head_dim // 2, head_dim // 2), rope_theta, rope_scaling)
-        grid = tuple(self.patch_embed.grid_size)
-        self.rope_grid = self.grid_rope_cls(self.rope, grid, rope_positions, rope_scaling)
-        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
-        self.blocks = nn.ModuleList(
-            RopeBlock(embed_dim, num_heads, self.rope_grid, mlp_ratio, qkv_bias, qk_norm, init_values, dpr[i])
-            for i in range(depth)
-        )
-        reduction = self.patch_embed.patch_size[0]
-        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=reduction) for i in range(depth)]
-        self.norm = LayerNorm(embed_dim)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        with deferred_init(self):  # built on meta, then reset_parameters: a meta-device build reproduces it
+            self.patch_embed = PatchEmbed(
+                img_size=img_size,
+                patch_size=patch_size,
+                in_chans=in_chans,
+                embed_dim=embed_dim,
+                flatten=not dynamic_img_size,
+                output_fmt="NHWC" if dynamic_img_size else None,
+                strict_img_size=not dynamic_img_size,
+            )
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+            # one rotary layout shared by every block: (y, x) planes, interleaved as in timm's EVA/diffusers
+            self.rope = AxialRoPE((head_dim // 2, head_dim // 2), rope_theta, rope_scaling)
+            grid = tuple(self.patch_embed.grid_size)
+            self.rope_grid = self.grid_rope_cls(self.rope, grid, rope_positions, rope_scaling)
+            dpr = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # python floats, also under meta
+            self.blocks = nn.ModuleList(
+                RopeBlock(embed_dim, num_heads, self.rope_grid, mlp_ratio, qkv_bias, qk_norm, init_values, dpr[i])
+                for i in range(depth)
+            )
+            reduction = self.patch_embed.patch_size[0]
+            self.feature_info = [
+                dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=reduction) for i in range(depth)
+            ]
+            self.norm = LayerNorm(embed_dim)
+            self.head_drop = nn.Dropout(drop_rate)
+            self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def reset_parameters(self) -> None:
+        """timm's ViT init: each layer's own reset (patch conv, norms, layer scales, the rope's buffers), then
+        truncated-normal linears (std 0.02, zero biases) and the class token from ``N(0, 1e-6)``; also the
+        re-initialisation of a model built on the meta device after ``to_empty``."""
+        for m in self.modules():
+            if m is not self and not isinstance(m, nn.Linear) and hasattr(m, "reset_parameters"):
+                m.reset_parameters()
         self.apply(self._init_weights)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)

@@ -87,6 +87,11 @@ class ALiBi(nn.Module):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)  # [H]
 
+    def reset_parameters(self) -> None:
+        """The slopes recomputed (a module built on the meta device gets them here, after ``to_empty``)."""
+        with torch.device("cpu"):
+            self.slopes.copy_(alibi_slopes(self.slopes.shape[0]))
+
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """``q_pos [S]``, ``k_pos [S_k]`` (int) -> additive bias ``[1, H, S, S_k]``; keys ahead get 0 (masked anyway)."""
         distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()  # [S, S_k]
