@@ -6,13 +6,38 @@ from __future__ import annotations
 import pytest
 import torch
 
-# One tolerance per dtype (atol, rtol), used by every backend-vs-reference comparison.
+U32, U64 = 2.0**-24, 2.0**-53  # unit roundoff of float32 and float64
+
+# One tolerance per dtype (atol, rtol), used by every backend-vs-reference comparison, each from an error bound.
+# A backend rotates a plane z = (a, b) by tables rounded once from float64 angles (u each) with two products
+# and a sum per channel (a c - b s): |error| <= 4 u m (|a| + |b|) <= 6 u m |z| in the compute dtype, m <= 1.2
+# the attention factor; RMSNorm first (norm_rotate_qk) adds (D / 2 + 8) u of |x_hat| (D <= 16 where it is
+# checked). float64: 6 u |z| = 7e-16 |z|, so 1e-12 holds for |z| up to 1000 (the two sides form the same
+# float64 angle products for axial F). float32: 6 * 1.2 * 2**-24 |z| = 4.3e-7 |z|, so an absolute 1e-5 holds
+# for planes |z| < 20 (unit normals stay below 8) and the relative 1e-5 for the rest. float16 and bfloat16:
+# the float32 result and the exact one are each rounded once, and may round to neighbours: 1 ulp apart,
+# 2**-10 and 2**-7 relative, within 2e-3 and 1.6e-2 (2 ulps). On CUDA the Triton kernels' hardware cos/sin
+# are within 2**-21.4 = 3.7e-7 (CUDA's __cosf/__sinf on [-pi, pi]): 9e-7 |z| in float32, within 1e-5 for
+# |z| < 11. A wrong angle, pairing or sign is off by O(|z|).
 TOL = {
     torch.float64: (1e-12, 1e-12),
     torch.float32: (1e-5, 1e-5),
     torch.float16: (2e-3, 2e-3),
     torch.bfloat16: (1.6e-2, 1.6e-2),
 }
+
+
+def chain_bound(u: float, terms: int, stages: int, lam: float = 8.0) -> float:
+    """Relative bound (to the outputs' scale) on two evaluations of one model that sum in other orders.
+
+    Each stage (a projection, an attention or norm sum, ...) sums at most ``terms`` terms. A sum's
+    rounding error is within ``lam sqrt(n) u sum |t_i|`` with probability at least
+    ``1 - 2 n exp(-lam**2 / 2)`` (Higham & Mary 2019, probabilistic rounding error analysis; ``lam = 8``:
+    above 1 - 3e-10 for n <= 1e4), and ``sum |t_i|`` of random-sign terms is about ``sqrt(n)`` times
+    ``|sum t_i|`` (the scale); the stages' errors add: ``stages * lam * n * u``. The deterministic worst
+    case (``n u`` of ``sum |t_i|`` per sum, every rounding aligned) is some sqrt(n) times looser.
+    """
+    return stages * lam * terms * u
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None) -> None:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from conventions_support import max_diff
+from conventions_support import EPS32, max_diff, upstream_table_bound
 
 import axial_rope as ar
 from axial_rope import conventions as conv
@@ -50,7 +50,7 @@ def test_interleaved_model_types():
     ids = torch.arange(9)[None]
     cos, sin = CohereRotaryEmbedding(config)(torch.zeros(1), ids)  # repeat_interleave: (2j, 2j+1) share a plane
     ours = rope.cos_sin(ids[..., None].float())
-    assert max_diff((ours[0], cos), (ours[1], sin)) <= 1e-5
+    assert max_diff((ours[0], cos), (ours[1], sin)) <= upstream_table_bound(rope, ids[..., None].float())
 
 
 DIFFUSERS_CONFIGS = {
@@ -90,7 +90,8 @@ def test_diffusers_model_config_object():
     ids = conv.flux_positions(3, 2, 3)
     cos, sin = model.pos_embed(ids)
     ours = rope.cos_sin(ids)
-    assert max_diff((ours[0], cos), (ours[1], sin)) <= 1e-6
+    # Flux builds its tables from float64 angles on the CPU: both are float64 values rounded once
+    assert max_diff((ours[0], cos), (ours[1], sin)) <= 2 * EPS32
 
 
 def test_ltx2_audio_config():

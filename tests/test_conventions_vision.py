@@ -19,7 +19,9 @@ from conventions_support import (
     exact_tables,
     float32_angle_bound,
     max_diff,
+    rotation_bound,
     seeded,
+    upstream_table_bound,
 )
 
 import axial_rope as ar
@@ -54,13 +56,11 @@ def test_timm_cat(name, shape):
     rope = conv.timm_cat(32, 100.0, in_pixels=in_pixels, rotate_half=kwargs.get("rotate_half", False), **rope_kwargs)
     pos = conv.timm_positions(shape, **grid_kwargs)
     cos, sin = rope.cos_sin(pos)
-    diff = max_diff((cos, ref_cos), (sin, ref_sin))
-    assert diff <= 1e-5, diff
-    check_documented("timm_cat", diff)
+    bound = upstream_table_bound(rope, pos)  # pixel bands turn up to max_res / 2 * pi = 100 rad per unit
+    check_documented("timm_cat", max_diff((cos, ref_cos), (sin, ref_sin)), bound)
     q = seeded(2, 3, pos.shape[0], 32)  # timm attention is bhsd
     want = sincos.apply_rot_embed_cat(q, emb, half=kwargs.get("rotate_half", False))
-    # pixel bands turn up to max_res / 2 * pi = 100 rad: timm's float32 tables sit ~1e-5 off, times |q| ~ 4
-    assert_close(rope.rotate(q, pos, layout="bhsd"), want, 1e-4 if in_pixels else 1e-5)
+    assert_close(rope.rotate(q, pos, layout="bhsd"), want, rotation_bound(q, bound))
 
 
 def test_timm_cat_far_from_the_origin():
@@ -92,15 +92,14 @@ def test_eva02_model_tables(img, ref):
     rope = conv.eva02(48, 2)
     pos = conv.timm_positions((grid, grid), ref_feat_shape=ref)
     cos, sin = rope.cos_sin(pos)
-    diff = max_diff((cos, ref_cos), (sin, ref_sin))
-    assert diff <= 1e-5
-    check_documented("eva02", diff)
+    bound = upstream_table_bound(rope, pos)
+    check_documented("eva02", max_diff((cos, ref_cos), (sin, ref_sin)), bound)
     # the block's queries (patch tokens; EvaAttention leaves the class token unrotated), rotated as timm does
     attn = model.blocks[0].attn
     with torch.no_grad():
         q = attn.qkv(seeded(1, grid * grid + 1, 48, seed=2)).reshape(1, -1, 3, 2, 24).permute(2, 0, 3, 1, 4)[0]
     ours = rope.rotate(q[:, :, 1:], pos, layout="bhsd")
-    assert_close(ours, sincos.apply_rot_embed_cat(q[:, :, 1:], emb), 1e-5)
+    assert_close(ours, sincos.apply_rot_embed_cat(q[:, :, 1:], emb), rotation_bound(q, bound))
 
 
 @pytest.mark.parametrize("grid_indexing", ["xy", "ij"])
@@ -111,16 +110,15 @@ def test_timm_mixed(grid_indexing, shape):
     emb = embed.get_embed(list(shape))  # [depth, H, N, 2 * head_dim]
     ropes = conv.timm_mixed(embed.freqs, grid_indexing=grid_indexing)
     pos = ar.grid(*shape)
-    worst = 0.0
+    worst, bound = 0.0, max(upstream_table_bound(rope, pos) for rope in ropes)
     for block, rope in enumerate(ropes):
         ref_sin, ref_cos = emb[block].chunk(2, -1)  # [H, N, D]
         cos, sin = rope.cos_sin(pos)  # [N, H, D]
         worst = max(worst, max_diff((cos.transpose(0, 1), ref_cos), (sin.transpose(0, 1), ref_sin)))
         q = seeded(2, 4, pos.shape[0], 16, seed=block)
         want = sincos.apply_rot_embed_cat(q, emb[block])
-        assert_close(rope.rotate(q, pos, layout="bhsd"), want, 1e-5)
-    assert worst <= 1e-5
-    check_documented("timm_mixed", worst)
+        assert_close(rope.rotate(q, pos, layout="bhsd"), want, rotation_bound(q, bound))
+    check_documented("timm_mixed", worst, bound)
     # near 1e6, against timm's formula in float64 (get_mixed_freqs: t_x * freqs[0] + t_y * freqs[1], in float32
     # there, where 1e6 keeps no angle): (t_x, t_y) are the grid's channels, (x, y) for "xy"
     far = pos.double() + 1e6
@@ -145,12 +143,11 @@ def test_dinov3_transformers(head_dim, size):
     rope = conv.dinov3(head_dim, 100.0)
     pos = ar.grid(H, W)  # integer grid: the position map normalises it to the patch centres
     cos, sin = rope.cos_sin(pos)
-    diff = max_diff((cos, ref_cos), (sin, ref_sin))
-    assert diff <= 1e-5
-    check_documented("dinov3", diff)
+    bound = upstream_table_bound(rope, pos)
+    check_documented("dinov3", max_diff((cos, ref_cos), (sin, ref_sin)), bound)
     q = seeded(1, 2, H * W, head_dim)
     want = q * ref_cos + dino.rotate_half(q) * ref_sin  # transformers' apply_rotary_pos_emb on the patch tokens
-    assert_close(rope.rotate(q, pos, layout="bhsd"), want, 1e-5)
+    assert_close(rope.rotate(q, pos, layout="bhsd"), want, rotation_bound(q, bound))
     # the position map equals DINOv3's coordinates, 2 pi c / period in float64
     periods = 100.0 ** (4 * torch.arange(head_dim // 4, dtype=torch.float64) / head_dim)
     coords = dino.get_patches_center_coordinates(H, W, torch.float64, "cpu")
@@ -170,4 +167,4 @@ def test_dinov3_timm_normalize_and_periods(normalize):
         rope = conv.dinov3(32, 100.0 if not extra else None, normalize_coords=normalize,
                            min_period=extra.get("min_period"), max_period=extra.get("max_period"))  # fmt: skip
         cos, sin = rope.cos_sin(ar.grid(5, 3))
-        assert max_diff((cos, ref_cos), (sin, ref_sin)) <= 1e-5
+        assert max_diff((cos, ref_cos), (sin, ref_sin)) <= upstream_table_bound(rope, ar.grid(5, 3))

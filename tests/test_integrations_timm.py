@@ -23,8 +23,9 @@ def _model(**kwargs):
 
 
 def _run(model, size: int, batch: int = 2) -> torch.Tensor:
+    dtype = next(model.parameters()).dtype
     with torch.no_grad():
-        return model(torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(size)))
+        return model(torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(size)).to(dtype))
 
 
 def test_registered_names_are_listed_by_timm():
@@ -85,7 +86,7 @@ def test_interpolation_equals_plain_indices_at_the_trained_size_only():
     interp = _model(rope_positions="interpolate")
     with pytest.warns(UserWarning, match="rope_positions='none' loaded into a model with 'interpolate'"):
         interp.load_state_dict(none.state_dict())  # another inference choice: allowed, never silent
-    torch.testing.assert_close(_run(interp, 224), _run(none, 224))
+    torch.testing.assert_close(_run(interp, 224), _run(none, 224))  # the same positions and arithmetic: equal
     assert _run(interp, 320).sub(_run(none, 320)).abs().max() > 1e-5
 
 
@@ -103,14 +104,16 @@ def test_frequency_modes_equal_plain_indices_at_the_trained_size_only(mode):
 def test_only_relative_positions_matter():
     # RoPE is the only position signal: shifting every patch coordinate leaves the output unchanged
     # (without a class token, whose unrotated q/k would see absolute patch angles)
-    model = _model(rope_positions="none", class_token=False, global_pool="avg")
+    model = _model(rope_positions="none", class_token=False, global_pool="avg").double()  # float64: an equality
     with torch.no_grad():  # sharper attention than the 0.02-std init, so positions visibly matter
         for block in model.blocks:
             block.attn.qkv.weight.mul_(20)
     expected = _run(model, 224)
     # the model's positional code is its GridRoPE (one torch.fx leaf): other coordinates go there
     model.rope_grid.positions = lambda h, w, device=None: ar.grid(h, w, offset=(37.0, -5.0), device=device)
-    torch.testing.assert_close(_run(model, 224), expected, atol=1e-4, rtol=1e-4)
+    # float64: angles up to 60 rad move by 60 * 2**-53 = 7e-15 rad; through 4 blocks of sharp attention
+    # softmax weights move by 2 |s| 7e-15 relative, below 1e-10 for any logit |s| < 1e4: within 1e-9
+    torch.testing.assert_close(_run(model, 224), expected, atol=1e-9, rtol=1e-9)
     model.rope_grid.positions = lambda h, w, device=None: ar.grid(h, w, scale=2.0, device=device)  # not a shift
     assert _run(model, 224).sub(expected).abs().max() > 1e-2
 
@@ -160,14 +163,15 @@ def test_forward_intermediates_matches_forward_features():
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
-    model = _model(num_classes=3).train()
-    images = torch.randn(1, 3, 160, 160)
+    model = _model(num_classes=3).train().double()  # float64: recomputing may sum in another order
+    images = torch.randn(1, 3, 160, 160, dtype=torch.float64)
     model(images).sum().backward()
     expected = model.patch_embed.proj.weight.grad.clone()
     model.zero_grad()
     model.set_grad_checkpointing(True)
     model(images).sum().backward()
-    torch.testing.assert_close(model.patch_embed.proj.weight.grad, expected, atol=1e-6, rtol=1e-5)
+    # within helpers.chain_bound(U64, 256, 20) = 5e-12 of the gradient's scale
+    torch.testing.assert_close(model.patch_embed.proj.weight.grad, expected, atol=1e-10, rtol=1e-10)
 
 
 def test_fixed_size_model_rejects_other_sizes():

@@ -82,6 +82,8 @@ def test_attention_matches_spelled_out_reference_odd_shapes(sizes, qk_norm, fuse
     x = torch.randn(3, pos.shape[0], 96, dtype=torch.float64)
     out = attn(x, pos)
     assert out.shape == x.shape
+    # float64 bound: the two differ in summation order only, each output a chain of sums of < 200 terms
+    # (projections, scores, softmax, values): < 200 * 4 u = 1e-13 of the terms' scale (u = 1.1e-16)
     torch.testing.assert_close(out, _reference_attention(attn, x, pos, rope), atol=1e-10, rtol=1e-10)
 
 
@@ -107,8 +109,10 @@ def test_attention_factor_placements_agree_at_full_rotary_and_differ_at_partial(
     a_rope = _randomize(Attention(64, 4, rope)).double()
     a_soft = Attention(64, 4, rope, factor_placement="softmax").double()
     a_soft.load_state_dict(a_rope.state_dict())
-    # (the softmax placement rotates by cos_sin's float32 tables: float32 accuracy)
-    torch.testing.assert_close(a_soft(x, pos), a_rope(x, pos), atol=1e-6, rtol=1e-6)
+    # float64 on both sides (the softmax placement rotates float64 q and k without the factor): af * af in
+    # the softmax scale against af in each of q and k, a few roundings apart, < 1e-13 as above; the 1e-6
+    # this test used assumed float32 tables
+    torch.testing.assert_close(a_soft(x, pos), a_rope(x, pos), atol=1e-10, rtol=1e-10)
     # partial rotary (16 of 24 channels): the softmax placement scales every channel
     x = torch.randn(2, 12, 96, dtype=torch.float64)
     rope = ar.AxialRoPE((8, 8), scaling=yarn)
@@ -117,7 +121,7 @@ def test_attention_factor_placements_agree_at_full_rotary_and_differ_at_partial(
     a_soft.load_state_dict(a_rope.state_dict())
     unit = ar.AxialRoPE((8, 8), scaling=ar.scaling.YaRN(4.0, 8, attention_factor=1.0))
     expected = _reference_attention(a_soft, x, pos, unit, gain=af * af)
-    torch.testing.assert_close(a_soft(x, pos), expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(a_soft(x, pos), expected, atol=1e-10, rtol=1e-10)
     assert (a_soft(x, pos) - a_rope(x, pos)).abs().max() > 1e-4
 
 
@@ -136,6 +140,8 @@ def test_causal_attention_ignores_future_tokens_and_combines_with_mask():
     y = attn(x, pos)
     x2 = x.clone()
     x2[:, 5:] += 1.0
+    # masked keys add exact zeros: only a different split of the float64 sums could move an output, by
+    # < 40 * 2 u of its scale (O(1)): 1e-14
     torch.testing.assert_close(attn(x2, pos)[:, :5], y[:, :5], atol=1e-12, rtol=0)
     # a key-padding mask (last two keys hidden) on top of causality; bool and additive masks agree
     keep = torch.ones(9, 9, dtype=torch.bool)
@@ -143,7 +149,8 @@ def test_causal_attention_ignores_future_tokens_and_combines_with_mask():
     y_bool = attn(x, pos, mask=keep)
     y_float = attn(x, pos, mask=torch.zeros(9, 9, dtype=torch.float64).masked_fill(~keep, float("-inf")))
     expected = _reference_attention(attn, x, pos, rope, mask=keep, causal=True)
-    torch.testing.assert_close(y_bool[:, :7], expected[:, :7], atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(y_bool[:, :7], expected[:, :7], atol=1e-10, rtol=1e-10)  # float64: as above
+    # the two masks may take different SDPA kernels: other summation orders, < 40 * 4 u of O(1) outputs
     torch.testing.assert_close(y_float[:, :7], y_bool[:, :7], atol=1e-12, rtol=0)
 
 
@@ -169,14 +176,15 @@ def test_attention_rejects_bad_arguments():
 def test_cached_decoding_equals_full_causal_attention(scaling, num_kv_heads):
     rope = ar.AxialRoPE(8, scaling=scaling, pairing="half")
     attn = _randomize(Attention(64, 4, rope, num_kv_heads=num_kv_heads, head_dim=16, causal=True, qk_norm="rms"))
+    attn = attn.double()  # an equality: float64, where the decode and the full pass differ by < 1e-13 as above
     total, prompt = 13, 5
-    x = torch.randn(2, total, 64)
+    x = torch.randn(2, total, 64, dtype=torch.float64)
     full = attn(x, torch.arange(total), seq_len=total)
-    cache = KVCache(2, total, num_kv_heads, 16)
+    cache = KVCache(2, total, num_kv_heads, 16, dtype=torch.float64)
     outs = [attn(x[:, :prompt], cache=cache, input_pos=torch.arange(prompt), seq_len=total)]
     for i in range(prompt, total):
         outs.append(attn(x[:, i : i + 1], cache=cache, input_pos=torch.tensor([i]), seq_len=total))
-    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-10, rtol=1e-10)
 
 
 def test_cache_holds_keys_rotated_exactly_once():
@@ -190,6 +198,7 @@ def test_cache_holds_keys_rotated_exactly_once():
     _, k_raw, v = attn._project(x)  # [B, S, H, D], unrotated
     once = rope.rotate(k_raw, torch.arange(6)).transpose(1, 2)
     twice = rope.rotate(rope.rotate(k_raw, torch.arange(6)), torch.arange(6)).transpose(1, 2)
+    # the same float64 rotation of the same keys: within 6 u |z| = 1e-15 |z| (helpers.TOL)
     torch.testing.assert_close(cache.k[:, :, :6], once, atol=1e-12, rtol=0)
     torch.testing.assert_close(cache.v[:, :, :6], v.transpose(1, 2), atol=1e-12, rtol=0)
     assert (cache.k[:, :, 1:6] - twice[:, :, 1:6]).abs().amax() > 1e-3  # re-rotation would be caught
@@ -267,6 +276,7 @@ def test_dit_block_output_unchanged_when_every_position_shifts(shift):
     x, c = torch.randn(2, 12, 64, dtype=torch.float64), torch.randn(2, 64, dtype=torch.float64)
     pos = ar.grid(3, 4)
     y = block(x, c, pos)
+    # float64: angles up to 1e3 rad move by 1e3 * 2**-53 = 1e-13 rad, the block's outputs by less than 1e-11
     torch.testing.assert_close(block(x, c, pos + torch.tensor(shift)), y, atol=1e-9, rtol=1e-9)
 
 
@@ -278,7 +288,7 @@ def test_text_tokens_with_own_positions_shift_with_the_image_or_break_invariance
     pos = torch.cat([text, image])
     y = block(x, c, pos)
     shift = torch.tensor([5.0, 9.0])
-    torch.testing.assert_close(block(x, c, pos + shift), y, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(block(x, c, pos + shift), y, atol=1e-9, rtol=1e-9)  # float64: as above
     # the text tokens keep their own positions: moving only the image changes text-image attention
     moved = torch.cat([text, image + shift])
     assert (block(x, c, moved) - y).abs().max() > 1e-3
@@ -286,14 +296,17 @@ def test_text_tokens_with_own_positions_shift_with_the_image_or_break_invariance
 
 def test_per_sample_positions_and_bfloat16_block():
     # pos [B, S, n_axes]: each sample its own offset; translation invariance makes the outputs equal
-    block = _randomize(DiTBlock(64, 4, ar.AxialRoPE((8, 8)), qk_norm="rms"), std=0.3)
+    block = _randomize(DiTBlock(64, 4, ar.AxialRoPE((8, 8)), qk_norm="rms"), std=0.3).double()
     x, c = torch.randn(1, 6, 64).expand(2, -1, -1), torch.randn(1, 64).expand(2, -1)
     pos = torch.stack([ar.grid(2, 3), ar.grid(2, 3, offset=(40.0, -7.0))])
-    y = block(x, c, pos)
-    torch.testing.assert_close(y[0], y[1], atol=1e-5, rtol=1e-5)
+    y = block(x.double(), c.double(), pos)
+    # an equality, in float64: angles up to 43 rad apart, 5e-15 rad of rounding; the block moves it < 1e-11
+    torch.testing.assert_close(y[0], y[1], atol=1e-9, rtol=1e-9)
     y16 = block.to(torch.bfloat16)(x.bfloat16(), c.bfloat16(), pos)
     assert y16.dtype == torch.bfloat16
-    assert (y16.float() - y).norm() / y.norm() < 0.05  # bf16 rounding of weights and activations
+    # bf16 rounding of weights and activations: 2**-9 relative each, some 20 along a path through the block:
+    # about 4e-2 of the output's norm (to first order)
+    assert (y16.double() - y).norm() / y.norm() < 0.05
 
 
 def test_label_embedder_drops_labels_for_guidance():
@@ -348,9 +361,9 @@ def test_patch_embed_rejects_sizes_not_divisible_by_the_patch():
 @pytest.mark.slow
 def test_dit_block_compiles_fullgraph_on_cpu():
     torch._dynamo.reset()
-    block = _randomize(DiTBlock(32, 2, ar.AxialRoPE((8, 8)), qk_norm="rms")).eval()
-    x, c, pos = torch.randn(1, 6, 32), torch.randn(1, 32), ar.grid(2, 3)
+    block = _randomize(DiTBlock(32, 2, ar.AxialRoPE((8, 8)), qk_norm="rms")).eval().double()
+    x, c, pos = torch.randn(1, 6, 32, dtype=torch.float64), torch.randn(1, 32, dtype=torch.float64), ar.grid(2, 3)
     # aot_eager: dynamo's full-graph capture and AOT autograd without inductor's C++ build (minutes on 2 cores)
     compiled = torch.compile(block, fullgraph=True, backend=COMPILE_BACKEND)
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x, c, pos), block(x, c, pos), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # float64: the compiled graph may sum in another order, < 1e-13 apart as above
+        torch.testing.assert_close(compiled(x, c, pos), block(x, c, pos), atol=1e-10, rtol=1e-10)

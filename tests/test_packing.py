@@ -1,4 +1,17 @@
-"""Packing (axial_rope.packing) and per-item scaling on packed tokens (axial_rope.packed_rope): equal to per item."""
+"""Packing (axial_rope.packing) and per-item scaling on packed tokens (axial_rope.packed_rope): equal to per item.
+
+Packed against per item is an equality, checked in float64 (``TOL``): both sides form each angle
+as one float64 product of a position and a frequency (the packed block positions are zero off the
+item's axes), the frequencies agreeing to a few ulps (|angle| < 10: 1e-14 rad), then one rotation
+(6 u |z|, helpers.TOL) and RMSNorm ((D / 2 + 8) u), with u = 1.1e-16 and |z| < 8: below 1e-14, and
+``TOL = 1e-12``. (The float32 1e-6 once used sat below the float32 bound, 12 u m |z| = 5e-6 for two
+float32 rotations.) An item rotated with another item's scaling is off by O(1).
+
+One exception: with per-token attention factors (YaRN items of different sizes) ``PackedRoPE``
+rotates by float32 tables (its ``cos_sin``), float64 inputs too, so the packed side is within the
+tables' rounding, ``u m (|a| + |b|)`` per plane with u = 2**-24 and the factor m < 1.1
+(:func:`_float32_table_bound`).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +30,7 @@ from axial_rope.packed_rope import PackedRoPE, item_rope
 from axial_rope.packing import Item, greedy_pack, pack, unpack
 
 C = 6
+TOL = 1e-12  # float64 error bound (module docstring)
 
 
 def _mixed_items():
@@ -150,15 +164,23 @@ def _packed_case(mode, heads=2, dim=16):
     items, qs = [], []
     for h, w in SIZES:
         sized = ar.positions_for_size((h, w), 4, mode)
-        q = torch.randn(1, h * w, heads, dim)
+        q = torch.randn(1, h * w, heads, dim, dtype=torch.float64)
         items.append(Item(q[0].reshape(h * w, -1), sized.pos, (h, w), scaling=sized.scaling))
         qs.append(q)
     return items, qs, pack(items)
 
 
+def _float32_table_bound(x: torch.Tensor, gain: float = 1.0) -> float:
+    """Rotating x by float32 tables (factor m < 1.1) instead of float64 ones: within u m (|a| + |b|) <= 2.2 u max |x|.
+
+    ``gain`` bounds what comes after the rotation (RMSNorm's backward: max |w| / min rms).
+    """
+    return 2.2 * 2.0**-24 * float(x.abs().max()) * gain
+
+
 def _rotate_both(rope, q, k, pos, backend, norm):
     if norm:
-        w = torch.linspace(0.5, 1.5, q.shape[-1])
+        w = torch.linspace(0.5, 1.5, q.shape[-1], dtype=q.dtype)
         return rope.norm_and_rotate(q, k, pos, w, w, backend=backend)
     return rope(q, k, pos, backend=backend)
 
@@ -174,10 +196,17 @@ def test_per_item_scaling_equals_each_item_rotated_by_its_own_rope(backend, mode
     k = (2 * q.detach()).requires_grad_()
     qo, ko = _rotate_both(packed, q, k, p.pos, backend, norm)
     ref = [_rotate_both(rope.with_scaling(it.scaling), x, 2 * x, it.pos, backend, norm) for it, x in zip(items, qs)]
-    torch.testing.assert_close(qo[0], torch.cat([r[0][0] for r in ref]), atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(ko[0], torch.cat([r[1][0] for r in ref]), atol=1e-6, rtol=1e-6)
+    g = torch.randn(qo.shape, dtype=qo.dtype)
+    tol = grad_tol = TOL
+    if mode == "yarn":  # float32 tables (module docstring), of k = 2 q (normalised: what the rotation sees)
+        w = torch.linspace(0.5, 1.5, 16, dtype=q.dtype)
+        rms = (k.detach().square().mean(-1) + 1e-6).sqrt()
+        rotated = k.detach() / rms[..., None] * w if norm else k.detach()
+        tol = _float32_table_bound(rotated)
+        grad_tol = _float32_table_bound(g, 1.5 / float(rms.min()) if norm else 1.0)
+    torch.testing.assert_close(qo[0], torch.cat([r[0][0] for r in ref]), atol=tol, rtol=TOL)
+    torch.testing.assert_close(ko[0], torch.cat([r[1][0] for r in ref]), atol=tol, rtol=TOL)
     # backward: the adjoint of each item's rotation
-    g = torch.randn(qo.shape)
     grad_q, grad_k = torch.autograd.grad((qo * g).sum() + (ko * g).sum(), (q, k))
     parts = torch.split(g[0], p.lengths)
     ref_grads = []
@@ -185,8 +214,8 @@ def test_per_item_scaling_equals_each_item_rotated_by_its_own_rope(backend, mode
         xq, xk = x.clone().requires_grad_(), (2 * x).requires_grad_()
         a, b = _rotate_both(rope.with_scaling(it.scaling), xq, xk, it.pos, backend, norm)
         ref_grads.append(torch.autograd.grad((a[0] * gi).sum() + (b[0] * gi).sum(), (xq, xk)))
-    torch.testing.assert_close(grad_q[0], torch.cat([r[0][0] for r in ref_grads]), atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(grad_k[0], torch.cat([r[1][0] for r in ref_grads]), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grad_q[0], torch.cat([r[0][0] for r in ref_grads]), atol=grad_tol, rtol=TOL)
+    torch.testing.assert_close(grad_k[0], torch.cat([r[1][0] for r in ref_grads]), atol=grad_tol, rtol=TOL)
 
 
 def test_block_rows_are_shared_per_axis():
@@ -210,24 +239,24 @@ def test_one_scaling_for_every_item_is_the_plain_rope():
 def test_length_dependent_scaling_sees_each_items_own_length():
     rope = ar.AxialRoPE(16, scaling=ar.scaling.DynamicNTK(2.0, max_position_embeddings=6))
     lengths = [4, 9, 13]
-    xs = [torch.randn(1, n, 1, 16) for n in lengths]
+    xs = [torch.randn(1, n, 1, 16, dtype=torch.float64) for n in lengths]
     p = pack([Item.text(x[0, :, 0]) for x in xs])
     packed = p.rope(rope)
     out = packed.rotate(p.tokens[None, :, None], p.pos)
     ref = torch.cat([rope.rotate(x, torch.arange(n)) for x, n in zip(xs, lengths)], 1)
-    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out, ref, atol=TOL, rtol=TOL)
     with pytest.raises(ValueError, match="length-dependent"):
-        ar.Attention(16, 1, rope)(torch.randn(1, 26, 16), p.pos, segments=p.segments)
+        ar.Attention(16, 1, rope).double()(torch.randn(1, 26, 16, dtype=torch.float64), p.pos, segments=p.segments)
 
 
 def test_an_items_own_length_dependent_scaling_sees_its_length_on_an_unscaled_rope():
     rope, method = ar.AxialRoPE(16), ar.scaling.DynamicNTK(2.0, max_position_embeddings=6)
     lengths = [4, 9, 13]
-    xs = [torch.randn(1, n, 1, 16) for n in lengths]
+    xs = [torch.randn(1, n, 1, 16, dtype=torch.float64) for n in lengths]
     p = pack([Item(x[0, :, 0], torch.arange(n)[:, None], (n,), scaling=method) for x, n in zip(xs, lengths)])
     out = p.rope(rope).rotate(p.tokens[None, :, None], p.pos)
     ref = torch.cat([rope.with_scaling(method).rotate(x, torch.arange(n)) for x, n in zip(xs, lengths)], 1)
-    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out, ref, atol=TOL, rtol=TOL)
 
 
 def test_item_rope_refuses_what_it_cannot_pack():
@@ -255,7 +284,7 @@ TRITON_SCRIPT = textwrap.dedent(
         items, xs = [], []
         for s in sizes:  # 8 items, every axis with its own factor per item: up to 24 block rows
             sized = ar.positions_for_size(s, 1, mode)
-            x = torch.randn(1, sized.pos.shape[0], 2, 16)
+            x = torch.randn(1, sized.pos.shape[0], 2, 16, dtype=torch.float64)  # float64: equality (module docstring)
             items.append(Item(x[0].flatten(1), sized.pos, s, scaling=sized.scaling)); xs.append(x)
         p = pack(items)
         packed = p.rope(rope)
@@ -263,14 +292,17 @@ TRITON_SCRIPT = textwrap.dedent(
         q = p.tokens.reshape(1, -1, 2, 16).clone().requires_grad_()
         qo, _ = packed(q, None, p.pos, backend="triton")
         ref = torch.cat([rope.with_scaling(it.scaling).rotate(x, it.pos, backend="torch") for it, x in zip(items, xs)], 1)
-        torch.testing.assert_close(qo, ref, atol=1e-6, rtol=1e-6)
-        g = torch.randn(qo.shape)
+        # float64 (the module docstring's bound: 1e-12), but YaRN's per-token factors: float32 tables
+        tol = 1e-12 if mode == "ntk" else 2.2 * 2.0**-24 * float(q.abs().max())
+        torch.testing.assert_close(qo, ref, atol=tol, rtol=1e-12)
+        g = torch.randn(qo.shape, dtype=qo.dtype)
         (gq,) = torch.autograd.grad((qo * g).sum(), q)
         xr = torch.cat(xs, 1).requires_grad_()
         parts = torch.split(xr, p.lengths, 1)
         out = torch.cat([rope.with_scaling(it.scaling).rotate(x, it.pos, backend="torch") for it, x in zip(items, parts)], 1)
         (gr,) = torch.autograd.grad((out * g).sum(), xr)
-        torch.testing.assert_close(gq, gr, atol=1e-6, rtol=1e-6)
+        tol = 1e-12 if mode == "ntk" else 2.2 * 2.0**-24 * float(g.abs().max())
+        torch.testing.assert_close(gq, gr, atol=tol, rtol=1e-12)
         print(mode, rows, "ok")
     """
 )

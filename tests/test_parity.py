@@ -2,7 +2,10 @@
 
 Every test builds the other library's tables with its own code, then the AxialRoPE
 arguments and positions that docs/conventions.md gives for it, and compares cos, sin
-and the rotated q/k (float32, 1e-5). Shapes are tiny; the point is the convention.
+and the rotated q/k. Shapes are tiny; the point is the convention. The tables are held to the bound
+of upstream's float32 arithmetic (``conventions_support.upstream_table_bound``: float32 angles within
+``(ln theta + 7)`` roundings of |angle|, plus cos/sin's own rounding), the rotations to
+``rotation_bound`` of it; a wrong axis, pairing or frequency is off by O(1).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conventions_support import rotation_bound, upstream_table_bound
 from helpers import LLAMA_ROPE_PARAMETERS, assert_close, llama_config, qwen_vl_config
 
 import axial_rope as ar
@@ -21,7 +25,10 @@ diffusers_embeddings = pytest.importorskip("diffusers.models.embeddings")
 timm_sincos = pytest.importorskip("timm.layers.pos_embed_sincos")
 pytest.importorskip("transformers")
 
-TOL32 = torch.float32  # tolerance row of helpers.TOL: 1e-5 absolute and relative
+
+def close(actual: torch.Tensor, expected: torch.Tensor, atol: float) -> None:
+    """Entry by entry within ``atol``, compared in float64."""
+    torch.testing.assert_close(actual.double(), expected.double(), atol=atol, rtol=0)
 
 
 def randn(*shape: int) -> torch.Tensor:
@@ -31,8 +38,9 @@ def randn(*shape: int) -> torch.Tensor:
 def check_tables(rope: ar.AxialRoPE, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     ours_cos, ours_sin = rope.cos_sin(pos)
     assert ours_cos.dtype == torch.float32 and ours_cos.shape == cos.shape, (ours_cos.shape, cos.shape)
-    assert_close(ours_cos, cos.float(), TOL32)
-    assert_close(ours_sin, sin.float(), TOL32)
+    bound = upstream_table_bound(rope, pos)
+    close(ours_cos, cos, bound)
+    close(ours_sin, sin, bound)
 
 
 def check_qk_rotation(rope: ar.AxialRoPE, pos: torch.Tensor, cos, sin, apply_rotary_pos_emb, head_dim: int):
@@ -42,8 +50,8 @@ def check_qk_rotation(rope: ar.AxialRoPE, pos: torch.Tensor, cos, sin, apply_rot
     q, k = randn(2, 2, S, head_dim), randn(2, 1, S, head_dim)
     expected_q, expected_k = apply_rotary_pos_emb(q, k, cos, sin)
     got_q, got_k = rope(q, k, pos, layout="bhsd")
-    assert_close(got_q, expected_q)
-    assert_close(got_k, expected_k)
+    close(got_q, expected_q, rotation_bound(q, upstream_table_bound(rope, pos)))
+    close(got_k, expected_k, rotation_bound(k, upstream_table_bound(rope, pos)))
     return q, expected_q
 
 
@@ -79,9 +87,9 @@ def test_flux_pos_embed():
         k, (cos, sin), use_real=True, use_real_unbind_dim=-1, sequence_dim=1
     )
     got_q, got_k = rope(q, k, pos, layout="bshd")
-    assert_close(got_q, expected_q)
-    assert_close(got_k, expected_k)
-    assert_close(ar.apply_rope(q, cos, sin, pairing="interleaved", layout="bshd"), expected_q)
+    close(got_q, expected_q, rotation_bound(q, upstream_table_bound(rope, pos)))
+    close(got_k, expected_k, rotation_bound(k, upstream_table_bound(rope, pos)))
+    close(ar.apply_rope(q, cos, sin, pairing="interleaved", layout="bshd"), expected_q, rotation_bound(q, 0.0))
 
 
 def test_hunyuan_video_rotary_pos_embed():
@@ -96,7 +104,7 @@ def test_hunyuan_video_rotary_pos_embed():
 
     q = randn(1, pos.shape[0], 2, 128)
     expected = diffusers_embeddings.apply_rotary_emb(q, (cos, sin), sequence_dim=1)
-    assert_close(rope.rotate(q, pos, layout="bshd"), expected)
+    close(rope.rotate(q, pos, layout="bshd"), expected, rotation_bound(q, upstream_table_bound(rope, pos)))
 
 
 def test_wan_rotary_pos_embed():
@@ -115,7 +123,7 @@ def test_wan_rotary_pos_embed():
     # Wan's processor rotates interleaved pairs of a bshd tensor, which is diffusers' unbind-dim -1 rule
     q = randn(2, 36, 2, 128)
     expected = diffusers_embeddings.apply_rotary_emb(q, (cos, sin), sequence_dim=1)
-    assert_close(rope.rotate(q, pos, layout="bshd"), expected)
+    close(rope.rotate(q, pos, layout="bshd"), expected, rotation_bound(q, upstream_table_bound(rope, pos)))
 
 
 @pytest.mark.parametrize("grid_type", ["linspace", "slice"])
@@ -136,8 +144,12 @@ def test_cogvideox_3d_rotary_pos_embed(grid_type: str):
     # CogVideoX attention is bhsd (apply_rotary_emb's default sequence_dim=2)
     q, k = randn(1, 2, T * H * W, 64), randn(1, 2, T * H * W, 64)
     got_q, got_k = rope(q, k, pos, layout="bhsd")
-    assert_close(got_q, diffusers_embeddings.apply_rotary_emb(q, (cos, sin)))
-    assert_close(got_k, diffusers_embeddings.apply_rotary_emb(k, (cos, sin)))
+    close(
+        got_q, diffusers_embeddings.apply_rotary_emb(q, (cos, sin)), rotation_bound(q, upstream_table_bound(rope, pos))
+    )
+    close(
+        got_k, diffusers_embeddings.apply_rotary_emb(k, (cos, sin)), rotation_bound(k, upstream_table_bound(rope, pos))
+    )
 
 
 @pytest.mark.parametrize("crops", [((1, 2), (5, 8)), ((0, 0), (4, 6)), ((2.5, 1), (9, 7.5))], ids=str)
@@ -156,7 +168,7 @@ def test_crop_grid_default_is_numpy_linspace_without_endpoint(start, stop):
     pos = ar.crop_grid(start, stop, sizes)
     axes = [np.linspace(a, b, n, endpoint=False) for a, b, n in zip(start, stop, sizes)]
     expected = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, 2)
-    np.testing.assert_allclose(pos.double().numpy(), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(pos.double().numpy(), expected, rtol=1e-6, atol=1e-6)  # float32 positions: 6e-8 relative
     # the diffusers port differs as soon as a crop does not start at 0
     compat = ar.crop_grid(start, stop, sizes, diffusers_compat=True)
     assert (compat - pos).abs().max() > 0.1
@@ -164,7 +176,7 @@ def test_crop_grid_default_is_numpy_linspace_without_endpoint(start, stop):
 
 def test_crop_grid_forms_agree_for_crops_from_zero():
     pos = ar.crop_grid((0, 0), (4, 6), (4, 6))
-    assert_close(ar.crop_grid((0, 0), (4, 6), (4, 6), diffusers_compat=True), pos)
+    assert_close(ar.crop_grid((0, 0), (4, 6), (4, 6), diffusers_compat=True), pos)  # float32 positions < 6: TOL
     assert torch.equal(pos, ar.grid(4, 6))
 
 
@@ -209,8 +221,8 @@ def test_timm_rotary_embedding_cat(name: str):
     # timm attention is bhsd
     q = randn(2, 3, TIMM_H * TIMM_W, 64)
     expected = timm_sincos.apply_rot_embed_cat(q, emb, half=pairing == "half")
-    assert_close(rope.rotate(q, pos, layout="bhsd"), expected)
-    assert_close(ar.apply_rope(q, cos, sin, pairing=pairing, layout="bhsd"), expected)
+    close(rope.rotate(q, pos, layout="bhsd"), expected, rotation_bound(q, upstream_table_bound(rope, pos)))
+    close(ar.apply_rope(q, cos, sin, pairing=pairing, layout="bhsd"), expected, rotation_bound(q, 0.0))
 
 
 def test_timm_rotary_embedding_cat_module_forward():
@@ -220,15 +232,15 @@ def test_timm_rotary_embedding_cat_module_forward():
     expected = embed(x).flatten(2).transpose(1, 2)  # [B, N, C]
     tokens = x.flatten(2).transpose(1, 2)[:, :, None]  # [B, N, 1, C] bshd
     got = ar.AxialRoPE((8, 8), theta=10000.0).rotate(tokens, ar.grid(3, 5))[:, :, 0]
-    assert_close(got, expected)
+    close(got, expected, rotation_bound(tokens, upstream_table_bound(ar.AxialRoPE((8, 8)), ar.grid(3, 5))))
 
 
 # -- transformers: one axis, half pairing --------------------------------------------------
 
 
 LONG = [1.0 + 0.25 * i for i in range(32)]
-# transformers forms angles in float32 (position * float32 inv_freq), about 1e-7 relative: positions stay
-# below ~100 so its tables are within 1e-5 of the float64 angles AxialRoPE uses
+# transformers forms angles in float32 (position * float32 inv_freq): within upstream_table_bound of the
+# float64 angles AxialRoPE uses (positions up to ~100 here)
 LLAMA_CASES = {
     # id: (rope_parameters, axial_rope scaling, max_position_embeddings, positions (per sample))
     "default": (LLAMA_ROPE_PARAMETERS["default"], None, 4096, [0, 7]),
@@ -270,10 +282,10 @@ def test_llama_rotary_embedding(name: str):
     pos = position_ids[..., None].float()  # [B, S, 1]
     check_tables(rope, pos, cos, sin)
     q, expected_q = check_qk_rotation(rope, pos, cos, sin, apply_rotary_pos_emb, D)
-    assert_close(ar.apply_rope(q, cos, sin, pairing="half", layout="bhsd"), expected_q)
+    close(ar.apply_rope(q, cos, sin, pairing="half", layout="bhsd"), expected_q, rotation_bound(q, 0.0))
     # and bshd: the same numbers, transposed
     got_q_bshd = rope.rotate(q.transpose(1, 2), pos, layout="bshd")
-    assert_close(got_q_bshd.transpose(1, 2), expected_q)
+    close(got_q_bshd.transpose(1, 2), expected_q, rotation_bound(q, upstream_table_bound(rope, pos)))
 
 
 def test_llama_partial_rotary_tables():
@@ -288,9 +300,13 @@ def test_llama_partial_rotary_tables():
     q, k = randn(1, 2, 5, 48), randn(1, 2, 5, 48)
     rot_q, _ = apply_rotary_pos_emb(q[..., :32], k[..., :32], cos, sin)
     expected = torch.cat([rot_q, q[..., 32:]], dim=-1)
-    assert_close(ar.apply_rope(q, cos[0], sin[0], pairing="half", layout="bhsd"), expected)
+    close(ar.apply_rope(q, cos[0], sin[0], pairing="half", layout="bhsd"), expected, rotation_bound(q, 0.0))
     rope = ar.AxialRoPE(32, pairing="half")
-    assert_close(rope.rotate(q, torch.arange(5), layout="bhsd"), expected)
+    close(
+        rope.rotate(q, torch.arange(5), layout="bhsd"),
+        expected,
+        rotation_bound(q, upstream_table_bound(rope, torch.arange(5.0))),
+    )
 
 
 def mrope_positions() -> torch.Tensor:
@@ -368,10 +384,10 @@ def test_dinov3_normalised_coordinates(H: int, W: int):
     q = randn(1, 2, H * W, D)
     half = torch.cat([-q[..., D // 2 :], q[..., : D // 2]], dim=-1)
     expected = q * cos.float() + half * sin.float()
-    assert_close(rope.rotate(q, pos, layout="bhsd"), expected)
+    close(rope.rotate(q, pos, layout="bhsd"), expected, rotation_bound(q, upstream_table_bound(rope, pos)))
 
     # timm's port agrees with the formula (and so with AxialRoPE)
     port = timm_sincos.RotaryEmbeddingDinoV3(D, temperature=base)
     port_sin, port_cos = port.get_embed([H, W]).chunk(2, dim=-1)
-    assert_close(port_cos, cos.float(), TOL32)
-    assert_close(port_sin, sin.float(), TOL32)
+    close(port_cos, cos, upstream_table_bound(rope, pos))
+    close(port_sin, sin, upstream_table_bound(rope, pos))

@@ -69,7 +69,7 @@ def test_image_model_equals_reference_dit(image_model):
     ref = DiT(image_model.dit.config).eval()  # eval: no random label dropout
     ref.load_state_dict(image_model.dit.state_dict())
     x, t, y = torch.randn(2, 3, 16, 24), torch.tensor([900.0, 50.0]), torch.tensor([1, 3])
-    with torch.no_grad():
+    with torch.no_grad():  # bit for bit: the same modules and arithmetic in one process (one thread count)
         torch.testing.assert_close(image_model(x, t, y).sample, ref(x, t, y), rtol=0, atol=0)
         copy = AxialDiT2DModel.from_reference(ref)
         torch.testing.assert_close(copy(x, t, y, return_dict=False)[0], ref(x, t, y), rtol=0, atol=0)
@@ -183,6 +183,8 @@ def test_euler_pipeline_equals_project_sampler_with_cfg(image_model):
     out = pipe(labels, 16, 24, steps, scale, latents=noise, output_type="pt").images
     with torch.no_grad():
         ref = sample_euler(lambda x, t: image_model.dit.forward_with_cfg(x, t, labels, scale), noise, steps)
+    # the same arithmetic on both sides (float32 sigmas k / n rounded once, x + (s' - s) v, one model call per
+    # step): equal here; 1e-5 is room for the output map's rounding (u of values <= 1), not a measurement
     torch.testing.assert_close(out, (ref.clamp(-1, 1) + 1) / 2, rtol=0, atol=1e-5)
     assert out.std() > 0.05  # a real image, not a constant
 
@@ -215,7 +217,7 @@ def test_output_types_and_shapes_non_square(image_model):
     assert pt.shape == (4, 3, 16, 24) and pt.min() >= 0 and pt.max() <= 1
     np_images = pipe(generator=_seed(0), output_type="np", **kwargs).images
     assert np_images.shape == (4, 16, 24, 3)
-    np.testing.assert_allclose(np_images, pt.permute(0, 2, 3, 1).numpy(), atol=1e-6)
+    np.testing.assert_allclose(np_images, pt.permute(0, 2, 3, 1).numpy(), atol=1e-6)  # the same values, reordered
     pil = pipe(generator=_seed(0), **kwargs).images  # "pil" by default
     assert len(pil) == 4 and pil[0].size == (24, 16) and pil[0].mode == "RGB"
     (default,) = pipe(3, num_inference_steps=1, output_type="pt", return_dict=False)
@@ -278,7 +280,7 @@ def test_video_pipeline_frames_reproducible_and_scaled(video_model):
     assert np.abs(pipe(generator=_seed(1), **kwargs).frames - frames).max() > 0.1
     pt = pipe(generator=_seed(0), output_type="pt", **kwargs).frames
     assert pt.shape == (2, 4, 3, 8, 12)
-    np.testing.assert_allclose(pt.permute(0, 1, 3, 4, 2).numpy(), frames, atol=1e-6)
+    np.testing.assert_allclose(pt.permute(0, 1, 3, 4, 2).numpy(), frames, atol=1e-6)  # the same values, reordered
     pil = pipe(generator=_seed(0), output_type="pil", **kwargs).frames
     assert len(pil) == 2 and len(pil[0]) == 4 and pil[0][0].size == (12, 8)
     riflex = pipe(generator=_seed(0), temporal_scaling=ar.scaling.RIFLEx(k=2, test_length=4), **kwargs).frames
@@ -296,7 +298,7 @@ def test_video_pipeline_equals_project_sampler(video_model):
         return uncond + 2.0 * (cond - uncond)
 
     ref = sample_euler(velocity, noise, 4)  # [B, C, T, H, W]
-    torch.testing.assert_close(out, (ref.clamp(-1, 1) + 1).transpose(1, 2) / 2, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out, (ref.clamp(-1, 1) + 1).transpose(1, 2) / 2, rtol=0, atol=1e-5)  # as above
 
 
 def test_video_pipeline_save_load_and_errors(video_model, tmp_path):

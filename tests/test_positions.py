@@ -97,8 +97,11 @@ def test_positions_for_size_formulas_per_mode():
     assert yarn.scaling == (None, ar.scaling.YaRN(2.0, 3))  # original length: the axis' training extent
     norm = ar.positions_for_size(sizes, train, "normalize")
     # (i + 1/2 - n_a / 2) * M / m with M = max(train) = 4, m = max(sizes) = 6
-    expected = torch.stack(torch.meshgrid(*[(torch.arange(n) + 0.5 - n / 2) * 4 / 6 for n in sizes], indexing="ij"), -1)
-    torch.testing.assert_close(norm.pos, expected.reshape(-1, 2).float(), rtol=0, atol=1e-7)
+    axes = [(torch.arange(n, dtype=torch.float64) + 0.5 - n / 2) * 4 / 6 for n in sizes]
+    expected = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 2)  # float64
+    # float32 positions: a float64 value rounded once (within an ulp, 2**-23, of ours); float32 arithmetic (the 1e-7 this
+    # used against a float32 expectation) would add a few roundings of values up to 1.7
+    torch.testing.assert_close(norm.pos.double(), expected, rtol=2.0**-23, atol=0)
 
 
 def test_positions_for_size_normalize_is_centred_unit_spacing_at_the_training_size():

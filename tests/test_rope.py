@@ -140,6 +140,8 @@ def test_values_are_not_rotated_relative_scores_only():
     near = (rope.rotate(q, torch.tensor([[2.0, 3.0]])) * rope.rotate(k, torch.tensor([[0.0, 1.0]]))).sum()
     far = (rope.rotate(q, torch.tensor([[502.0, 33.0]])) * rope.rotate(k, torch.tensor([[500.0, 31.0]]))).sum()
     other = (rope.rotate(q, torch.tensor([[9.0, 3.0]])) * rope.rotate(k, torch.tensor([[0.0, 1.0]]))).sum()
+    # float64: angles up to 502 rad are off by 502 * 2**-53 = 6e-14, so 16 planes of |q| |k| < 40 move the
+    # score by < 1e-11; a score that depended on the absolute position would move by O(1)
     assert abs(float(near - far)) < 1e-9
     assert abs(float(near - other)) > 1e-3
 
@@ -160,6 +162,8 @@ def test_relative_invariance_under_shift(axes_dim, pairing, shift, seed):
     k = torch.randn(1, 5, 2, head_dim, generator=gen, dtype=torch.float64)
     base = _scores(*rope(q, k, pos))
     shifted = _scores(*rope(q, k, pos + shift))
+    # float64 bound: angles up to 1e4 rad are each off by 1e4 * 2**-53 = 1.1e-12, so a score (at most 13
+    # planes, sum |q_p| |k_p| <= |q| |k| < 70 for these unit normals) moves by < 70 * 4 * 1.1e-12 = 3e-10
     torch.testing.assert_close(shifted, base, atol=1e-9, rtol=1e-9)
 
 
@@ -170,6 +174,7 @@ def test_rotation_preserves_norm_and_minus_pos_inverts(axes_dim, pairing, seed):
     pos = torch.randn(7, len(axes_dim), generator=gen) * 100
     x = torch.randn(2, 7, 3, sum(axes_dim), generator=gen, dtype=torch.float64)
     y = rope.rotate(x, pos)
+    # float64: each rotation is within 6 u |z| (helpers.TOL), 7e-16 |x|; two of them 1.4e-15 |x|
     torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(rope.rotate(y, -pos), x, atol=1e-10, rtol=1e-10)
 
@@ -183,6 +188,8 @@ def test_one_axis_equals_textbook_1d_rope(dim, theta, seed):
     angle = pos[:, None] * inv  # [S, dim / 2]
     z = torch.complex(x[..., 0::2], x[..., 1::2]) * torch.polar(torch.ones_like(angle), angle)[None, :, None]
     expected = torch.stack([z.real, z.imag], -1).flatten(-2)
+    # float64: the two inverse frequencies may differ by a few ulps (other formula): angles below 8 rad move
+    # by < 8 * 20 * 2**-53 = 2e-14
     torch.testing.assert_close(ar.AxialRoPE(dim, theta=theta).rotate(x, pos), expected, atol=1e-10, rtol=1e-10)
 
 
@@ -277,7 +284,7 @@ def test_half_precision_module_keeps_float64_frequencies():
 def test_learnable_frequencies_initialised_axial_and_get_gradients():
     rope = ar.AxialRoPE((8, 8), learnable=True)
     assert isinstance(rope.learned_freqs, torch.nn.Parameter)
-    torch.testing.assert_close(rope.learned_freqs.double(), rope.freqs, rtol=1e-7, atol=0)
+    torch.testing.assert_close(rope.learned_freqs.double(), rope.freqs, rtol=1e-7, atol=0)  # float32: 2**-24 = 6e-8
     q = torch.randn(2, 6, 2, 16)
     k = torch.randn(2, 6, 2, 16)
     q_out, k_out = rope(q, k, ar.grid(2, 3))
@@ -311,7 +318,7 @@ def test_per_head_learnable_frequencies():
     y = rope.rotate(x, pos)
     heads = [ar.AxialRoPE((4, 4)) for _ in range(3)]
     heads[1].freqs.mul_(2)
-    for h in range(3):
+    for h in range(3):  # learned F is float32: angles |pos F| <= 2 rad here move by 2 u, inside TOL's rotation bound
         assert_close(y[:, :, h : h + 1], heads[h].rotate(x[:, :, h : h + 1], pos))
     cos, _ = rope.cos_sin(pos)
     assert cos.shape == (4, 3, 8)
@@ -347,8 +354,10 @@ def test_inplace_writes_into_strided_views(pairing, layout, dtype, backend):
     v_before = v.clone()
     out = rope(q, k, pos, layout, backend=backend, inplace=True)
     assert out[0] is q and out[1] is k
-    torch.testing.assert_close(q, expected[0], atol=TOL[dtype][0], rtol=0)
-    torch.testing.assert_close(k, expected[1], atol=TOL[dtype][0], rtol=0)
+    # TOL's absolute and relative parts: bfloat16 results may round to the exact result's neighbour, 1 ulp =
+    # 2**-7 of |x|, which an absolute 1.6e-2 alone misses for |x| >= 4
+    assert_close(q, expected[0])
+    assert_close(k, expected[1])
     assert torch.equal(v, v_before)
 
 
@@ -364,16 +373,18 @@ def test_inplace_table_mode_across_chunks_equals_out_of_place(monkeypatch, pairi
 
 def test_inplace_records_the_gradient_when_one_is_needed():
     rope = ar.AxialRoPE((4, 4))
-    q0, k0, pos = _qk((4, 4), 8, "bshd", torch.float32)
+    q0, k0, pos = _qk((4, 4), 8, "bshd", torch.float64)
     grads = {}
     for inplace in (False, True):
         leaf = q0.clone().requires_grad_(True)
         q = leaf * 1  # not a leaf: autograd records the in-place write
         out, _ = rope(q, None, pos, inplace=inplace)
         assert (out is q) == inplace
-        (out * torch.linspace(-1, 1, 8)).sum().backward()
+        (out * torch.linspace(-1, 1, 8, dtype=torch.float64)).sum().backward()
         grads[inplace] = leaf.grad
-    torch.testing.assert_close(grads[True], grads[False], atol=1e-6, rtol=0)
+    # an equality, checked in float64: each gradient is the weights (|g| <= 1) rotated back, within 6 u |g| =
+    # 1e-15 of the exact one (helpers.TOL); a missing or doubled rotation is off by O(1)
+    torch.testing.assert_close(grads[True], grads[False], atol=1e-14, rtol=0)
     with pytest.raises(RuntimeError, match="leaf"):  # PyTorch's own rule for leaves that require grad
         rope(q0.clone().requires_grad_(True), None, pos, inplace=True)
 

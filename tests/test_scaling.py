@@ -20,8 +20,11 @@ from helpers import llama_config  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
-INV_RTOL = 1e-6
-AF_TOL = 1e-9
+# transformers forms inv_freq in float32: the exponent 2j / d rounded moves base ** exponent by up to
+# ln(base) u, pow (1 ulp: 2 u), the reciprocal, the scaling's blends and divisions (<= 4 u) and the
+# float32 result: (ln(base) + 8) u relative, with u = 2**-24 and bases up to 1e6: 1.3e-6
+INV_RTOL = (math.log(1e6) + 8) * 2.0**-24
+AF_TOL = 1e-9  # attention factors: float64 formulas on both sides, a few ulps of 2**-53
 
 
 def hf_config(head_dim: int, rope_parameters: dict, max_position_embeddings: int) -> LlamaConfig:
@@ -278,6 +281,7 @@ def test_ntk_plain_and_linear_match_diffusers():
         )
         inv, _ = ar.inv_freq(16, 10000.0, method)
         angles = (pos[:, None] * inv).repeat_interleave(2, dim=-1)
+        # float64 on both sides, diffusers' tables rounded to float32 once: within 2**-24
         torch.testing.assert_close(cos.double(), angles.cos(), atol=1e-6, rtol=0)
         torch.testing.assert_close(sin.double(), angles.sin(), atol=1e-6, rtol=0)
 

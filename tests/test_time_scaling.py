@@ -14,6 +14,8 @@ import re
 
 import pytest
 import torch
+from conventions_support import float32_angle_bound
+from helpers import assert_close
 
 import axial_rope as ar
 from axial_rope.rope import TimedRoPE
@@ -160,22 +162,32 @@ def test_each_axis_follows_its_own_method(t: float):
 
 def test_rotation_at_t_equals_the_fixed_frequencies_of_t():
     rope = per_axis_rope()
-    q, k, pos = torch.randn(2, 30, 2, 40), torch.randn(2, 30, 2, 40), ar.grid(2, 3, 5)
+    # an equality, in float64: the two compute F(t) on other paths (a last-bit difference, |angle| < 10 rad:
+    # 1e-15 rad) and may rotate with other kernels (6 u |z| each, helpers.TOL): within TOL's float64 row
+    q, k = torch.randn(2, 30, 2, 40, dtype=torch.float64), torch.randn(2, 30, 2, 40, dtype=torch.float64)
+    pos = ar.grid(2, 3, 5)
     for t in (1.0, 0.4, 0.0):
         fixed = ar.AxialRoPE.from_frequencies(ar.Frequencies(*rope.frequencies(t=t)))
         expected = fixed(q, k, pos)
         for given in (t, torch.tensor(t), torch.full((2,), t, dtype=torch.float64)):  # number, 0-d, [B]
-            out = rope(q, k, pos, t=given)  # float32 rotation: a last-bit difference between kernels at most
-            torch.testing.assert_close(out[0], expected[0], rtol=1e-6, atol=1e-7)
-            torch.testing.assert_close(out[1], expected[1], rtol=1e-6, atol=1e-7)
-        timed = rope.at_time(torch.tensor(t))
+            out = rope(q, k, pos, t=given)
+            if isinstance(given, float) or given.dtype == torch.float64:
+                assert_close(out[0], expected[0])
+                assert_close(out[1], expected[1])
+                continue
+            # a float32 t: F(t) follows t's dtype, so float32 angles (within float32_angle_bound of
+            # sum |pos_a F_a|), each plane moved by that times |a| + |b| <= 2 max |x|
+            angle = pos.double().abs() @ rope.frequencies(t=t)[0].abs()
+            tol = 2 * float(q.abs().max()) * float(float32_angle_bound(angle.max()))
+            torch.testing.assert_close(out[0], expected[0], atol=tol, rtol=0)
+            torch.testing.assert_close(out[1], expected[1], atol=tol, rtol=0)
+        timed = rope.at_time(torch.tensor(t, dtype=torch.float64))  # float64: F(t) itself (float32 t: above)
         assert isinstance(timed, TimedRoPE) and timed.rot_dim == rope.rot_dim
-        torch.testing.assert_close(timed(q, k, pos)[0], expected[0], rtol=1e-6, atol=1e-7)
+        assert_close(timed(q, k, pos)[0], expected[0])
+        # F(t) computed on the same path as rope.frequencies(t=t), through the same table code: equal
         torch.testing.assert_close(timed.cos_sin(pos)[0], fixed.cos_sin(pos)[0], rtol=0, atol=0)
-        w = torch.rand(40) + 0.5
-        torch.testing.assert_close(
-            timed.norm_and_rotate(q, k, pos, w, w)[0], fixed.norm_and_rotate(q, k, pos, w, w)[0], rtol=1e-6, atol=1e-7
-        )
+        w = torch.rand(40, dtype=torch.float64) + 0.5
+        assert_close(timed.norm_and_rotate(q, k, pos, w, w)[0], fixed.norm_and_rotate(q, k, pos, w, w)[0])
 
 
 def test_attention_factor_and_split_spectrum():
@@ -184,7 +196,7 @@ def test_attention_factor_and_split_spectrum():
     freqs, scale = rope.frequencies(t=0.5)
     torch.testing.assert_close(freqs.sum(0), inv_freq_at(32, 10000.0, DyPE(4.0, 32), 0.5)[0], rtol=0, atol=0)
     cos, _ = rope.cos_sin(torch.zeros(1, 2), t=0.5)
-    torch.testing.assert_close(cos, torch.full((1, 32), rope.attention_factor), rtol=1e-6, atol=0)
+    torch.testing.assert_close(cos, torch.full((1, 32), rope.attention_factor), rtol=1e-6, atol=0)  # float32: 6e-8
     assert torch.all(scale == rope.attention_factor)
 
 
@@ -224,14 +236,16 @@ class Compiles:
 def test_rope_call_compiles_once_for_every_t():
     torch._dynamo.reset()
     rope = ar.AxialRoPE((8, 12, 12), scaling=(None, DyPE(3.0, 8), DyPE(3.0, 8, method="ntk")))
-    q, k, pos = torch.randn(1, 20, 2, 32), torch.randn(1, 20, 2, 32), ar.grid(1, 4, 5)
+    # float64: the compiled graph may rotate with other kernels (helpers.TOL's float64 row)
+    q, k = torch.randn(1, 20, 2, 32, dtype=torch.float64), torch.randn(1, 20, 2, 32, dtype=torch.float64)
+    pos = ar.grid(1, 4, 5)
     backend = Compiles()
     step = torch.compile(lambda q, k, pos, t: rope(q, k, pos, t=t), backend=backend, fullgraph=True)
     outputs = []
     for t in (1.0, 0.8, 0.5, 0.2, 0.0):
         t = torch.tensor(t)
         out = step(q, k, pos, t)
-        torch.testing.assert_close(out[0], rope(q, k, pos, t=t)[0], rtol=1e-6, atol=1e-6)
+        assert_close(out[0], rope(q, k, pos, t=t)[0])
         outputs.append(out[0])
     assert backend.count == 1
     assert all((a - b).abs().max() > 1e-4 for a, b in zip(outputs, outputs[1:]))  # t reaches the graph
@@ -241,8 +255,8 @@ def test_attention_with_a_rope_bound_per_step_compiles_once():
     # a sampler's step: rope.at_time(t) passed as rope= to the attention (as DiTBlock passes it on)
     torch._dynamo.reset()
     rope = ar.AxialRoPE((8, 8), scaling=(DyPE(2.0, 4), TimeAwareNTK(2.0)))
-    attention = ar.Attention(32, 2, rope, qk_norm="rms").eval()
-    x, pos = torch.randn(2, 12, 32), ar.grid(3, 4)
+    attention = ar.Attention(32, 2, rope, qk_norm="rms").eval().double()  # float64: an equality
+    x, pos = torch.randn(2, 12, 32, dtype=torch.float64), ar.grid(3, 4)
     backend = Compiles()
 
     def step(x, pos, t):
@@ -252,7 +266,8 @@ def test_attention_with_a_rope_bound_per_step_compiles_once():
     with torch.no_grad():
         for t in (1.0, 0.75, 0.5, 0.25, 0.0):
             t = torch.tensor(t)
-            torch.testing.assert_close(compiled(x, pos, t), step(x, pos, t), rtol=1e-5, atol=1e-5)
+            # one attention layer, other summation orders: helpers.chain_bound(U64, 64, 5) = 3e-13
+            torch.testing.assert_close(compiled(x, pos, t), step(x, pos, t), rtol=1e-10, atol=1e-10)
     assert backend.count == 1
 
 
@@ -271,7 +286,9 @@ def tiny_flux():
         pooled_projections=torch.randn(2, 32), img_ids=ar.grid(1, h, w), txt_ids=torch.zeros(5, 3),
         return_dict=False,
     )  # fmt: skip
-    return model, inputs
+    from test_integrations_diffusers import _double
+
+    return _double(model, inputs)
 
 
 def run(model, inputs, timestep):
@@ -280,10 +297,12 @@ def run(model, inputs, timestep):
 
 
 def test_flux_reads_sigma_from_its_timestep():
+    from test_integrations_diffusers import TOL as STOCK_TOL
+
     from axial_rope.integrations.diffusers import set_rope_processors
 
     model, inputs = tiny_flux()
-    zero, one = torch.zeros(2), torch.ones(2)
+    zero, one = torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64)
     stock = run(model, inputs, zero)
     static = {}
     for method in ("ntk", "linear"):
@@ -292,9 +311,11 @@ def test_flux_reads_sigma_from_its_timestep():
     for method in ("ntk", "linear"):
         dype = DyPE(3.0, 4, method=method, lambda_s=1.0)
         handle = set_rope_processors(model, scaling=(None, dype, None))
-        torch.testing.assert_close(run(model, inputs, zero), stock, rtol=1e-5, atol=1e-5)  # t = 0: unscaled
-        torch.testing.assert_close(run(model, inputs, one), static[method], rtol=1e-5, atol=1e-5)  # full factor
-        assert run(model, inputs, torch.full((2,), 0.5)).sub(stock).abs().max() > 1e-5
+        # t = 0: unscaled, against stock (STOCK_TOL: upstream's float32 tables, test_integrations_diffusers)
+        torch.testing.assert_close(run(model, inputs, zero), stock, rtol=STOCK_TOL, atol=STOCK_TOL)
+        # the full factor: ours against ours, float64 frequencies a last bit apart: within 1e-10
+        torch.testing.assert_close(run(model, inputs, one), static[method], rtol=1e-10, atol=1e-10)
+        assert run(model, inputs, torch.full((2,), 0.5, dtype=torch.float64)).sub(stock).abs().max() > 1e-5
         handle.remove()
 
 
@@ -302,28 +323,31 @@ def test_flux_reads_sigma_from_its_timestep():
 def test_each_family_maps_its_timestep_to_t(family: str):
     # pure noise (Flux: timestep 1; the others: 1000) gives the static factor, timestep 0 the stock model
     pytest.importorskip("diffusers")
-    from test_integrations_diffusers import MODELS
+    from test_integrations_diffusers import MODELS, _double
+    from test_integrations_diffusers import TOL as STOCK_TOL
 
     from axial_rope.integrations.diffusers import set_rope_processors
 
-    model, inputs = MODELS[family]()
+    model, inputs = _double(*MODELS[family]())
     model.eval()
     batch, noise = inputs["hidden_states"].shape[0], 1.0 if family == "flux" else 1000.0
 
     def out(timestep: float) -> torch.Tensor:
         with torch.no_grad():
-            return model(**(inputs | {"timestep": torch.full((batch,), timestep)}))[0]
+            return model(**(inputs | {"timestep": torch.full((batch,), timestep, dtype=torch.float64)}))[0]
 
     stock = out(0.0)
     set_rope_processors(model, scaling=(None, Linear(2.0), None))
     static = out(noise)
     set_rope_processors(model, scaling=(None, DyPE(2.0, 4, method="linear", lambda_s=1.0), None))
-    torch.testing.assert_close(out(0.0), stock, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out(noise), static, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out(0.0), stock, rtol=STOCK_TOL, atol=STOCK_TOL)  # as above
+    torch.testing.assert_close(out(noise), static, rtol=1e-10, atol=1e-10)
 
 
 def test_video_families_divide_the_timestep_by_1000():
     diffusers = pytest.importorskip("diffusers")
+    from test_integrations_diffusers import _double
+
     from axial_rope.integrations.diffusers import set_rope_processors
 
     model = diffusers.WanTransformer3DModel(
@@ -331,7 +355,8 @@ def test_video_families_divide_the_timestep_by_1000():
         text_dim=16, freq_dim=32, ffn_dim=32, num_layers=1, qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
     ).eval()  # fmt: skip
     inputs = dict(hidden_states=torch.randn(2, 4, 3, 4, 6), encoder_hidden_states=torch.randn(2, 5, 16))
-    timestep = torch.tensor([1000 / math.sqrt(2), 1000 / math.sqrt(2)])  # kappa = 2 t^2 = 1: the static factor
+    model, inputs = _double(model, inputs)  # float64: ours against ours, frequencies a last bit apart
+    timestep = torch.tensor([1000 / math.sqrt(2)] * 2, dtype=torch.float64)  # kappa = 2 t^2 = 1: the static factor
 
     def out():
         with torch.no_grad():
@@ -340,7 +365,7 @@ def test_video_families_divide_the_timestep_by_1000():
     set_rope_processors(model, scaling=(Linear(2.0), None, None))
     static = out()
     set_rope_processors(model, scaling=(DyPE(2.0, 3, method="linear"), None, None))
-    torch.testing.assert_close(out(), static, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out(), static, rtol=1e-10, atol=1e-10)
     set_rope_processors(model, scaling=(DyPE(2.0, 3, method="linear"), None, None), noise_timestep=2000.0)
     assert out().sub(static).abs().max() > 1e-5  # t halved
 

@@ -2,7 +2,7 @@
 
 Run by ``scripts/gpu_check.sh`` (``-m gpu``). Each path against the definition, SDPA on each item
 alone computed in float32 from the same inputs: float16/bfloat16 kernels to their dtype's tolerance,
-FlexAttention in float32 to 1e-5; forward and backward, with grouped-query heads and causal masks.
+FlexAttention in float32 to 1e-4; forward and backward, with grouped-query heads and causal masks.
 The CPU tests of ``tests/test_varlen.py`` check the loop, dense and CPU FlexAttention paths to 1e-6.
 """
 
@@ -16,7 +16,13 @@ from test_varlen import LENGTHS, _grads, _per_item
 
 from axial_rope.varlen import Segments, choose_backend, varlen_attention
 
-TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}  # per element, relative to the scale
+# Per element, absolute and relative. Half-precision kernels accumulate in float32 but round the softmax
+# weights p to their dtype before p v (half an ulp: 2**-9 bfloat16, 2**-12 float16) and round the output:
+# |error| <= 2**-9 max |v| + 2**-9 |out| (bfloat16; |v| < 4 here: 8e-3 + ...), within 2e-2, and 2**-12 of
+# those for float16, within 2e-3. FlexAttention in float32 sums in other orders than SDPA: within
+# helpers.chain_bound(U32, 64, 3) = 9e-5 of the scale, so 1e-4 (the 1e-5 once used sat below it).
+# Gradients: 4x the forward's, an estimate (three chained products of the same kind), not a bound.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
 def _inputs(dtype, heads=8, kv_heads=2, dim=64):
