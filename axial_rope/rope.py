@@ -201,7 +201,9 @@ class AxialRoPE(nn.Module, Rotary):
             if scaling is not _OWN and any(s is not None for s in _per_axis("scaling", scaling, self.n_axes)):
                 raise ValueError("scaling needs a spectrum (axes_dim, theta); this rope has a fixed frequency model")
             model = self.frequency_model
-            scale = model.scale if model.scale is not None else torch.ones(model.n_pairs, dtype=torch.float64, device="cpu")
+            scale = (
+                model.scale if model.scale is not None else torch.ones(model.n_pairs, dtype=torch.float64, device="cpu")
+            )
             return model.freqs.clone(), scale.clone()
         freqs, scale = self._spectrum(self.scaling if scaling is _OWN else self._methods(scaling), seq_len, t)
         return freqs, (

@@ -246,11 +246,18 @@ class AxialRoPEViT(nn.Module):
 
     def _tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Images ``[B, C, H, W]`` -> tokens ``[B, prefix + h * w, C]`` and the patch grid ``(h, w)``."""
-        x = self.patch_embed(x)
-        if self.dynamic_img_size:  # [B, h, w, C]; h, w are proxies under torch.fx, passed on to the GridRoPE leaf
-            grid = (x.shape[1], x.shape[2])
+        if self.dynamic_img_size:
+            # timm's PatchEmbed.forward formats the sizes into its divisibility message, which specialises a
+            # symbolic size (a recompile per resolution); the same conv and norm, checked here eagerly only
+            ph, pw = self.patch_embed.patch_size
+            traced = torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_tracing()
+            if not traced and (x.shape[-2] % ph or x.shape[-1] % pw):
+                raise ValueError(f"image size {tuple(x.shape[-2:])} must be divisible by the patch size {(ph, pw)}")
+            x = self.patch_embed.norm(self.patch_embed.proj(x).permute(0, 2, 3, 1))  # [B, h, w, C]
+            grid = (x.shape[1], x.shape[2])  # proxies under torch.fx, passed on to the GridRoPE leaf
             x = x.flatten(1, 2)
         else:
+            x = self.patch_embed(x)
             grid = tuple(self.patch_embed.grid_size)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)

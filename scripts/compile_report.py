@@ -1,0 +1,169 @@
+"""What compiles, and what it costs: ``python -m scripts.compile_report [--out docs/bench/compile-cpu.json]``.
+
+For each diffusers family ``set_rope_processors`` serves (unscaled, a fixed scaling, DyPE) and each of the
+library's models: the graphs ``torch.compile`` makes over a sequence of sizes (a counting backend:
+tracing only), whether ``torch.export`` takes it, and the tracing time. Then the CPU time of a 6-block
+tiny Flux at a 32 x 32 latent grid (1024 image tokens), stock and adapted, eager and compiled with
+inductor, measured interleaved in one process (medians of ``--repeat`` rounds). Prints markdown tables
+(docs/compile.md carries them) and writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+from torch._dynamo.testing import CompileCounter
+
+import axial_rope as ar
+from axial_rope.time_scaling import DyPE
+
+from . import cli
+
+VARIANTS = {
+    "unscaled": None,
+    "scaled": (None, ar.scaling.NTK(2.0), ar.scaling.YaRN(2.0, 2)),
+    "timed": (None, DyPE(2.0, 2), DyPE(2.0, 2, method="ntk")),
+}
+SIZES = ((4, 4), (4, 8), (8, 8), (6, 10), (8, 4), (10, 10))  # token grids h x w
+
+
+def _graphs(model, calls, **compile_kwargs) -> tuple[int, float, str]:
+    """(graphs compiled, seconds to trace them all, the first error or '') over ``calls``: (args, kwargs)."""
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, fullgraph=True, **compile_kwargs)
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            for args, kwargs in calls:
+                compiled(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 (reported in the table)
+        return counter.frame_count, time.perf_counter() - start, f"{type(err).__name__}: {str(err)[:80]}"
+    return counter.frame_count, time.perf_counter() - start, ""
+
+
+def _exports(model, args, kwargs) -> str:
+    try:
+        torch.export.export(model, args=args, kwargs=kwargs)
+        return "yes"
+    except Exception as err:  # noqa: BLE001
+        return f"no ({type(err).__name__})"
+
+
+def diffusers_rows() -> list[dict]:
+    from axial_rope.integrations.diffusers import set_rope_processors
+    from models import tiny_diffusers as tiny
+
+    rows = []
+    for family in ("flux", "hunyuan_video", "wan", "cogvideox"):
+        for variant, scaling in {"stock": None, **VARIANTS}.items():
+            model, inputs = tiny.build(family)
+            if variant != "stock":
+                set_rope_processors(model, scaling=scaling)
+            calls = [((), tiny.inputs(family, h, w)) for h, w in SIZES]
+            graphs, seconds, error = _graphs(model, calls)
+            dynamic, _, dyn_error = _graphs(model, calls, dynamic=True)
+            rows.append(dict(model=family, variant=variant, graphs=graphs, dynamic_graphs=dynamic,
+                             trace_s=round(seconds, 2), export=_exports(model, (), inputs),
+                             error=error or dyn_error))  # fmt: skip
+    return rows
+
+
+def model_rows() -> list[dict]:
+    from models.dit import PRESETS as DIT
+    from models.dit import DiT
+    from models.video_dit import PRESETS as VIDEO
+    from models.video_dit import VideoDiT
+
+    rows = []
+    t, y = torch.full((2,), 500.0), torch.tensor([0, 1])
+    images = [((torch.randn(2, 3, 4 * h, 4 * w), t, y), {}) for h, w in ((8, 8), *SIZES[1:])]
+    for mode in ("none", "interpolate", "yarn", "dype"):
+        model = DiT(DIT["tiny"]).eval()
+        calls = [(args, {"pos_mode": mode}) for args, _ in images]
+        graphs, seconds, error = _graphs(model, calls)
+        rows.append(dict(model="DiT tiny", variant=f"pos_mode={mode}", graphs=graphs, trace_s=round(seconds, 2),
+                         export=_exports(model, images[0][0], {"pos_mode": mode}), error=error))  # fmt: skip
+    video = VideoDiT(VIDEO["tiny"]).eval()
+    clips = [((torch.randn(1, 3, f, 2 * h, 2 * w), t[:1], y[:1]), {}) for f, (h, w) in zip((8, 4, 12, 8, 2, 6), SIZES)]
+    graphs, seconds, error = _graphs(video, clips)
+    rows.append(dict(model="VideoDiT tiny", variant="frames and sizes", graphs=graphs, trace_s=round(seconds, 2),
+                     export=_exports(video, *clips[0]), error=error))  # fmt: skip
+    return rows
+
+
+def _median_ms(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def flux_timing(repeat: int) -> dict:
+    """ms per forward of a 6-block tiny Flux at 32 x 32 tokens: stock and ours, eager and inductor, interleaved."""
+    from axial_rope.integrations.diffusers import set_rope_processors
+    from models import tiny_diffusers as tiny
+
+    stock, _ = tiny.build("flux", depth=3)  # 3 double- and 3 single-stream blocks
+    ours, _ = tiny.build("flux", depth=3)
+    set_rope_processors(ours)
+    inputs = tiny.inputs("flux", 32, 32)
+    torch._dynamo.reset()
+    runs = {
+        "stock eager": stock,
+        "ours eager": ours,
+        "stock compiled": torch.compile(stock, fullgraph=True),
+        "ours compiled": torch.compile(ours, fullgraph=True),
+    }
+    with torch.no_grad():
+        start = time.perf_counter()
+        for fn in runs.values():  # warm-up, compiles included
+            fn(**inputs)
+        compile_s = time.perf_counter() - start
+        ms = {name: [] for name in runs}
+        for _ in range(3):  # rounds, interleaved: each provider sees the same machine state
+            for name, fn in runs.items():
+                ms[name].append(_median_ms(lambda fn=fn: fn(**inputs), repeat))
+    result = {name: round(statistics.median(v), 2) for name, v in ms.items()}
+    result["ours/stock compiled"] = round(result["ours compiled"] / result["stock compiled"], 3)
+    result["ours/stock eager"] = round(result["ours eager"] / result["stock eager"], 3)
+    result["warm-up s (both compiles)"] = round(compile_s, 1)
+    return result
+
+
+def _table(rows: list[dict]) -> str:
+    keys = [k for k in rows[0] if k != "error"] + ["error"]
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.Parser(prog="scripts.compile_report", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs/bench/compile-cpu.json")
+    parser.add_argument("--repeat", type=cli.positive_int, default=5, help="forwards per timing round")
+    parser.add_argument("--threads", type=cli.positive_int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args(argv)
+    out = cli.out_file(parser, "--out", args.out)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    report["diffusers"] = diffusers_rows()
+    print(_table(report["diffusers"]), "\n", flush=True)
+    report["models"] = model_rows()
+    print(_table(report["models"]), "\n", flush=True)
+    report["flux_cpu_ms"] = flux_timing(args.repeat)
+    print(json.dumps(report["flux_cpu_ms"], indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
