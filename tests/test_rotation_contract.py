@@ -44,7 +44,7 @@ def oracle(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
 
 def _packed():
     rope = ar.AxialRoPE((8, 8), theta=100.0)
-    items, qs = [], []
+    items = []
     for h, w in ((4, 4), (6, 3), (2, 8)):  # each its own YaRN factor: per-token attention factors
         sized = ar.positions_for_size((h, w), 4, "yarn")
         items.append(Item(torch.randn(h * w, 4), sized.pos, (h, w), scaling=sized.scaling))
