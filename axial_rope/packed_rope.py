@@ -14,7 +14,7 @@ items of the same height share their ``y`` row, so ``R`` is the number of distin
 per-axis schedules, not ``K * n_axes``.
 
 The attention factor (YaRN, LongRoPE) is an amplitude, not an angle. When the items' factors
-differ, the rotation carries one per token (``scale [1, T, n]``), and :func:`axial_rope.ops.rotate`
+differ, the rotation carries one per token (``attention_factor [1, T, n]``), and :func:`axial_rope.ops.rotate`
 rotates by cos/sin tables computed from it (float64 angles times the token's factor, rounded once)
 on the same backends.
 
@@ -127,10 +127,10 @@ def item_rope(
     stacked = torch.stack([s for _, s in groups])  # [K, n]
     device = segments.device
     if bool((stacked == stacked[0]).all()):
-        scale, factor = (stacked[0].to(device) if bool((stacked[0] != 1).any()) else None), None
+        scale = stacked[0].to(device) if bool((stacked[0] != 1).any()) else None  # [n], one for every item
     else:
-        scale, factor = None, stacked.to(device)[group]  # [T, n]
-    return PackedRoPE(rope, block.to(device), cols.to(device)[group], scale, factor)
+        scale = stacked.to(device)[group]  # [T, n]: each token its item's
+    return PackedRoPE(rope, block.to(device), cols.to(device)[group], scale)
 
 
 class PackedRoPE(Rotary):
@@ -142,15 +142,14 @@ class PackedRoPE(Rotary):
 
     Attributes:
         freqs: ``F_packed`` float64 ``[R, n]``; cols: int64 ``[T, n_axes]``, each token's rows;
-        scale: float64 ``[n]`` attention factor shared by every item, or ``None``;
-        factor: float64 ``[T, n]`` attention factor per token and plane, or ``None`` (uniform: ``scale``).
+        scale: the attention factor, float64 ``[n]`` shared by every item or ``[T, n]`` per token, or ``None``.
     """
 
     length_dependent = False  # each item's frequencies are fixed for this batch
     time_dependent = False
 
-    def __init__(self, base: AxialRoPE, freqs: torch.Tensor, cols: torch.Tensor, scale, factor):
-        self.base, self.freqs, self.cols, self.scale, self.factor = base, freqs, cols, scale, factor
+    def __init__(self, base: AxialRoPE, freqs: torch.Tensor, cols: torch.Tensor, scale: torch.Tensor | None):
+        self.base, self.freqs, self.cols, self.scale = base, freqs, cols, scale
         self.pairing, self.backend = base.pairing, base.backend
 
     rot_dim = property(lambda self: 2 * self.freqs.shape[-1])
@@ -159,7 +158,7 @@ class PackedRoPE(Rotary):
 
     @property
     def attention_factor(self) -> float:
-        if self.factor is not None:
+        if self.scale is not None and self.scale.ndim == 2:
             raise ValueError("the packed items have different attention factors (one per token)")
         return self.base.attention_factor if self.scale is not None else 1.0
 
@@ -182,11 +181,11 @@ class PackedRoPE(Rotary):
         fixed per batch by :func:`item_rope`, refused here)."""
         if seq_len is not None or t is not None:
             raise ValueError("a packed rope's lengths and times are fixed per batch by item_rope: call it without them")
-        scale = self.factor[None] if self.factor is not None else self.scale  # [1, T, n] | [n] | None
-        return Rotation(self.block_positions(pos), self.freqs, scale, self.pairing)
+        factor = self.scale[None] if self.scale is not None and self.scale.ndim == 2 else self.scale  # [1, T, n] | [n]
+        return Rotation(self.block_positions(pos), self.freqs, factor, self.pairing)
 
     def __repr__(self) -> str:
-        factor = "per token" if self.factor is not None else "uniform"
+        factor = "per token" if self.scale is not None and self.scale.ndim == 2 else "uniform"
         return (
             f"PackedRoPE(rows={self.freqs.shape[0]}, tokens={self.cols.shape[0]}, factor={factor}, base={self.base!r})"
         )

@@ -241,7 +241,7 @@ def norm_rotate_qk(
 def rotation_tables(rotation: Rotation, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """Plane tables ``scale * cos(angle)``, ``scale * sin(angle)`` of a rotation: ``[B|1, S, n]`` (per-head ``F``:
     ``[B|1, S, H, n]``) in ``dtype``, from float64 angles, rounded once."""
-    return plane_cos_sin(rotation.pos, rotation.freqs, rotation.scale, dtype)
+    return plane_cos_sin(rotation.pos, rotation.freqs, rotation.attention_factor, dtype)
 
 
 def _by_tables(x: torch.Tensor, tables, rotation: Rotation, layout: str, backend, inplace: bool) -> torch.Tensor:
@@ -269,7 +269,7 @@ def rotate(
     rotations go through cos/sin tables computed once here (float64 angles times the factor) and
     :func:`apply_rope`'s operation on the same backends.
     """
-    if rotation.per_token_scale:
+    if rotation.per_token_factor:
         if inplace:
             _check_inplace(q=q, k=k)
         tables = rotation_tables(rotation, torch.float32 if q.dtype != torch.float64 else torch.float64)
@@ -291,7 +291,7 @@ def norm_rotate(
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head RMSNorm of q and k (weights ``[D]`` or ``None``), then :func:`rotate`; rounded to the input dtype once."""
-    if rotation.per_token_scale:  # normalised in float32 (float64 for float64), rotated by tables, rounded once
+    if rotation.per_token_factor:  # normalised in float32 (float64 for float64), rotated by tables, rounded once
         tables = rotation_tables(rotation, torch.float32 if q.dtype != torch.float64 else torch.float64)
         out = (_by_tables(rms_norm(x, w, eps), tables, rotation, layout, backend, False) for x, w in
                ((q, q_weight), (k, k_weight)))  # fmt: skip

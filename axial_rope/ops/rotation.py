@@ -6,7 +6,7 @@ Plane ``j`` of every token turns by
 
     angle[..., s, (h,) j] = sum_a pos[..., s, a] * freqs[(h,) a, j]
 
-and its two channels are multiplied by ``scale`` (the attention factor) after the turn.
+and its two channels are multiplied by ``attention_factor`` after the turn.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class Rotation(NamedTuple):
         pos: ``[B|1, S, R]`` coordinates, after any position map (float32, float64 or an integer dtype);
             ``R`` rows of ``freqs`` (the axes, or a packed sequence's block axes).
         freqs: ``F``, float64 (float32 when learned) ``[R, n]``, or per head ``[H, R, n]``.
-        scale: the attention factor, float64 ``[n]`` per plane or ``[B|1, S, n]`` per token, or ``None`` (1).
+        attention_factor: float64 ``[n]`` per plane or ``[B|1, S, n]`` per token, or ``None`` (1).
         pairing: ``"interleaved"`` (plane ``j`` = channels ``2j, 2j + 1``) or ``"half"`` (``j, j + n``).
 
     Channels past ``2n`` pass through unrotated.
@@ -33,7 +33,7 @@ class Rotation(NamedTuple):
 
     pos: torch.Tensor
     freqs: torch.Tensor
-    scale: torch.Tensor | None
+    attention_factor: torch.Tensor | None
     pairing: str
 
     @property
@@ -41,10 +41,10 @@ class Rotation(NamedTuple):
         return self.freqs.shape[-1]
 
     @property
-    def per_token_scale(self) -> bool:
-        """Whether the attention factor differs per token (``scale`` ``[B|1, S, n]``)."""
-        return self.scale is not None and self.scale.ndim > 1
+    def per_token_factor(self) -> bool:
+        """Whether the attention factor differs per token (``[B|1, S, n]``)."""
+        return self.attention_factor is not None and self.attention_factor.ndim > 1
 
     def without_attention_factor(self) -> Rotation:
         """The same turn at unit amplitude (for callers that put the factor into the softmax scale)."""
-        return self._replace(scale=None)
+        return self._replace(attention_factor=None)
