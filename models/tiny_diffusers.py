@@ -14,7 +14,7 @@ from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
 import axial_rope as ar
 
-__all__ = ["FAMILIES", "build", "inputs", "COGVIDEOX", "WAN"]
+__all__ = ["FAMILIES", "build", "flux", "inputs", "COGVIDEOX", "WAN"]
 
 B = 2  # batch
 
@@ -56,13 +56,19 @@ DEFAULT_GRID = {
 }
 
 
+def flux(depth: int = 1, heads: int = 2, axes_dims_rope: tuple[int, int, int] = (4, 6, 6)):
+    """A Flux with ``depth`` double- and single-stream blocks of ``heads`` heads (head dim ``sum(axes_dims_rope)``);
+    ``flux(1, 24, (16, 56, 56))`` has FLUX.1's block sizes."""
+    return diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=depth, num_single_layers=depth, attention_head_dim=sum(axes_dims_rope),
+        num_attention_heads=heads, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=False,
+        axes_dims_rope=axes_dims_rope,
+    )  # fmt: skip
+
+
 def _model(family: str, depth: int = 1):
     if family == "flux":
-        return diffusers.FluxTransformer2DModel(
-            patch_size=1, in_channels=4, num_layers=depth, num_single_layers=depth, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=False,
-            axes_dims_rope=(4, 6, 6),
-        )  # fmt: skip
+        return flux(depth)
     if family == "hunyuan_video":
         return diffusers.HunyuanVideoTransformer3DModel(
             in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=depth,

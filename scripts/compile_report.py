@@ -99,21 +99,37 @@ def model_rows() -> list[dict]:
 def _median_ms(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
+        _sync()
         start = time.perf_counter()
         fn()
+        _sync()
         times.append(1000 * (time.perf_counter() - start))
     return statistics.median(times)
 
 
-def flux_timing(repeat: int) -> dict:
-    """ms per forward of a 6-block tiny Flux at 32 x 32 tokens: stock and ours, eager and inductor, interleaved."""
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def flux_timing(repeat: int, *, device: str = "cpu", dtype=torch.float32, side: int = 32, gpu_sizes: bool = False):
+    """ms per forward of a Flux at ``side x side`` tokens, stock and ours, eager and inductor, interleaved.
+
+    CPU: the tiny Flux with 3 double- and 3 single-stream blocks. ``gpu_sizes``: FLUX.1's block sizes
+    (24 heads of 128 channels), one block of each kind."""
     from axial_rope.integrations.diffusers import set_rope_processors
     from models import tiny_diffusers as tiny
 
-    stock, _ = tiny.build("flux", depth=3)  # 3 double- and 3 single-stream blocks
-    ours, _ = tiny.build("flux", depth=3)
+    def build():
+        torch.manual_seed(0)
+        model = tiny.flux(1, 24, (16, 56, 56)) if gpu_sizes else tiny.flux(3)
+        return model.eval().to(device, dtype)
+
+    stock, ours = build(), build()
     set_rope_processors(ours)
-    inputs = tiny.inputs("flux", 32, 32)
+    inputs = {k: v.to(device, dtype) if isinstance(v, torch.Tensor) and k not in ("img_ids", "txt_ids") else v
+              for k, v in tiny.inputs("flux", side, side).items()}  # fmt: skip
+    inputs["img_ids"], inputs["txt_ids"] = inputs["img_ids"].to(device), inputs["txt_ids"].to(device)
     torch._dynamo.reset()
     runs = {
         "stock eager": stock,
@@ -149,11 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="docs/bench/compile-cpu.json")
     parser.add_argument("--repeat", type=cli.positive_int, default=5, help="forwards per timing round")
     parser.add_argument("--threads", type=cli.positive_int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--flux-only", action="store_true", help="only the timing (CUDA: FLUX.1 block sizes, bf16)")
     args = parser.parse_args(argv)
     out = cli.out_file(parser, "--out", args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     report = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    if args.flux_only:
+        gpu = torch.cuda.is_available()
+        kind = dict(device="cuda", dtype=torch.bfloat16, side=64, gpu_sizes=True) if gpu else {}
+        report["flux_ms"] = flux_timing(args.repeat, **kind)
+        report["flux_ms"]["device"] = torch.cuda.get_device_name() if gpu else "cpu"
+        print(json.dumps(report["flux_ms"], indent=1))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        return 0
     report["diffusers"] = diffusers_rows()
     print(_table(report["diffusers"]), "\n", flush=True)
     report["models"] = model_rows()

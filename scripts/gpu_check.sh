@@ -12,6 +12,8 @@
 #      warps; registers and spills of every compiled tile)                    -> sweep.json, sweep.md
 #   4. the full benchmark tables (every shape, mode and provider)             -> bench/<gpu>.json,
 #                                                                                img/bench_<gpu>.png, benchmarks.md
+#   5. a FLUX.1-sized Flux block (bf16, 64 x 64 tokens), stock vs set_rope_processors, eager and
+#      torch.compile'd (inductor): ms and the compiled ratio                  -> compile.json
 # Peers (Liger, flash-attn) come from the package archives in .peers/ (git-ignored; fetched with
 # pip on a machine with internet, see scripts/peers.py) and are unpacked into .peers/site here.
 # With the device tool: run `bash scripts/gpu_check.sh "$OUT"` with carry [".peers"].
@@ -63,14 +65,18 @@ else
 fi
 
 step "CUDA tests (tests/test_triton_gpu.py, tests/test_varlen_gpu.py; stop at the first failure) -> $OUT/tests.txt"
-run 110 "$PY" -m pytest -x -q -rfEs -p no:cacheprovider "${TESTS[@]}" > "$OUT/tests.txt" 2>&1
+run 90 "$PY" -m pytest -x -q -rfEs -p no:cacheprovider "${TESTS[@]}" > "$OUT/tests.txt" 2>&1
 tail -n 15 "$OUT/tests.txt"
 
 step "copy ceiling and kernel sweep -> $OUT/sweep.md"
-run 90 "$PY" -m scripts.kernel_sweep --out "$OUT" "${SWEEP[@]}"
+run 80 "$PY" -m scripts.kernel_sweep --out "$OUT" "${SWEEP[@]}"
 
 step "benchmark tables -> $OUT/benchmarks.md"
-run 140 "$PY" -m scripts.bench --out "$OUT" "${BENCH[@]}"
+run 100 "$PY" -m scripts.bench --out "$OUT" "${BENCH[@]}"
+
+step "compiled Flux block, stock vs axial_rope -> $OUT/compile.json"
+if [ $DRY -eq 1 ]; then FLUX=(--repeat 1); else FLUX=(--repeat 10); fi
+run 80 "$PY" -m scripts.compile_report --flux-only --out "$OUT/compile.json" "${FLUX[@]}"
 
 step "done (exit $status); files:"
 find "$OUT" -type f | sort

@@ -17,11 +17,10 @@ from axial_rope.time_scaling import DyPE
 
 diffusers = pytest.importorskip("diffusers")
 
-from diffusers.models.embeddings import get_3d_rotary_pos_embed  # noqa: E402
 from test_conventions_integration import _ltx  # noqa: E402
-from test_integrations_diffusers import MODELS  # noqa: E402
 
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
+from models import tiny_diffusers as tiny  # noqa: E402
 
 FAMILIES = ("flux", "hunyuan_video", "wan", "cogvideox")
 VARIANTS = {
@@ -32,23 +31,9 @@ VARIANTS = {
 
 
 def _model(family: str, variant: str):
-    torch.manual_seed(0)
-    model, inputs = MODELS[family]()
-    model.eval()
+    model, inputs = tiny.build(family)
     set_rope_processors(model, scaling=VARIANTS[variant])
     return model, inputs
-
-
-def _sized(family: str, inputs: dict, h: int, w: int) -> dict:
-    """diffusers' ``get_dummy_inputs(height, width)``: the same model inputs at an ``h x w`` latent grid."""
-    g = torch.Generator().manual_seed(10 * h + w)
-    if family == "flux":
-        return dict(inputs, hidden_states=torch.randn(2, h * w, 4, generator=g), img_ids=ar.grid(1, h, w))
-    if family == "cogvideox":  # patch 2; the pipeline's tables for the h x w token grid
-        tables = get_3d_rotary_pos_embed(16, ((0, 0), (h, w)), (h, w), 3)
-        return dict(inputs, hidden_states=torch.randn(2, 3, 4, 2 * h, 2 * w, generator=g), image_rotary_emb=tables)
-    patch = 2 if family == "wan" else 1
-    return dict(inputs, hidden_states=torch.randn(2, 4, 3, patch * h, patch * w, generator=g))
 
 
 def _later_step(inputs: dict) -> dict:
@@ -111,7 +96,7 @@ def test_dynamic_sizes_compile_once(family, variant):
     compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
     with torch.fx.experimental._config.patch(use_duck_shape=False):
         for h, w in ((4, 4), (4, 8), (8, 8)):
-            sized = _sized(family, inputs, h, w)
+            sized = tiny.inputs(family, h, w)  # diffusers' get_dummy_inputs(height, width)
             with torch._dynamo.config.patch(error_on_recompile=True):
                 out = _run(compiled, sized)
             _close(out, _run(model, sized))

@@ -26,7 +26,6 @@ import axial_rope as ar
 
 diffusers = pytest.importorskip("diffusers")
 
-from diffusers.models.embeddings import get_3d_rotary_pos_embed  # noqa: E402
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor  # noqa: E402
 
 from axial_rope.integrations.diffusers import (  # noqa: E402
@@ -34,6 +33,7 @@ from axial_rope.integrations.diffusers import (  # noqa: E402
     remove_rope_processors,
     set_rope_processors,
 )
+from models import tiny_diffusers as tiny  # noqa: E402
 
 B = 2
 TOL = 1e-5  # stock vs ours in float64, upstream's float32 tables (module docstring)
@@ -47,130 +47,14 @@ def _double(model, inputs):
     return model.double(), cast
 
 
-def _video_inputs(latent_fhw=(3, 4, 6), n_txt: int = 5, **extra) -> dict:
-    """A video transformer's inputs: latent video ``[B, 4, F, H, W]``, timesteps in [0, 1000), text states."""
-    return dict(
-        hidden_states=torch.randn(B, 4, *latent_fhw),
-        timestep=torch.rand(B) * 1000,
-        encoder_hidden_states=torch.randn(B, n_txt, 16),
-        return_dict=False,
-        **extra,
-    )
+def _family(name: str):
+    return lambda: tiny.build(name)
 
 
-def _flux():
-    model = diffusers.FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=4,
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        pooled_projection_dim=32,
-        guidance_embeds=False,
-        axes_dims_rope=(4, 6, 6),
-    )
-    h, w, n_txt = 4, 6, 5
-    inputs = dict(
-        hidden_states=torch.randn(B, h * w, 4),
-        encoder_hidden_states=torch.randn(B, n_txt, 32),
-        pooled_projections=torch.randn(B, 32),
-        timestep=torch.rand(B),
-        img_ids=ar.grid(1, h, w),  # (0, y, x) as Flux pipelines build them
-        txt_ids=torch.zeros(n_txt, 3),
-        return_dict=False,
-    )
-    return model, inputs
-
-
-def _hunyuan_video():
-    model = diffusers.HunyuanVideoTransformer3DModel(
-        in_channels=4,
-        out_channels=4,
-        num_attention_heads=2,
-        attention_head_dim=10,
-        num_layers=1,
-        num_single_layers=1,
-        num_refiner_layers=1,
-        patch_size=1,
-        patch_size_t=1,
-        text_embed_dim=16,
-        pooled_projection_dim=8,
-        rope_axes_dim=(2, 4, 4),
-    )
-    inputs = _video_inputs(
-        encoder_attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
-        pooled_projections=torch.randn(B, 8),
-        guidance=torch.full((B,), 3000.0),
-    )
-    return model, inputs
-
-
-WAN = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=2,
-    attention_head_dim=12,
-    in_channels=4,
-    out_channels=4,
-    text_dim=16,
-    freq_dim=32,
-    ffn_dim=32,
-    num_layers=1,
-    qk_norm="rms_norm_across_heads",
-)
-
-
-def _wan():
-    model = diffusers.WanTransformer3DModel(**WAN, cross_attn_norm=True, rope_max_seq_len=32)
-    return model, _video_inputs()
-
-
-def _wan_i2v():
-    # image-to-video: image tokens attend through extra k/v projections; Wan fixes the text length at 512
-    model = diffusers.WanTransformer3DModel(**WAN, image_dim=8, added_kv_proj_dim=24)
-    return model, _video_inputs((2, 4, 4), 512, encoder_hidden_states_image=torch.randn(B, 3, 8))
-
-
-COGVIDEOX = dict(
-    num_attention_heads=2,
-    attention_head_dim=16,
-    in_channels=4,
-    out_channels=4,
-    time_embed_dim=2,
-    text_embed_dim=16,
-    num_layers=1,
-    sample_width=8,
-    sample_height=8,
-    sample_frames=9,
-    patch_size=2,
-    temporal_compression_ratio=4,
-    max_text_seq_length=5,
-    use_rotary_positional_embeddings=True,
-)
-
-
-def _cogvideox():
-    model = diffusers.CogVideoXTransformer3DModel(**COGVIDEOX)
-    # the pipeline's tables for a 3 x 4 x 4 token grid (crop (0, 0)-(4, 4): integer positions)
-    tables = get_3d_rotary_pos_embed(16, ((0, 0), (4, 4)), (4, 4), 3)
-    inputs = dict(
-        hidden_states=torch.randn(B, 3, 4, 8, 8),
-        encoder_hidden_states=torch.randn(B, 5, 16),
-        timestep=torch.randint(0, 1000, (B,)),
-        image_rotary_emb=tables,
-        return_dict=False,
-    )
-    return model, inputs
-
-
-MODELS = {
-    "flux": _flux,
-    "hunyuan_video": _hunyuan_video,
-    "wan": _wan,
-    "wan_i2v": _wan_i2v,
-    "cogvideox": _cogvideox,
-}
+# tiny random transformers (models/tiny_diffusers.py: the one place their configs live) and their inputs
+MODELS = {name: _family(name) for name in tiny.FAMILIES}
+_flux, _hunyuan_video, _wan, _cogvideox = (MODELS[n] for n in ("flux", "hunyuan_video", "wan", "cogvideox"))
+COGVIDEOX = tiny.COGVIDEOX
 
 
 def _eval(name: str):

@@ -3,7 +3,7 @@
 Run under torchrun (gloo on CPU), one process per rank, each with one thread::
 
     MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone \\
-        --nproc_per_node 2 -m axial_rope.parallel.bench --method ring --frames 1 2 4 8
+        --nproc_per_node 2 -m scripts.bench_parallel --method ring --frames 1 2 4 8
 
 ``--nproc_per_node 1 --method none`` is the unsharded baseline (one SDPA call). The layer is
 ``Attention(dim=H * D, H, AxialRoPE((8, 12, 12)), qk_norm="rms")`` over a video of ``frames``
