@@ -90,6 +90,9 @@ class AxialRoPE(nn.Module, Rotary):
                 self._init_spectrum(axes_dim, theta, scaling, spectrum)
         self.pairing, self.backend = pairing, backend
         model = self.frequency_model
+        # sizes as ints, read once: a compiled forward then never reads the model's CPU tensors (whose shapes
+        # dynamo would otherwise trace, and guard on, as inputs)
+        self._n_axes, self._n_pairs = model.n_axes, model.n_pairs
         if learnable and self.time_dependent:
             raise ValueError("learnable=True takes F as a parameter; a time-dependent scaling computes F from t")
         if num_heads is not None and (not learnable or not isinstance(num_heads, int) or num_heads <= 0):
@@ -154,15 +157,15 @@ class AxialRoPE(nn.Module, Rotary):
 
     @property
     def n_axes(self) -> int:
-        return self.frequency_model.n_axes
+        return self._n_axes
 
     @property
     def rot_dim(self) -> int:
-        return 2 * self.frequency_model.n_pairs
+        return 2 * self._n_pairs
 
     @property
     def n_pairs(self) -> int:
-        return self.frequency_model.n_pairs
+        return self._n_pairs
 
     @property
     def attention_factor(self) -> float:

@@ -28,7 +28,9 @@ VARIANTS = {
     "scaled": (None, ar.scaling.NTK(2.0), ar.scaling.YaRN(2.0, 2)),
     "timed": (None, DyPE(2.0, 2), DyPE(2.0, 2, method="ntk")),
 }
-SIZES = ((4, 4), (4, 8), (8, 8), (6, 10), (8, 4), (10, 10))  # token grids h x w
+SIZES = ((4, 4), (4, 8), (8, 8), (6, 10), (8, 4), (10, 10))  # token grids h x w of the diffusers models
+IMAGE_SIZES = ((32, 32), (48, 64), (64, 48), (64, 64), (16, 64), (40, 24))  # DiT latents (patch 4)
+VIDEO_SIZES = ((8, 16, 16), (4, 24, 8), (12, 8, 8), (8, 24, 16), (2, 16, 16), (6, 8, 24))  # video latents
 
 
 def _graphs(model, calls, **compile_kwargs) -> tuple[int, float, str]:
@@ -66,7 +68,8 @@ def diffusers_rows() -> list[dict]:
                 set_rope_processors(model, scaling=scaling)
             calls = [((), tiny.inputs(family, h, w)) for h, w in SIZES]
             graphs, seconds, error = _graphs(model, calls)
-            dynamic, _, dyn_error = _graphs(model, calls, dynamic=True)
+            with torch.fx.experimental._config.patch(use_duck_shape=False):  # as diffusers' dynamic-shape check
+                dynamic, _, dyn_error = _graphs(model, calls, dynamic=True)
             rows.append(dict(model=family, variant=variant, graphs=graphs, dynamic_graphs=dynamic,
                              trace_s=round(seconds, 2), export=_exports(model, (), inputs),
                              error=error or dyn_error))  # fmt: skip
@@ -81,19 +84,24 @@ def model_rows() -> list[dict]:
 
     rows = []
     t, y = torch.full((2,), 500.0), torch.tensor([0, 1])
-    images = [((torch.randn(2, 3, 4 * h, 4 * w), t, y), {}) for h, w in ((8, 8), *SIZES[1:])]
+    # the training size, then larger and other aspect ratios (the second size changes both sides)
+    images = [((torch.randn(2, 3, h, w), t, y), {}) for h, w in IMAGE_SIZES]
     for mode in ("none", "interpolate", "yarn", "dype"):
         model = DiT(DIT["tiny"]).eval()
         calls = [(args, {"pos_mode": mode}) for args, _ in images]
-        graphs, seconds, error = _graphs(model, calls)
-        rows.append(dict(model="DiT tiny", variant=f"pos_mode={mode}", graphs=graphs, trace_s=round(seconds, 2),
-                         export=_exports(model, images[0][0], {"pos_mode": mode}), error=error))  # fmt: skip
+        rows.append(_model_row("DiT tiny", f"pos_mode={mode}", model, calls))
     video = VideoDiT(VIDEO["tiny"]).eval()
-    clips = [((torch.randn(1, 3, f, 2 * h, 2 * w), t[:1], y[:1]), {}) for f, (h, w) in zip((8, 4, 12, 8, 2, 6), SIZES)]
-    graphs, seconds, error = _graphs(video, clips)
-    rows.append(dict(model="VideoDiT tiny", variant="frames and sizes", graphs=graphs, trace_s=round(seconds, 2),
-                     export=_exports(video, *clips[0]), error=error))  # fmt: skip
+    clips = [((torch.randn(1, 3, *s), t[:1], y[:1]), {}) for s in VIDEO_SIZES]
+    rows.append(_model_row("VideoDiT tiny", "frames and sizes", video, clips))
     return rows
+
+
+def _model_row(name: str, variant: str, model, calls) -> dict:
+    graphs, seconds, error = _graphs(model, calls)
+    with torch.fx.experimental._config.patch(use_duck_shape=False):
+        dynamic, _, dyn_error = _graphs(model, calls, dynamic=True)
+    return dict(model=name, variant=variant, graphs=graphs, dynamic_graphs=dynamic, trace_s=round(seconds, 2),
+                export=_exports(model, *calls[0]), error=error or dyn_error)  # fmt: skip
 
 
 def _median_ms(fn, repeat: int) -> float:
@@ -122,8 +130,8 @@ def flux_timing(repeat: int, *, device: str = "cpu", dtype=torch.float32, side: 
 
     def build():
         torch.manual_seed(0)
-        model = tiny.flux(1, 24, (16, 56, 56)) if gpu_sizes else tiny.flux(3)
-        return model.eval().to(device, dtype)
+        model = (tiny.flux(1, 24, (16, 56, 56)) if gpu_sizes else tiny.flux(3)).eval()
+        return model if (device, dtype) == ("cpu", torch.float32) else model.to(device, dtype)
 
     stock, ours = build(), build()
     set_rope_processors(ours)

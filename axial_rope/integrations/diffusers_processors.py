@@ -28,7 +28,7 @@ __all__ = [
 
 class Tables:
     """The ``(cos, sin)`` a processor is passed, as ``[S, D]`` interleaved channel tables (any stock layout),
-    and the rotation of a token slice by them."""
+    and the rotation of q and k by them."""
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor, backend: str | None):
         self.cos, self.sin, self.backend = cos, sin, backend
@@ -37,9 +37,6 @@ class Tables:
     def passed(cls, tables, backend: str | None) -> Tables:
         cos, sin = tables  # Flux / HunyuanVideo / CogVideoX: [S, D]; Wan: [1, S, 1, D]
         return cls(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), backend)
-
-    def slice(self, start: int, stop: int | None) -> Tables:
-        return Tables(self.cos[start:stop], self.sin[start:stop], self.backend)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
         rotate = lambda x: apply_rope(x, self.cos, self.sin, "interleaved", layout, self.backend)
@@ -116,17 +113,13 @@ class FluxRopeProcessor(_RopeProcessor):
                 eq = attn.add_q_proj(encoder_hidden_states)
                 ek, ev = attn.add_k_proj(encoder_hidden_states), attn.add_v_proj(encoder_hidden_states)
             eq, ek, ev = (t.unflatten(-1, (-1, attn.head_dim)) for t in (eq, ek, ev))
-        n_txt = eq.shape[1] if joint else 0
         q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
-        if joint:
+        if joint:  # text first, as the tables' rows (the ids are txt_ids then img_ids)
             eq, ek = _norm(attn.norm_added_q, eq), _norm(attn.norm_added_k, ek)
-        rotation = self.tables(image_rotary_emb)  # [S_txt + S_img, D]: text rows first
-        if rotation is not None:
-            q, k = rotation.slice(n_txt, None)(q, k, "bshd")
-            if joint:
-                eq, ek = rotation.slice(0, n_txt)(eq, ek, "bshd")
-        if joint:
             q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
+        rotation = self.tables(image_rotary_emb)  # [S_txt + S_img, D]: every token, one rotation
+        if rotation is not None:
+            q, k = rotation(q, k, "bshd")
 
         out = self._attend(q, k, v, attention_mask)
         if encoder_hidden_states is None:
