@@ -108,7 +108,8 @@ def check_time_range(t: torch.Tensor, top: float, scaling=None) -> None:
                 f"t must be model timesteps in [0, {top:g}] (the noise level times {top:g}), got {t.tolist()[:8]}"
             )
     else:
-        torch._assert_async(ok, f"t must be model timesteps in [0, {top:g}]")
+        # a constant message: under torch.compile(dynamic=True) a number formatted into it may be symbolic
+        torch._assert_async(ok, "t must be model timesteps in [0, T_SCALE] (the noise level times T_SCALE)")
 
 
 def check_labels(y, embedder, batch: int) -> None:
