@@ -80,6 +80,7 @@ def item_rope(
     segments: Segments,
     *,
     pos: torch.Tensor | None = None,
+    padded: bool = False,
 ) -> AxialRoPE | PackedRoPE:
     """The rope for a packed sequence whose items each have their own scaling.
 
@@ -87,20 +88,20 @@ def item_rope(
         rope: the model's rope (a spectrum rope: each item's ``F`` comes from its axes and theta).
         scalings: per item, a scaling (one method, or one per axis with ``None`` for an unscaled axis; e.g.
             ``ar.positions_for_size(shape, train, "yarn").scaling``), or ``None`` for the rope's own.
-            A trailing padding segment (``segments.n == len(scalings) + 1``) takes the rope's own.
         segments: the packed sequence's boundaries.
         pos: the packed positions ``[T, n_axes]``; needed only by length-dependent methods (DynamicNTK,
             LongRoPE), which then see each item's own ``max(pos) + 1``, as a rope called on that item alone.
+        padded: the last segment is padding (``pack(..., pad_to=)``), which takes the rope's own scaling.
 
     Returns:
         ``rope`` itself when every item has the rope's own scaling, else a :class:`PackedRoPE`.
         Either takes the rope's calls on the natural positions ``[T, n_axes]``.
     """
     n_items = len(scalings)
-    if segments.n not in (n_items, n_items + 1):
+    if segments.n != n_items + int(padded):
+        padding = " (the last one padding)" if padded else ""
         raise ValueError(
-            f"{n_items} item scalings for {segments.n} segments: pass one scaling (or None) per item, "
-            "and at most one trailing padding segment"
+            f"{n_items} item scalings for {segments.n} segments{padding}: pass one scaling (or None) per item"
         )
     scalings = list(scalings) + [None] * (segments.n - n_items)
     shared = rope.spectrum not in ("per_axis", None)  # split / cycled: one method for all axes

@@ -168,7 +168,7 @@ class Packed:
         """``rope`` for these tokens, each item with its own scaling (:func:`~axial_rope.packed_rope.item_rope`)."""
         from .packed_rope import item_rope
 
-        return item_rope(rope, self.scalings, self.segments, pos=self.pos)
+        return item_rope(rope, self.scalings, self.segments, pos=self.pos, padded=self.pad > 0)
 
     def with_tokens(self, tokens: torch.Tensor) -> Packed:
         """The same layout holding other per-token values ``[T, C']`` (e.g. after an embedding)."""

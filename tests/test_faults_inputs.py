@@ -191,3 +191,40 @@ def test_numpy_and_torch_integer_sizes_are_sizes():
         Item(torch.zeros(6, 4), ar.grid(2, 3), (2.0, 3))
     with pytest.raises(TypeError, match="greedy_pack: item 0 has a length of type float"):
         greedy_pack([2.0], 4)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_inplace_refuses_q_and_k_that_share_elements(layout):
+    # k is q refused long since; partly overlapping views of one buffer rotated shared elements twice (off by 4.5)
+    rope = ar.AxialRoPE(8)
+    buf = torch.randn(1, 6, 4, 8) if layout == "bshd" else torch.randn(1, 4, 6, 8)
+    heads = (slice(None), slice(None), slice(0, 2)) if layout == "bshd" else (slice(None), slice(0, 2))
+    shifted = (slice(None), slice(None), slice(1, 3)) if layout == "bshd" else (slice(None), slice(1, 3))
+    with torch.no_grad(), pytest.raises(ValueError, match="share memory"):
+        rope(buf[heads], buf[shifted], torch.arange(6), layout, inplace=True)
+    with torch.no_grad(), pytest.raises(ValueError, match="share memory"):
+        rope(buf, buf, torch.arange(6), layout, inplace=True)
+    # disjoint views of one buffer (the q and k heads of a fused projection) stay allowed, and are rotated once
+    q, k = buf[heads], buf[(*heads[:-1], slice(2, 4))]
+    expected_q, expected_k = rope(q.clone(), k.clone(), torch.arange(6), layout)
+    with torch.no_grad():
+        rope(q, k, torch.arange(6), layout, inplace=True)
+    torch.testing.assert_close(q, expected_q, rtol=0, atol=0)
+    torch.testing.assert_close(k, expected_k, rtol=0, atol=0)
+
+
+def test_item_rope_names_what_the_scalings_do_not_fit():
+    from axial_rope.packed_rope import item_rope
+    from axial_rope.packing import Item, pack
+
+    p = pack([Item.text(torch.randn(n, 4)) for n in (3, 5, 2)])
+    with pytest.raises(ValueError, match="2 item scalings for 3 segments: pass one scaling"):
+        item_rope(ar.AxialRoPE(8), [None, None], p.segments)
+
+
+@pytest.mark.parametrize("watershed", [1.5, 0.0, -0.2, float("nan")])
+def test_time_aware_ntk_refuses_a_watershed_outside_lumina_time(watershed):
+    from axial_rope.time_scaling import TimeAwareNTK
+
+    with pytest.raises(ValueError, match="watershed"):
+        TimeAwareNTK(2.0, watershed=watershed)
