@@ -81,6 +81,7 @@ def spectrum_frequencies(
     spectrum: str,
     seq_len: tuple[int | None, ...],
     t: torch.Tensor | float | None = None,
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``F`` float64 ``[n_axes, n_pairs]`` and the attention factor per plane ``[n_pairs]`` of a spectrum.
 
@@ -91,21 +92,23 @@ def spectrum_frequencies(
     ``t``: no host sync, so a compiled graph takes every ``t``).
 
     The factor is ``None`` when every plane's is 1: decided from the methods' Python numbers, so a
-    compiled caller branches on it without reading a tensor.
+    compiled caller branches on it without reading a tensor. ``dtype``: of a time-dependent ``F(t)``
+    (default float64, float32 on a device without float64); the others are float64 on the CPU.
     """
     n_axes, rot_dim = len(axes_dim), sum(axes_dim)
     timed = any(is_time_dependent(s) for s in scaling)
     if timed and t is None:
         names = sorted({type(s).__name__ for s in scaling if is_time_dependent(s)})
         raise ValueError(f"{', '.join(names)} depend(s) on the sampling time: pass t= (the noise level in [0, 1])")
-    t = sampling_time(t) if timed else None  # 0-d float64; numbers on the CPU
+    t = sampling_time(t, dtype=dtype) if timed else None  # 0-d; numbers on the CPU
     device = t.device if timed else torch.device("cpu")
+    dtype = t.dtype if timed else torch.float64  # F(t) in t's dtype: float32 on a device without float64
 
     def one(d: int, base: float, method, length) -> tuple[torch.Tensor, float]:  # [d // 2] on device
         if is_time_dependent(method):
             return method.inv_freq_at(d, float(base), t), method.attention_scale()
-        inv, factor = inv_freq(d, base, method, seq_len=length)
-        return inv.to(device), factor
+        inv, factor = inv_freq(d, base, method, seq_len=length)  # float64 on the CPU
+        return inv.to(dtype).to(device), factor
 
     if spectrum == "per_axis":
         spectra = [one(d, th, s, n) for d, th, s, n in zip(axes_dim, theta, scaling, seq_len)]
@@ -117,9 +120,9 @@ def spectrum_frequencies(
     scale = None
     if any(af != 1.0 for _, af in spectra):
         scale = torch.cat(
-            [torch.full((d // 2,), af, dtype=torch.float64, device=device) for d, (_, af) in zip(widths, spectra)]
+            [torch.full((d // 2,), af, dtype=dtype, device=device) for d, (_, af) in zip(widths, spectra)]
         )
-    placed = torch.zeros(n_axes, rot_dim // 2, dtype=torch.float64, device=device)  # one 1 per column
+    placed = torch.zeros(n_axes, rot_dim // 2, dtype=dtype, device=device)  # one 1 per column
     placed[plane_axes(axes_dim, spectrum), torch.arange(rot_dim // 2, device=device)] = 1.0
     return placed * values, scale
 
@@ -170,9 +173,10 @@ class PositionTransform:
             if values is not None and len(values) not in (1, n_axes):
                 raise ValueError(f"PositionTransform: {name} has {len(values)} entries, expected 1 or {n_axes} axes")
 
-    def __call__(self, pos: torch.Tensor) -> torch.Tensor:
-        """``pos`` ``[..., S, n_axes]`` -> the transformed float64 positions, same shape."""
-        p = pos.to(torch.float64)
+    def __call__(self, pos: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """``pos`` ``[..., S, n_axes]`` -> the transformed positions in ``dtype`` (float64; float32 on a device without
+        it), same shape."""
+        p = pos.to(dtype)
         if self.normalize is not None:
             lo, hi = p.amin(-2, keepdim=True), p.amax(-2, keepdim=True)  # [..., 1, n_axes]
             extent = hi - lo + 1
@@ -184,9 +188,9 @@ class PositionTransform:
         if self.center:
             p = p - (p.amin(-2, keepdim=True) + p.amax(-2, keepdim=True)) / 2
         if self.scale is not None:
-            p = p * torch.tensor(self.scale, dtype=torch.float64, device=p.device)
+            p = p * torch.tensor(self.scale, dtype=dtype, device=p.device)
         if self.offset is not None:
-            p = p + torch.tensor(self.offset, dtype=torch.float64, device=p.device)
+            p = p + torch.tensor(self.offset, dtype=dtype, device=p.device)
         return p
 
     def to_dict(self) -> dict:

@@ -31,6 +31,7 @@ import torch
 
 from .frequencies import per_axis, scaling_method
 from .ops.rotation import Rotation
+from .ops.turns import fixed_turns
 from .rope import AxialRoPE
 from .rotary import Rotary, as_positions
 from .segments import Segments
@@ -55,9 +56,9 @@ def _block_rows(freqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _item_lengths(pos: torch.Tensor, segments: Segments, n_items: int) -> list[tuple[int, ...]]:
     """Per item, ``max(pos) + 1`` per axis (a rope's default ``seq_len``), one host read."""
-    ids = segments.segment_ids[:, None].expand(-1, pos.shape[-1])
-    top = torch.full((segments.n, pos.shape[-1]), float("-inf"), dtype=torch.float64, device=pos.device)
-    top = top.scatter_reduce(0, ids, pos.to(torch.float64), "amax")
+    ids = segments.segment_ids.cpu()[:, None].expand(-1, pos.shape[-1])
+    top = torch.full((segments.n, pos.shape[-1]), float("-inf"), dtype=torch.float64)  # on the host: it is read
+    top = top.scatter_reduce(0, ids, pos.to("cpu", torch.float64), "amax")
     return [tuple(int(v) + 1 for v in row) for row in top[:n_items].tolist()]
 
 
@@ -128,10 +129,15 @@ def item_rope(
     stacked = torch.stack([s for _, s in groups])  # [K, n]
     device = segments.device
     if bool((stacked == stacked[0]).all()):
-        scale = stacked[0].to(device) if bool((stacked[0] != 1).any()) else None  # [n], one for every item
+        scale = stacked[0] if bool((stacked[0] != 1).any()) else None  # [n], one for every item
     else:
-        scale = stacked.to(device)[group]  # [T, n]: each token its item's
-    return PackedRoPE(rope, block.to(device), cols.to(device)[group], scale)
+        scale = stacked[group.cpu()]  # [T, n]: each token its item's
+    # where the rope's angles go by turns (no float64 on the device), F and the factor travel as float32
+    exact = rope.exact(device)
+    turns = None if exact else fixed_turns(block).to(device)
+    dtype = torch.float64 if exact else torch.float32
+    scale = None if scale is None else scale.to(dtype).to(device)
+    return PackedRoPE(rope, block.to(dtype).to(device), cols.to(device)[group], scale, turns)
 
 
 class PackedRoPE(Rotary):
@@ -144,13 +150,16 @@ class PackedRoPE(Rotary):
     Attributes:
         freqs: ``F_packed`` float64 ``[R, n]``; cols: int64 ``[T, n_axes]``, each token's rows;
         scale: the attention factor, float64 ``[n]`` shared by every item or ``[T, n]`` per token, or ``None``.
+        turns: ``F_packed`` in fixed-point turns where the rope's angles go by turns (then ``freqs`` and
+            ``scale`` are float32), else ``None``.
     """
 
     length_dependent = False  # each item's frequencies are fixed for this batch
     time_dependent = False
 
-    def __init__(self, base: AxialRoPE, freqs: torch.Tensor, cols: torch.Tensor, scale: torch.Tensor | None):
-        self.base, self.freqs, self.cols, self.scale = base, freqs, cols, scale
+    def __init__(self, base: AxialRoPE, freqs: torch.Tensor, cols: torch.Tensor, scale: torch.Tensor | None,
+                 turns: torch.Tensor | None = None):  # fmt: skip
+        self.base, self.freqs, self.cols, self.scale, self.turns = base, freqs, cols, scale, turns
         self.pairing, self.backend = base.pairing, base.backend
 
     rot_dim = property(lambda self: 2 * self.freqs.shape[-1])
@@ -171,9 +180,14 @@ class PackedRoPE(Rotary):
                 f"pos {tuple(pos.shape)} does not fit this packed rope: {self.cols.shape[0]} tokens of one sequence, "
                 f"{self.cols.shape[1]} axes"
             )
+        exact = self.turns is None
         if self.base.transform is not None:  # scale / offset only (checked by item_rope): per token
-            natural = self.base.transform(natural)
-        dtype = torch.float32 if natural.dtype == torch.float32 else torch.float64  # ints and float64: exact
+            natural = self.base.transform(natural, torch.float64 if exact else torch.float32)
+        # ints and float64 stay exact (by turns: int64 is, float32 as given)
+        if not exact:
+            dtype = natural.dtype if natural.dtype in (torch.float32, torch.int64) else torch.float32
+        else:
+            dtype = torch.float32 if natural.dtype == torch.float32 else torch.float64
         block = natural.new_zeros(1, natural.shape[1], self.freqs.shape[0], dtype=dtype)
         return block.scatter_(2, self.cols[None], natural.to(dtype))
 
@@ -183,7 +197,7 @@ class PackedRoPE(Rotary):
         if seq_len is not None or t is not None:
             raise ValueError("a packed rope's lengths and times are fixed per batch by item_rope: call it without them")
         factor = self.scale[None] if self.scale is not None and self.scale.ndim == 2 else self.scale  # [1, T, n] | [n]
-        return Rotation(self.block_positions(pos), self.freqs, factor, self.pairing)
+        return Rotation(self.block_positions(pos), self.freqs, factor, self.pairing, self.turns)
 
     def __repr__(self) -> str:
         factor = "per token" if self.scale is not None and self.scale.ndim == 2 else "uniform"

@@ -26,16 +26,18 @@ from .frequencies import SPECTRA, Frequencies, plane_axes, spectrum_frequencies
 from .frequencies import per_axis as _per_axis
 from .frequencies import scaling_method as _scaling_method
 from .ops import PAIRINGS, preload
-from .ops.common import check_choice
+from .ops.common import check_choice, has_float64
 from .ops.rotation import Rotation
+from .ops.turns import fixed_turns
 from .position_checks import check_positions
 from .rotary import Rotary, as_positions
 from .scaling import Scaling
 from .time_scaling import is_time_dependent, sampling_time
 
-__all__ = ["AxialRoPE", "TimedRoPE", "SPECTRA", "check_positions", "plane_axes"]
+__all__ = ["AxialRoPE", "TimedRoPE", "ANGLES", "SPECTRA", "check_positions", "plane_axes"]
 
 _OWN = object()  # rotation(scaling=...) left out: the rope's own scaling
+ANGLES = ("auto", "float64", "turns")
 
 
 class AxialRoPE(nn.Module, Rotary):
@@ -60,6 +62,10 @@ class AxialRoPE(nn.Module, Rotary):
         learnable: hold ``F`` as a dense trainable parameter initialised from the model's
             ``F`` (RoPE-Mixed); with ``num_heads``, one ``F`` per head ``[H, n_axes, n_pairs]``.
         backend: default backend for this module (see :func:`axial_rope.apply_rope`).
+        angles: how angles are computed: ``"float64"`` (one exactly rounded float64 product per plane),
+            ``"turns"`` (int64 fixed-point turns, :mod:`axial_rope.ops.turns`: no float64 tensor on the
+            compute device, for Apple MPS and NPUs without float64), or ``"auto"``: float64 where the
+            device has it, else turns (decided on every move, ``rope.to(device)``).
 
     Channels past ``rot_dim`` pass through unrotated. A time-dependent ``scaling``
     (:mod:`axial_rope.time_scaling`: DyPE, Lumina-Next) needs the sampling time per call: ``t=`` on
@@ -79,10 +85,13 @@ class AxialRoPE(nn.Module, Rotary):
         learnable: bool = False,
         num_heads: int | None = None,
         backend: str | None = None,
+        angles: str = "auto",
     ):
         super().__init__()
         preload()  # backends imported now, not inside a later torch.compile trace
         check_choice("pairing", pairing, PAIRINGS)
+        check_choice("angles", angles, ANGLES)
+        self.angles = angles
         with torch.device("cpu"):  # the description is computed on the CPU, also under a meta default device
             if isinstance(axes_dim, Frequencies):
                 self._init_model(axes_dim, theta, scaling, spectrum)
@@ -101,8 +110,9 @@ class AxialRoPE(nn.Module, Rotary):
             raise ValueError(f"num_heads={num_heads} differs from the model's {model.num_heads} per-head frequencies")
         scale = model.scale if model.scale is not None else torch.ones(model.n_pairs, dtype=torch.float64, device="cpu")
         device = torch.get_default_device()  # meta under torch.device("meta"): to_empty recomputes (_apply)
-        self.register_buffer("freqs", model.freqs.to(device, copy=True), persistent=False)  # [A, n] | [H, A, n]
-        self.register_buffer("scale", scale.to(device, copy=True), persistent=False)  # [n_pairs] float64
+        for name in ("freqs", "scale", "turns"):  # F [A, n] | [H, A, n], factor [n]; turns: F in fixed point
+            self.register_buffer(name, None, persistent=False)
+        self._set_buffers(model.freqs, scale, device)
         self.transform = model.transform  # position map (float64) before the angle, or None
         self.scaled = bool((scale != 1).any())  # whether cos/sin carry an attention factor
         self._factors = sorted(set(scale.tolist()))  # python floats: read later without a host sync
@@ -154,6 +164,20 @@ class AxialRoPE(nn.Module, Rotary):
         if not isinstance(frequencies, Frequencies):
             raise TypeError(f"from_frequencies takes an axial_rope.frequencies.Frequencies, got {frequencies!r}")
         return cls(frequencies, pairing=pairing, learnable=learnable, backend=backend)
+
+    def exact(self, device: torch.device | None = None) -> bool:
+        """Whether angles are float64 on ``device`` (default: the rope's); else int64 fixed-point turns."""
+        device = self.freqs.device if device is None else torch.device(device)
+        return self.angles == "float64" or (self.angles == "auto" and has_float64(device))
+
+    def _set_buffers(self, freqs: torch.Tensor, scale: torch.Tensor, device: torch.device) -> None:
+        """The buffers on ``device`` from ``F`` and the factor (float64, CPU): float64 there, or, where angles go by
+        turns, float32 ``F`` and factor with int64 ``turns`` (converted on the CPU: nothing float64 moves)."""
+        if self.exact(device):
+            self.freqs, self.scale, self.turns = freqs.to(device, copy=True), scale.to(device, copy=True), None
+        else:
+            self.freqs, self.scale = freqs.float().to(device), scale.float().to(device)
+            self.turns = fixed_turns(freqs).to(device)
 
     @property
     def n_axes(self) -> int:
@@ -213,10 +237,10 @@ class AxialRoPE(nn.Module, Rotary):
             torch.ones(freqs.shape[-1], dtype=torch.float64, device=freqs.device) if scale is None else scale
         )
 
-    def _spectrum(self, methods, seq_len, t) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _spectrum(self, methods, seq_len, t, dtype=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         n_axes = len(self.axes_dim)
         lengths = _per_axis("seq_len", seq_len, n_axes, False) if seq_len is not None else (None,) * n_axes
-        return spectrum_frequencies(self.axes_dim, self.theta, methods, self.spectrum, lengths, t)
+        return spectrum_frequencies(self.axes_dim, self.theta, methods, self.spectrum, lengths, t, dtype)
 
     def with_scaling(self, scaling: Scaling | None | Sequence[Scaling | None]) -> AxialRoPE:
         """The same rotary layout with another ``scaling`` (one method or one per axis), on this rope's device.
@@ -247,21 +271,22 @@ class AxialRoPE(nn.Module, Rotary):
             freqs, scale = self.frequencies(t=1.0 if self.time_dependent else None)
         device = self.freqs.device
         if device.type != "meta":
-            self.freqs, self.scale = freqs.to(device), scale.to(device)
+            self._set_buffers(freqs, scale, device)
         if self.learned_freqs is not None:
             init = freqs if self.learned_freqs.ndim == freqs.ndim else freqs.expand(self.learned_freqs.shape)
             with torch.no_grad():
                 self.learned_freqs.copy_(init.to(self.learned_freqs.device, torch.float32))
 
     def _apply(self, fn, recurse=True):
-        # .half() / .to(dtype) / .to_empty() must not round or lose the frequencies: the float64 buffers
-        # are recomputed on the new device and a learned F keeps its float32 values.
+        # .half() / .to(dtype) / .to_empty() must not round or lose the frequencies: the buffers are recomputed
+        # on the new device, float64 ones moved as float32 stand-ins first (a device without float64 cannot take
+        # them), and a learned F keeps its float32 values.
         learned = None if self.learned_freqs is None else self.learned_freqs.data
+        self.freqs, self.scale, self.turns = self.freqs.float(), self.scale.float(), None
         super()._apply(fn, recurse)
         with torch.device("cpu"):
             freqs, scale = self.frequencies(t=1.0 if self.time_dependent else None)
-        device = self.freqs.device
-        self.freqs, self.scale = freqs.to(device), scale.to(device)
+        self._set_buffers(freqs, scale, self.freqs.device)
         if learned is not None and self.learned_freqs.dtype != learned.dtype:
             self.learned_freqs.data = learned.to(self.learned_freqs.device)
         return self
@@ -269,9 +294,12 @@ class AxialRoPE(nn.Module, Rotary):
     # -- the rotation ----------------------------------------------------------------
 
     def positions(self, pos: torch.Tensor) -> torch.Tensor:
-        """Checked positions as ``[B|1, S, n_axes]``, the position map applied (float64 after it)."""
+        """Checked positions as ``[B|1, S, n_axes]``, the position map applied (float64 after it; float32 where
+        angles go by turns)."""
         pos = as_positions(pos, self.n_axes)
-        return pos if self.transform is None else self.transform(pos)
+        if self.transform is None:
+            return pos
+        return self.transform(pos, torch.float64 if self.exact() else torch.float32)
 
     def rotation(
         self,
@@ -291,27 +319,33 @@ class AxialRoPE(nn.Module, Rotary):
                 ``ar.positions_for_size(...).scaling``): its ``F`` is computed here, no module is built.
         """
         pos = self.positions(pos)
-        return Rotation(pos, *self._frequencies_for(pos, seq_len, t, scaling), self.pairing)
+        freqs, factor, turns = self._frequencies_for(pos, seq_len, t, scaling)
+        return Rotation(pos, freqs, factor, self.pairing, turns)
 
-    def _frequencies_for(self, pos, seq_len, t, scaling) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``F`` and the attention factor (``None``: 1) for one call, on the rope's device; ``pos`` only for the
-        default ``seq_len``. Every branch is decided on Python values, never on a tensor's contents."""
+    def _frequencies_for(
+        self, pos, seq_len, t, scaling
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``F``, the attention factor (``None``: 1) and ``F``'s turns (``None``: float64 angles) for one call, on the
+        rope's device; ``pos`` only for the default ``seq_len``. Every branch is decided on Python values."""
         if self.learned_freqs is not None:
             if scaling is not _OWN:
                 raise ValueError("scaling= needs fixed frequencies; this rope learns its own (learnable=True)")
-            return self.learned_freqs, (self.scale if self.scaled else None)
+            return self.learned_freqs, (self.scale if self.scaled else None), None  # float32, with its gradient
         methods = self.scaling if scaling is _OWN else self._methods(scaling)
         fixed = not any(m is not None and (m.length_dependent or is_time_dependent(m)) for m in methods)
         if fixed and methods == self.scaling:  # the buffers as they are
-            return self.freqs, (self.scale if self.scaled else None)
+            return self.freqs, (self.scale if self.scaled else None), self.turns
         if self.spectrum is None:
             raise ValueError("scaling= needs a spectrum (axes_dim, theta); this rope has a fixed frequency model")
         if any(m is not None and m.length_dependent for m in methods) and seq_len is None:
             seq_len = tuple(int(v) + 1 for v in pos.flatten(0, -2).amax(0).tolist())  # host read: pass seq_len
         timed = any(is_time_dependent(m) for m in methods)
-        device = self.freqs.device
-        freqs, scale = self._spectrum(methods, seq_len, _time(t, methods, device) if timed else None)
-        return freqs.to(device), (None if scale is None else scale.to(device))
+        device, exact = self.freqs.device, self.exact()
+        dtype = torch.float64 if exact else torch.float32  # a time-dependent F(t) is computed on the device
+        freqs, scale = self._spectrum(methods, seq_len, _time(t, methods, device, dtype) if timed else None, dtype)
+        turns = None if exact else fixed_turns(freqs).to(device)  # from float64 on the CPU, or F(t)'s float32
+        freqs, scale = freqs.to(device, dtype), None if scale is None else scale.to(device, dtype)
+        return freqs, scale, turns
 
     def at_time(self, t: float | torch.Tensor) -> AxialRoPE | TimedRoPE:
         """This rope at sampling time ``t``, ``F(t)`` computed once: it takes a rope's calls without ``t`` (``rope=``
@@ -336,15 +370,15 @@ class AxialRoPE(nn.Module, Rotary):
         )
 
 
-def _time(t, methods, device) -> torch.Tensor:
-    """A time-dependent rope's ``t`` as a 0-d float64 tensor on ``device`` (checked by :func:`sampling_time`)."""
+def _time(t, methods, device, dtype=torch.float64) -> torch.Tensor:
+    """A time-dependent rope's ``t`` as a 0-d ``dtype`` tensor on ``device`` (checked by :func:`sampling_time`)."""
     if t is None:
         names = sorted({type(m).__name__ for m in methods if is_time_dependent(m)})
         raise ValueError(
             f"this rope's scaling ({', '.join(names)}) depends on the sampling time: pass t= (the noise "
             "level in [0, 1], 1 = pure noise) to the call, or rotate with rope.at_time(t)"
         )
-    return sampling_time(t, device)
+    return sampling_time(t, device, dtype)
 
 
 class TimedRoPE(Rotary):
@@ -355,7 +389,8 @@ class TimedRoPE(Rotary):
     """
 
     def __init__(self, rope: AxialRoPE, t: float | torch.Tensor):
-        self.rope, self.t = rope, sampling_time(t, rope.freqs.device)
+        dtype = torch.float64 if rope.exact() else torch.float32
+        self.rope, self.t = rope, sampling_time(t, rope.freqs.device, dtype)
         self.pairing, self.backend = rope.pairing, rope.backend
         # length-dependent axes need each call's seq_len: then F is computed per call from t
         self._bound = None if rope.length_dependent else rope._frequencies_for(None, None, self.t, _OWN)
@@ -365,7 +400,8 @@ class TimedRoPE(Rotary):
             raise ValueError("this rope is bound to one sampling time (rope.at_time(t)): call it without t")
         if self._bound is None:
             return self.rope.rotation(pos, seq_len=seq_len, t=self.t)
-        return Rotation(self.rope.positions(pos), *self._bound, self.pairing)
+        freqs, factor, turns = self._bound
+        return Rotation(self.rope.positions(pos), freqs, factor, self.pairing, turns)
 
     def frequencies(self, seq_len=None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rope.frequencies(seq_len, t=self.t)

@@ -23,6 +23,7 @@ from typing import ClassVar
 
 import torch
 
+from .ops.common import has_float64
 from .scaling import Scaling, _yarn_mscale, base_inv_freq, inv_freq
 from .scaling_checks import check_theta_above_one
 
@@ -36,8 +37,9 @@ _T_RANGE = (
 )
 
 
-def sampling_time(t, device=None) -> torch.Tensor:
-    """``t`` (a number, a 0-d tensor, or ``[B]`` equal entries) as a 0-d float64 tensor on ``device``.
+def sampling_time(t, device=None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``t`` (a number, a 0-d tensor, or ``[B]`` equal entries) as a 0-d tensor on ``device``, float64 (``dtype``:
+    another, float32 on a device without float64).
 
     Checked to lie in ``[0, 1]`` (and, for ``[B]``, to hold one value): eagerly on CPU tensors and
     numbers (``ValueError``), with ``torch._assert_async`` otherwise (compiled code, GPU: no host sync).
@@ -54,10 +56,11 @@ def sampling_time(t, device=None) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         if not (math.isfinite(t) and 0 <= t <= 1):
             raise ValueError(f"{_T_RANGE}; got {t!r}")
-        return torch.tensor(float(t), dtype=torch.float64, device=device)
+        return torch.tensor(float(t), dtype=dtype or _dtype(device), device=device)
     if t.ndim > 1 or t.numel() == 0 or not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
         raise ValueError(f"t must be a 0-d or [B] real tensor (one time per call), got {t.dtype} {tuple(t.shape)}")
-    flat = t.detach().reshape(-1).to(device=device if device is not None else t.device, dtype=torch.float64)
+    device = device if device is not None else t.device
+    flat = t.detach().reshape(-1).to(device=device, dtype=dtype or _dtype(device))
     first = flat[0]
     in_range, shared = ((flat >= 0) & (flat <= 1)).all(), (flat == first).all()
     if flat.device.type == "cpu" and not torch.compiler.is_compiling():
@@ -70,10 +73,15 @@ def sampling_time(t, device=None) -> torch.Tensor:
     return first
 
 
-def _base(dim: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(f0, e)``: the unscaled spectrum ``theta ** -e`` and exponents ``e_j = 2j / dim``, float64 ``[dim // 2]``."""
+def _dtype(device) -> torch.dtype:
+    """float64, or float32 on a device without it."""
+    return torch.float64 if device is None or has_float64(device) else torch.float32
+
+
+def _base(dim: int, theta: float, device, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(f0, e)``: the unscaled spectrum ``theta ** -e`` and exponents ``e_j = 2j / dim``, ``[dim // 2]`` in ``dtype``."""
     base_inv_freq(dim, theta)  # validates dim and theta with the library's messages
-    exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim  # made on t's device: no copy
+    exponent = torch.arange(0, dim, 2, dtype=dtype, device=device) / dim  # made on t's device: no copy
     return 1.0 / (float(theta) ** exponent), exponent
 
 
@@ -166,7 +174,7 @@ class DyPE(TimeDependent, Scaling):
         return float(self.attention_factor) if self.attention_factor is not None else _yarn_mscale(self.factor)
 
     def inv_freq_at(self, dim: int, theta: float, t: torch.Tensor) -> torch.Tensor:
-        f0, exponent = _base(dim, theta, t.device)
+        f0, exponent = _base(dim, theta, t.device, t.dtype)
         kappa = self.kappa(t)
         if self.method == "linear":
             return f0 / self.factor**kappa
@@ -192,7 +200,7 @@ class DyPE(TimeDependent, Scaling):
             low, high = low.floor(), high.ceil()
         low, high = low.clamp(0, dim - 1), high.clamp(max=dim - 1)  # inf -> d - 1: no NaN at kappa = 0
         high = torch.where(high == low, high + 0.001, high)  # a zero-width ramp widened, as YaRN
-        pairs = torch.arange(dim // 2, dtype=torch.float64, device=f0.device)
+        pairs = torch.arange(dim // 2, dtype=f0.dtype, device=f0.device)
         ramp = ((pairs - low) / (high - low)).clamp(0, 1)  # 0: keep (extrapolate), 1: divide by factor
         return f0 / self.factor * ramp + f0 * (1 - ramp)
 
@@ -229,7 +237,7 @@ class TimeAwareNTK(TimeDependent, Scaling):
 
     def inv_freq_at(self, dim: int, theta: float, t: torch.Tensor) -> torch.Tensor:
         check_theta_above_one("TimeAwareNTK", theta, "NTK grows the base")
-        f0, exponent = _base(dim, theta, t.device)
+        f0, exponent = _base(dim, theta, t.device, t.dtype)
         tau, interpolated = 1 - t, f0 / self.factor
         if self.watershed is not None:
             ntk = 1.0 / ((theta * self.factor) ** exponent)

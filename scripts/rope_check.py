@@ -4,7 +4,8 @@
 (width 64, theta 10000), the key 4 positions before the query. RoPE makes the
 score depend on that distance only, so positions (1,000,007; 1,000,003) must
 score like (7; 3); the control pair (107; 3) is 100 positions apart and must not.
-A naive implementation computes the angles in the input dtype and loses this.
+A naive implementation computes the angles in the input dtype and loses this; axial_rope keeps it with
+float64 angles and, on devices without float64, with fixed-point turns (``angles="turns"``, also shown).
 """
 
 from __future__ import annotations
@@ -28,10 +29,14 @@ def naive_rotate(x: torch.Tensor, position: int, theta: float = 10000.0) -> torc
     return torch.stack((re * angle.cos() - im * angle.sin(), im * angle.cos() + re * angle.sin()), -1).flatten()
 
 
-def axial_rotate(x: torch.Tensor, position: int, theta: float = 10000.0) -> torch.Tensor:
-    """axial_rope's rotation of one vector x: [D] at one position."""
-    rope = ar.AxialRoPE(x.shape[-1], theta=theta)
+def axial_rotate(x: torch.Tensor, position: int, theta: float = 10000.0, angles: str = "float64") -> torch.Tensor:
+    """axial_rope's rotation of one vector x: [D] at one position (``angles="turns"``: the path without float64)."""
+    rope = ar.AxialRoPE(x.shape[-1], theta=theta, angles=angles)
     return rope.rotate(x[None, None, None], torch.tensor([float(position)]))[0, 0, 0]
+
+
+def turns_rotate(x: torch.Tensor, position: int, theta: float = 10000.0) -> torch.Tensor:
+    return axial_rotate(x, position, theta, angles="turns")
 
 
 def score(rotate, q: torch.Tensor, k: torch.Tensor, m: int, n: int) -> float:
@@ -40,14 +45,15 @@ def score(rotate, q: torch.Tensor, k: torch.Tensor, m: int, n: int) -> float:
 
 
 def invariance_table(seed: int = 0, dim: int = 64) -> dict[str, dict[str, dict[str, float]]]:
-    """``table[impl][dtype][pair] = score``, impl in ("naive", "axial_rope")."""
+    """``table[impl][dtype][pair] = score``, impl in ("naive", "axial_rope", "axial_rope (turns)")."""
     gen = torch.Generator().manual_seed(seed)
     q, k = torch.randn(2, dim, generator=gen, dtype=torch.float64)
     table = {}
-    for impl, rotate in (("naive", naive_rotate), ("axial_rope", axial_rotate)):
+    for impl, rotate in (("naive", naive_rotate), ("axial_rope", axial_rotate), ("axial_rope (turns)", turns_rotate)):
+        dtypes = {k: v for k, v in DTYPES.items() if impl != "axial_rope (turns)" or k != "float64"}  # no float64 there
         table[impl] = {
             name: {pair: score(rotate, q.to(dtype), k.to(dtype), m, n) for pair, (m, n) in PAIRS.items()}
-            for name, dtype in DTYPES.items()
+            for name, dtype in dtypes.items()
         }
     return table
 

@@ -78,4 +78,4 @@ def test_rope_check_script_prints_the_table():
         [sys.executable, "-m", "scripts.rope_check"], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     rows = [line for line in out.splitlines() if line.startswith("| naive") or line.startswith("| axial_rope")]
-    assert len(rows) == 6 and "control (107; 3)" in out
+    assert len(rows) == 8 and "control (107; 3)" in out  # naive and float64 angles x 3 dtypes, turns x 2

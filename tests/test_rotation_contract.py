@@ -27,7 +27,7 @@ TOL = 1e-12
 
 def oracle(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
     """x ``[B, S, H, D]`` rotated as the contract says, from the rotation's fields alone."""
-    pos, freqs, factor, pairing = rotation
+    pos, freqs, factor, pairing = rotation.pos, rotation.freqs, rotation.attention_factor, rotation.pairing
     n = freqs.shape[-1]
     f = freqs.double() if freqs.ndim == 3 else freqs.double()[None]  # [1|H, R, n]
     angle = torch.einsum("bsr,hrn->bshn", pos.double(), f)  # [B|1, S, 1|H, n]
@@ -73,7 +73,7 @@ def test_each_rope_like_class_rotates_by_its_rotation(name):
     assert isinstance(rope, Rotary)
     rotation = rope.rotation(pos)
     assert isinstance(rotation, Rotation) and rotation.pairing == rope.pairing
-    p, f, factor, _ = rotation
+    p, f, factor = rotation.pos, rotation.freqs, rotation.attention_factor
     assert p.ndim == 3 and p.shape[1] == pos.shape[0] and f.ndim in (2, 3) and p.shape[-1] == f.shape[-2]
     assert factor is None or factor.shape[-1] == f.shape[-1] and factor.ndim in (1, 3)
     assert 2 * f.shape[-1] == rope.rot_dim

@@ -241,7 +241,7 @@ def norm_rotate_qk(
 def rotation_tables(rotation: Rotation, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """Plane tables ``scale * cos(angle)``, ``scale * sin(angle)`` of a rotation: ``[B|1, S, n]`` (per-head ``F``:
     ``[B|1, S, H, n]``) in ``dtype``, from float64 angles, rounded once."""
-    return plane_cos_sin(rotation.pos, rotation.freqs, rotation.attention_factor, dtype)
+    return plane_cos_sin(rotation.pos, rotation.freqs, rotation.attention_factor, dtype, rotation.turns)
 
 
 def _by_tables(x: torch.Tensor, tables, rotation: Rotation, layout: str, backend, inplace: bool) -> torch.Tensor:
@@ -265,17 +265,18 @@ def rotate(
 
     Arguments are checked by the caller (:class:`~axial_rope.rotary.Rotary`): q ``[B, S, H, D]``
     (``bshd``) or ``[B, H, S, D]`` (``bhsd``), k the same with ``H_k`` dividing ``H``; ``rotation.pos``
-    ``[B|1, S, R]``. A per-token attention factor is an amplitude no per-plane kernel takes, so those
-    rotations go through cos/sin tables computed once here (float64 angles times the factor) and
-    :func:`apply_rope`'s operation on the same backends.
+    ``[B|1, S, R]``. A per-token attention factor is an amplitude no per-plane kernel takes, and
+    fixed-point turns (devices without float64) are angles no backend computes, so those rotations go
+    through cos/sin tables computed once here (from float64 angles times the factor, or from the turns)
+    and :func:`apply_rope`'s operation on the same backends.
     """
-    if rotation.per_token_factor:
+    if rotation.per_token_factor or rotation.turns is not None:
         if inplace:
             _check_inplace(q=q, k=k)
         tables = rotation_tables(rotation, torch.float32 if q.dtype != torch.float64 else torch.float64)
         q_out = _by_tables(q, tables, rotation, layout, backend, inplace)
         return q_out, (None if k is None else _by_tables(k, tables, rotation, layout, backend, inplace))
-    pos, freqs, scale, pairing = rotation
+    pos, freqs, scale, pairing, _ = rotation
     return rotate_qk(q, k, pos, freqs, scale, pairing, layout, backend, inplace)
 
 
@@ -291,13 +292,13 @@ def norm_rotate(
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head RMSNorm of q and k (weights ``[D]`` or ``None``), then :func:`rotate`; rounded to the input dtype once."""
-    if rotation.per_token_factor:  # normalised in float32 (float64 for float64), rotated by tables, rounded once
+    if rotation.per_token_factor or rotation.turns is not None:  # normalised in float32, by tables, rounded once
         tables = rotation_tables(rotation, torch.float32 if q.dtype != torch.float64 else torch.float64)
         out = (_by_tables(rms_norm(x, w, eps), tables, rotation, layout, backend, False) for x, w in
                ((q, q_weight), (k, k_weight)))  # fmt: skip
         q_out, k_out = out
         return q_out.to(q.dtype), k_out.to(k.dtype)
-    pos, freqs, scale, pairing = rotation
+    pos, freqs, scale, pairing, _ = rotation
     return norm_rotate_qk(q, k, q_weight, k_weight, eps, pos, freqs, scale, pairing, layout, backend)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .turns import turn_angles
+
 PAIRINGS = ("interleaved", "half")
 LAYOUTS = ("bshd", "bhsd")
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -99,8 +101,24 @@ def check_qk(q: torch.Tensor, k: torch.Tensor | None, layout: str) -> None:
         )
 
 
+# device types without float64 (found by trying, once per type, for a device not listed)
+_FLOAT64: dict[str, bool] = {"cpu": True, "cuda": True, "meta": True, "mps": False}
+
+
+def has_float64(device: torch.device) -> bool:
+    """Whether tensors on ``device`` can be float64 (Apple's MPS and several NPUs: no)."""
+    kind = torch.device(device).type
+    if kind not in _FLOAT64:
+        try:
+            torch.zeros(1, dtype=torch.float64, device=device)
+            _FLOAT64[kind] = True
+        except (RuntimeError, TypeError):
+            _FLOAT64[kind] = False
+    return _FLOAT64[kind]
+
+
 def rope_angles(pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """Rotation angle of every plane, computed in float64.
+    """Rotation angle of every plane, computed in float64 (float32 on a device without it).
 
     Args:
         pos: ``[..., S, n_axes]`` coordinates (any float or int dtype).
@@ -108,26 +126,40 @@ def rope_angles(pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 
     Returns:
         float64 ``[..., S, n]`` (per head: ``[..., S, H, n]``). For axial F (one
-        non-zero per column) each angle is one exactly-rounded float64 product.
+        non-zero per column) each angle is one exactly-rounded float64 product. (Fixed ``F`` on a
+        device without float64 goes by :func:`~axial_rope.ops.turns.turn_angles` instead; what reaches
+        here there is a learned float32 ``F``, whose angles are float32 products.)
     """
-    pos = pos.to(torch.float64)
-    freqs = freqs.to(device=pos.device, dtype=torch.float64)
+    dtype = torch.float64 if has_float64(pos.device) else torch.float32
+    pos = pos.to(dtype)
+    freqs = freqs.to(device=pos.device, dtype=dtype)
     if freqs.ndim == 2:
         return pos @ freqs
     return torch.einsum("...sa,han->...shn", pos, freqs)
 
 
 def plane_cos_sin(
-    pos: torch.Tensor, freqs: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
+    pos: torch.Tensor,
+    freqs: torch.Tensor,
+    scale: torch.Tensor | None,
+    dtype: torch.dtype,
+    turns: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plane tables from positions: ``scale * cos(angle)``, ``scale * sin(angle)`` in ``dtype``.
 
-    ``scale`` is the attention factor per plane, float64 ``[n]`` (or ``None``).
+    ``scale`` is the attention factor, float64 ``[n]`` per plane or ``[B|1, S, n]`` per token (or ``None``).
+    With ``turns`` (:func:`axial_rope.ops.turns.fixed_turns` of ``F``) the angles are the int64
+    fixed-point ones of :func:`~axial_rope.ops.turns.turn_angles` and every step is float32: no
+    float64 tensor is made (devices without float64).
     """
-    angles = rope_angles(pos, freqs)
+    if turns is not None:
+        angles = turn_angles(pos, freqs, turns)
+    else:
+        angles = rope_angles(pos, freqs)
+    work = angles.dtype
     cos, sin = angles.cos(), angles.sin()
     if scale is not None:
-        scale = scale.to(device=angles.device, dtype=torch.float64)
+        scale = scale.to(device=angles.device, dtype=work)
         cos, sin = cos * scale, sin * scale
     return cos.to(dtype), sin.to(dtype)
 

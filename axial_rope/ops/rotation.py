@@ -27,6 +27,9 @@ class Rotation(NamedTuple):
         freqs: ``F``, float64 (float32 when learned) ``[R, n]``, or per head ``[H, R, n]``.
         attention_factor: float64 ``[n]`` per plane or ``[B|1, S, n]`` per token, or ``None`` (1).
         pairing: ``"interleaved"`` (plane ``j`` = channels ``2j, 2j + 1``) or ``"half"`` (``j, j + n``).
+        turns: on a device without float64 (or when asked), ``F`` as int64 fixed-point turns
+            (:func:`axial_rope.ops.turns.fixed_turns`, same shape as ``freqs``, which is then float32):
+            the angles are computed from them exactly, with no float64 tensor; ``None``: float64 angles.
 
     Channels past ``2n`` pass through unrotated.
     """
@@ -35,6 +38,7 @@ class Rotation(NamedTuple):
     freqs: torch.Tensor
     attention_factor: torch.Tensor | None
     pairing: str
+    turns: torch.Tensor | None = None
 
     @property
     def n_pairs(self) -> int:
