@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import conventions as conv
-from .conventions.model_types import REFUSED, Rotation, rotation
+from .conventions.model_types import REFUSED, ModelConvention, model_convention
 from .conventions.per_layer import LayerRoPE
 from .frequencies import Frequencies
 from .rope import AxialRoPE
@@ -189,7 +189,7 @@ def rope_from_config(
         return DIFFUSERS_CLASSES[class_name](config)
     text = _text_config(config)
     model_type = _get(text, "model_type", None) or _get(config, "model_type", None)
-    turn = _rotation(model_type, pairing)
+    turn = _convention(model_type, pairing)
     params = _rope_parameters(text, layer_type)
     if turn.mrope is not None:  # the code lays the sections out; no modeling file reads `mrope_interleaved`
         params.pop("mrope_interleaved", None)
@@ -208,18 +208,18 @@ def rope_from_config(
     return _negated(rope, model_type) if turn.sign < 0 else rope
 
 
-def _rotation(model_type: str | None, pairing: str | None) -> Rotation:
+def _convention(model_type: str | None, pairing: str | None) -> ModelConvention:
     """The pinned rotation of ``model_type``, or (not pinned) the ``pairing`` the caller checked."""
     if pairing is not None and pairing not in ("half", "interleaved"):
         raise ValueError(f"pairing must be None, 'half' or 'interleaved', got {pairing!r}")
     if pairing is None or model_type in conv.MODEL_TYPES or model_type in REFUSED:
-        pinned = rotation(model_type)
+        pinned = model_convention(model_type)
         if pairing is not None and pairing != pinned.pairing:
             raise ValueError(
                 f"pairing={pairing!r} contradicts model_type {model_type!r}, whose code pairs {pinned.pairing!r} (checked)"
             )
         return pinned
-    return Rotation(pairing)
+    return ModelConvention(pairing)
 
 
 def _negated(rope: AxialRoPE, model_type: str | None) -> AxialRoPE:

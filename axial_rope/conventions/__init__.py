@@ -18,7 +18,7 @@ from .llm import gpt_neox, llama, p_rope, rope_for_parameters
 from .ltx import ltx2, ltx2_audio_positions, ltx2_positions, ltx_video, ltx_video_positions
 from .lumina import lumina2, lumina2_positions
 from .mochi import mochi, mochi_positions
-from .model_types import INTERLEAVED_MODEL_TYPES, MODEL_TYPES, Rotation
+from .model_types import INTERLEAVED_MODEL_TYPES, MODEL_TYPES, ModelConvention
 from .per_layer import LayerRoPE, gemma, llama4
 from .qwen_vl import mrope_positions, qwen2_5_vl, qwen2_vl, qwen3_vl
 from .timm_vit import eva02, timm_cat, timm_mixed, timm_positions
@@ -26,7 +26,7 @@ from .videorope import videorope, videorope_positions
 from .wan import video_grid_positions, wan, wan_axes_dim
 
 __all__ = [
-    "FAMILIES", "REGISTRY", "Convention", "LayerRoPE", "INTERLEAVED_MODEL_TYPES", "MODEL_TYPES", "Rotation", "table",
+    "FAMILIES", "REGISTRY", "Convention", "LayerRoPE", "INTERLEAVED_MODEL_TYPES", "MODEL_TYPES", "ModelConvention", "table",
     "rope_for_parameters",
     "flux", "flux_positions", "hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions",
     "hunyuan_dit_crop", "wan", "wan_axes_dim", "video_grid_positions", "cogvideox", "cogvideox_positions",

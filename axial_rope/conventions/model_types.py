@@ -5,18 +5,18 @@ module has a rotary, the model's own rotary module and ``apply_rotary_pos_emb`` 
 :func:`axial_rope.rope_from_config` (``tests/model_types_support.py``); the model types here are the ones
 it matched. The pairing is what the code does, not what the name suggests: GLM, GLM-4, ERNIE 4.5, Helium,
 Moonshine, BLT and Cohere pair channels ``(2j, 2j+1)``; NanoChat's ``rotate_half`` is ``cat(x2, -x1)``, a
-rotation by minus the angle. :func:`rotation` refuses a model type that is not here, naming it.
+rotation by minus the angle. :func:`model_convention` refuses a model type that is not here, naming it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Rotation", "MODEL_TYPES", "REFUSED", "INTERLEAVED_MODEL_TYPES", "rotation"]
+__all__ = ["ModelConvention", "MODEL_TYPES", "REFUSED", "INTERLEAVED_MODEL_TYPES", "model_convention"]
 
 
 @dataclass(frozen=True)
-class Rotation:
+class ModelConvention:
     """How a model type's code rotates q and k.
 
     Attributes:
@@ -72,8 +72,8 @@ _CYCLED_MROPE = frozenset({
     "cosmos3_edge", "cosmos3_edge_text", "qwen3_vl", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen3_vl_text"
 })  # fmt: skip
 
-MODEL_TYPES: dict[str, Rotation] = {
-    name: Rotation(
+MODEL_TYPES: dict[str, ModelConvention] = {
+    name: ModelConvention(
         "interleaved" if name in INTERLEAVED_MODEL_TYPES else "half",
         -1 if name in _NEGATED else 1,
         "split" if name in _SPLIT_MROPE else "cycled" if name in _CYCLED_MROPE else None,
@@ -96,7 +96,7 @@ REFUSED: dict[str, str] = {
 }  # fmt: skip
 
 
-def rotation(model_type: str | None) -> Rotation:
+def model_convention(model_type: str | None) -> ModelConvention:
     """The checked rotation of a transformers model type (``ValueError`` naming it when it is not pinned)."""
     if model_type in REFUSED:
         raise ValueError(
