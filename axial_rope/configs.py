@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import conventions as conv
+from .conventions._fields import axes_sum, field, kind, size
+from .conventions._registry import DIFFUSERS
 from .conventions.model_types import REFUSED, ModelConvention, model_convention
 from .conventions.per_layer import LayerRoPE
 from .frequencies import Frequencies
@@ -20,83 +22,29 @@ from .rope import AxialRoPE
 
 __all__ = ["rope_from_config", "layers_from_config", "DIFFUSERS_CLASSES"]
 
-_MISSING = object()
+# config fields with errors that name them (shared with the diffusers family records)
+_get, _kind, _size, _axes_sum = field, kind, size, axes_sum
 
 
-def _get(config, name: str, default=_MISSING):
-    """A field of a config object or dict (``default`` when absent, else ``ValueError`` naming it)."""
-    try:
-        value = config.get(name, _MISSING) if isinstance(config, dict) else getattr(config, name, _MISSING)
-    except Exception as error:  # noqa: BLE001 - e.g. transformers' per-layer configs refuse a global head_dim
-        raise ValueError(
-            f"{type(config).__name__}: reading {name!r} failed ({type(error).__name__}: {error})"
-        ) from None
-    if value is _MISSING or (value is None and default is not _MISSING):
-        if default is _MISSING:
-            kind = _get(config, "_class_name", None) or _get(config, "model_type", None) or type(config).__name__
-            raise ValueError(f"{kind} config has no field {name!r}, which its RoPE needs")
-        return default
-    return value
+def _ropes_of_records() -> dict[str, Callable]:
+    """diffusers transformer class -> the rope of its config: the family records, then the conventions whose
+    diffusers model has no record yet (its adapter is still to be written)."""
+    ropes = {name: family.rope for name, family in DIFFUSERS.items()}
+    ropes.update({
+        "HunyuanImageTransformer2DModel": lambda c: conv.hunyuan_image(
+            _axes_sum(c, "rope_axes_dim", "attention_head_dim"), _get(c, "rope_theta")
+        ),
+        "LTX2VideoTransformer3DModel": lambda c: _ltx2(c, "video"),
+        "Lumina2Transformer2DModel": lambda c: conv.lumina2(
+            _axes_sum(c, "axes_dim_rope", "hidden_size", "num_attention_heads"), _get(c, "axes_lens")
+        ),
+        "MochiTransformer3DModel": lambda c: conv.mochi(_size(c, "num_attention_heads"), _size(c, "attention_head_dim")),
+        "HunyuanDiT2DModel": lambda c: conv.hunyuan_dit(_size(c, "attention_head_dim")),
+    })  # fmt: skip
+    return ropes
 
 
-def _kind(config) -> str:
-    return _get(config, "_class_name", None) or _get(config, "model_type", None) or type(config).__name__
-
-
-def _size(config, name: str, default=_MISSING) -> int:
-    """An int field >= 1 (a head dim, a head count): ``ValueError`` naming the field, its value and the expectation."""
-    value = _get(config, name, default)
-    if value is None and default is None:
-        return value
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{_kind(config)} config: {name} must be an int >= 1, got {value!r}")
-    return value
-
-
-def _axes_sum(config, field: str, head_field: str, heads_field: str | None = None) -> tuple[int, ...]:
-    """``config[field]`` as a tuple whose sum must be the head dim (``ValueError`` naming both fields otherwise)."""
-    axes = _get(config, field)
-    if not isinstance(axes, (list, tuple)) or any(not isinstance(d, int) or isinstance(d, bool) for d in axes):
-        raise ValueError(f"{_kind(config)} config: {field} must be a list of ints (channels per axis), got {axes!r}")
-    axes = tuple(axes)
-    head = _size(config, head_field)
-    if heads_field is not None:
-        heads = _size(config, heads_field)
-        if head % heads:
-            raise ValueError(f"{head_field} {head} is not divisible by {heads_field} {heads}")
-        head = head // heads
-    if sum(axes) != head:
-        raise ValueError(f"{field} {list(axes)} sums to {sum(axes)} channels, but the head has {head} ({head_field})")
-    return axes
-
-
-# diffusers transformer class -> the rope of its config (the conventions' constructors, upstream defaults)
-DIFFUSERS_CLASSES: dict[str, Callable] = {
-    "FluxTransformer2DModel": lambda c: conv.flux(_axes_sum(c, "axes_dims_rope", "attention_head_dim")),
-    "HunyuanVideoTransformer3DModel": lambda c: conv.hunyuan_video(
-        _axes_sum(c, "rope_axes_dim", "attention_head_dim"), _get(c, "rope_theta")
-    ),
-    "HunyuanImageTransformer2DModel": lambda c: conv.hunyuan_image(
-        _axes_sum(c, "rope_axes_dim", "attention_head_dim"), _get(c, "rope_theta")
-    ),
-    "WanTransformer3DModel": lambda c: conv.wan(_size(c, "attention_head_dim")),
-    "CogVideoXTransformer3DModel": lambda c: _cogvideox(c),
-    "LTXVideoTransformer3DModel": lambda c: conv.ltx_video(
-        _size(c, "num_attention_heads"), _size(c, "attention_head_dim")
-    ),
-    "LTX2VideoTransformer3DModel": lambda c: _ltx2(c, "video"),
-    "Lumina2Transformer2DModel": lambda c: conv.lumina2(
-        _axes_sum(c, "axes_dim_rope", "hidden_size", "num_attention_heads"), _get(c, "axes_lens")
-    ),
-    "MochiTransformer3DModel": lambda c: conv.mochi(_size(c, "num_attention_heads"), _size(c, "attention_head_dim")),
-    "HunyuanDiT2DModel": lambda c: conv.hunyuan_dit(_size(c, "attention_head_dim")),
-}
-
-
-def _cogvideox(config) -> AxialRoPE:
-    if not _get(config, "use_rotary_positional_embeddings", False):
-        raise ValueError("CogVideoXTransformer3DModel config: use_rotary_positional_embeddings is False (no RoPE)")
-    return conv.cogvideox(_size(config, "attention_head_dim"))
+DIFFUSERS_CLASSES: dict[str, Callable] = _ropes_of_records()
 
 
 def _text_config(config):

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["Convention", "FAMILIES", "REGISTRY", "builds_rope", "register", "table"]
+__all__ = [
+    "Convention", "DiffusersFamily", "DIFFUSERS", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "REGISTRY", "builds_rope",
+    "diffusers_family", "diffusers_table", "register", "register_diffusers", "table",
+]  # fmt: skip
 
 
 def builds_rope(build: Callable) -> Callable:
@@ -102,3 +105,133 @@ def table() -> str:
         source = c.source if c.reference == "upstream" else f"{c.source} (transcribed: {c.reference})"
         rows.append(f"| `{c.name}` | {source} | {c.axes} | {c.pairing} | {c.positions} | {_diff(c.max_diff)} |")
     return "\n".join(rows) + "\n"
+
+
+@dataclass(frozen=True)
+class DiffusersFamily:
+    """How a family of diffusers transformers computes and uses its RoPE: the one place a family is described.
+
+    The adapter (:func:`axial_rope.integrations.diffusers.set_rope_processors`),
+    :func:`axial_rope.rope_from_config`, the tests and the coverage table of ``docs/integrations.md`` all read
+    these records; nothing else lists families. Callables take the model's config (an object or its dict),
+    so the records need no diffusers import.
+
+    Attributes:
+        name: the family (its conventions file's name).
+        classes: the diffusers transformer classes it covers, by class name.
+        rope: ``config -> AxialRoPE``: the rope whose tables equal the model's.
+        tables: where the model's rotary tables come from: ``("module", attr)``: the submodule computing
+            them in the forward (the adapter replaces it when scaling); ``("argument", name)``: a forward
+            argument the pipeline passes (a forward pre-hook replaces it); ``("fixed", attr)``: the model's
+            own only (no spectrum to scale: unscaled processors alone).
+        positions: ``config -> (rope, sizing, *inputs) -> (pos [S, A], scaling per axis)``, from the
+            tables module's inputs (the argument case: the transformer's ``hidden_states``); ``None`` for
+            ``"fixed"``.
+        layout: ``(cos, sin) [S, D]`` channel tables (the rope's pairing) -> what the tables module returns.
+        grid_axes: the rope axes that ``mode`` sizes (video ``(0, 1, 2)``; Flux's image ids ``(1, 2)``).
+        time_axis: the rope axis of time (frames), or ``None`` for images.
+        stock: the stock attention processor classes (names) that :attr:`processor` replaces.
+        processor: axial_rope's processor class (``axial_rope.integrations.diffusers_processors``), or
+            ``None``: the stock processors stay and rotate by the adapter's tables.
+        blocks: the processor name prefixes of the rotary blocks.
+        noise_timestep: the transformer's ``timestep`` at pure noise (time-dependent scaling reads ``t =
+            max(timestep) / noise_timestep``).
+        max_diff: the largest output difference from the stock model at the training size, unscaled, with
+            float64 models and inputs (so what remains is the float32 rounding of the model's tables), for
+            the docs table; the tests hold it to their bound.
+        source: the upstream file and symbol the record transcribes.
+    """
+
+    name: str
+    classes: tuple[str, ...]
+    rope: Callable
+    tables: tuple[str, str]
+    positions: Callable | None
+    layout: Callable = lambda cos, sin: (cos, sin)
+    grid_axes: tuple[int, ...] = (0, 1, 2)
+    time_axis: int | None = 0
+    stock: tuple[str, ...] = ()
+    processor: str | None = None
+    blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
+    noise_timestep: float = 1000.0
+    max_diff: float = 0.0
+    source: str = ""
+
+    @property
+    def scalable(self) -> bool:
+        return self.tables[0] != "fixed"
+
+
+DIFFUSERS: dict[str, DiffusersFamily] = {}  # diffusers class name -> its family's record
+# diffusers classes that use RoPE and are not served, with the reason a user would accept
+DIFFUSERS_UNSUPPORTED: dict[str, str] = {}
+# diffusers 0.42.1 classes that use RoPE and have no record yet: the work still to do, listed so that
+# tests/test_diffusers_coverage.py fails for a class that is none of served, unsupported or pending
+DIFFUSERS_PENDING = frozenset({
+    "AceStepTransformer1DModel", "AllegroTransformer3DModel", "AnyFlowFARTransformer3DModel", "AnyFlowTransformer3DModel",
+    "BriaFibo2Transformer2DModel", "BriaFiboTransformer2DModel", "BriaTransformer2DModel", "ChromaTransformer2DModel",
+    "ChronoEditTransformer3DModel", "CogView4Transformer2DModel", "ConsisIDTransformer3DModel",
+    "CosmosTransformer3DModel", "EasyAnimateTransformer3DModel", "ErnieImageTransformer2DModel",
+    "Flux2Transformer2DModel", "Flux3Transformer2DModel", "GlmImageTransformer2DModel", "HeliosTransformer3DModel",
+    "HiDreamImageTransformer2DModel", "HunyuanDiT2DControlNetModel", "HunyuanDiT2DModel",
+    "HunyuanDiT2DMultiControlNetModel", "HunyuanImageTransformer2DModel", "HunyuanVideo15Transformer3DModel",
+    "HunyuanVideoFramepackTransformer3DModel", "Ideogram4Transformer2DModel", "JoyImageEditPlusTransformer3DModel",
+    "JoyImageEditTransformer3DModel", "Kandinsky5Transformer3DModel", "Kandinsky6SRTransformer3DModel",
+    "Kandinsky6Transformer3DModel", "Krea2Transformer2DModel", "LTX2VideoTransformer3DModel",
+    "LongCatImageTransformer2DModel", "Lumina2Transformer2DModel", "LuminaNextDiT2DModel",
+    "MiniMaxH3Transformer3DModel", "MiniMaxMusic3Transformer1DModel", "MochiTransformer3DModel",
+    "MotifVideoTransformer3DModel", "NucleusMoEImageTransformer2DModel", "OmniGenTransformer2DModel",
+    "OvisImageTransformer2DModel", "PRXTransformer2DModel", "QwenImage21Transformer2DModel",
+    "QwenImageTransformer2DModel", "SanaVideoTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel",
+    "SanaWMTransformer3DModel", "SkyReelsV2Transformer3DModel", "StableAudio3DiTModel", "StableAudioDiTModel",
+    "WanAnimate2Transformer3DModel", "WanAnimateTransformer3DModel", "WanVACETransformer3DModel",
+    "ZImageTransformer2DModel",
+})  # fmt: skip
+
+
+def register_diffusers(family: DiffusersFamily) -> DiffusersFamily:
+    for name in family.classes:
+        if name in DIFFUSERS:
+            raise ValueError(f"diffusers class {name!r} is in two families ({DIFFUSERS[name].name}, {family.name})")
+        DIFFUSERS[name] = family
+    return family
+
+
+def diffusers_family(model) -> DiffusersFamily:
+    """The record of a diffusers transformer (an instance; its class or a base class by name), else ``TypeError``."""
+    for cls in type(model).__mro__:
+        if cls.__name__ in DIFFUSERS:
+            return DIFFUSERS[cls.__name__]
+    raise TypeError(
+        f"axial_rope has no RoPE record for {type(model).__name__}; supported: {', '.join(sorted(DIFFUSERS))}"
+        + (
+            f". {type(model).__name__}: {DIFFUSERS_UNSUPPORTED[type(model).__name__]}"
+            if type(model).__name__ in DIFFUSERS_UNSUPPORTED
+            else ""
+        )  # fmt: skip
+    )
+
+
+def diffusers_table() -> str:
+    """The markdown table of every diffusers class served (``docs/integrations.md``), from the records."""
+    rows = [
+        "| model class | family | tables | axes (from the config) | time axis | scaling | fused processor | max diff |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in sorted(DIFFUSERS):
+        f = DIFFUSERS[name]
+        where = {"module": f"`{f.tables[1]}` replaced", "argument": f"`{f.tables[1]}` argument replaced",
+                 "fixed": "the model's own (unscaled only)"}[f.tables[0]]  # fmt: skip
+        time = (
+            "-" if f.time_axis is None else ("t", "y", "x")[f.time_axis] if len(f.grid_axes) == 3 else str(f.time_axis)
+        )
+        scaling = "every method and mode, DyPE" if f.scalable else "none"
+        rows.append(
+            f"| `{name}` | {f.name} | {where} | {_axes_words(f)} | {time} | {scaling} | {f.processor or '-'} | "
+            f"{_diff(f.max_diff)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _axes_words(family: DiffusersFamily) -> str:
+    return REGISTRY[family.name].axes if family.name in REGISTRY else ""

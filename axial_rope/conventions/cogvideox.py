@@ -6,7 +6,9 @@ import torch
 
 from ..positions import crop_grid, grid
 from ..rope import AxialRoPE
-from ._registry import Convention, builds_rope, register
+from ._fields import field, size
+from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
+from ._tables import latent_positions
 
 __all__ = ["cogvideox", "cogvideox_positions"]
 
@@ -60,5 +62,30 @@ register(
         positions="crop grid (torch linspace) or integer slice; text unrotated",
         max_diff=2e-07,
         example=lambda: cogvideox(32),
+    )
+)
+
+
+def _diffusers_rope(config) -> AxialRoPE:
+    if not field(config, "use_rotary_positional_embeddings", False):
+        raise ValueError("CogVideoXTransformer3DModel config: use_rotary_positional_embeddings is False (no RoPE)")
+    return cogvideox(size(config, "attention_head_dim"))
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="cogvideox",
+        classes=("CogVideoXTransformer3DModel",),
+        rope=_diffusers_rope,
+        # the pipeline computes the tables; scaled, the integer latent grid's (CogVideoX 1.5's positions)
+        tables=("argument", "image_rotary_emb"),
+        positions=latent_positions(
+            lambda c: (field(c, "patch_size_t", None) or 1, size(c, "patch_size"), size(c, "patch_size")),
+            channels_first=False,  # [B, F, C, H, W]
+        ),
+        stock=("CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"),
+        processor="CogVideoXRopeProcessor",
+        max_diff=6e-9,  # float64 models, unscaled; the tables' float32 rounding
+        source=SOURCE,
     )
 )

@@ -8,7 +8,9 @@ import torch
 
 from ..positions import grid, text_positions
 from ..rope import AxialRoPE
-from ._registry import Convention, builds_rope, register
+from ._fields import axes_sum
+from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
+from ._tables import ids_positions
 
 __all__ = ["flux", "flux_positions"]
 
@@ -44,5 +46,22 @@ register(
         positions="integer ids; text (0, 0, 0), image (0, y, x)",
         max_diff=0.0,
         example=lambda: flux((4, 6, 6)),
+    )
+)
+
+register_diffusers(
+    DiffusersFamily(
+        name="flux",
+        classes=("FluxTransformer2DModel",),
+        rope=lambda c: flux(axes_sum(c, "axes_dims_rope", "attention_head_dim")),
+        tables=("module", "pos_embed"),  # FluxPosEmbed(ids): ids [S, 3], text rows first
+        positions=lambda c: lambda rope, sizing, ids: ids_positions(ids, rope, sizing),
+        grid_axes=(1, 2),
+        time_axis=None,
+        stock=("FluxAttnProcessor",),
+        processor="FluxRopeProcessor",
+        noise_timestep=1.0,  # FluxPipeline passes timestep = sigma
+        max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
+        source=SOURCE,
     )
 )

@@ -10,7 +10,9 @@ from ..frequencies import Frequencies
 from ..positions import crop_grid
 from ..rope import AxialRoPE
 from ..scaling import base_inv_freq
-from ._registry import Convention, builds_rope, register
+from ._fields import axes_sum, field, size
+from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
+from ._tables import latent_positions
 
 __all__ = ["hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions", "hunyuan_dit_crop"]
 
@@ -118,5 +120,19 @@ register(
         positions="crop grid of the base square (torch linspace), `hunyuan_dit_positions`",
         max_diff=2e-06,
         example=lambda: hunyuan_dit(16),
+    )
+)
+
+register_diffusers(
+    DiffusersFamily(
+        name="hunyuan_video",
+        classes=("HunyuanVideoTransformer3DModel",),
+        rope=lambda c: hunyuan_video(axes_sum(c, "rope_axes_dim", "attention_head_dim"), field(c, "rope_theta")),
+        tables=("module", "rope"),  # HunyuanVideoRotaryPosEmbed(hidden_states): the latent video
+        positions=latent_positions(lambda c: (size(c, "patch_size_t"), size(c, "patch_size"), size(c, "patch_size"))),
+        stock=("HunyuanVideoAttnProcessor2_0",),
+        processor="HunyuanVideoRopeProcessor",
+        max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
+        source=VIDEO_SOURCE,
     )
 )

@@ -22,7 +22,8 @@ import torch
 
 from ..frequencies import Frequencies, PositionTransform
 from ..rope import AxialRoPE
-from ._registry import Convention, builds_rope, register
+from ._fields import size
+from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
 
 __all__ = ["ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions"]
 
@@ -221,5 +222,21 @@ register(
         positions="patch midpoints (s, px), `2 / max_pos` then `- 1`",
         max_diff=0.0007,
         example=lambda: ltx2(2, 16, rope_type="split"),
+    )
+)
+
+register_diffusers(
+    DiffusersFamily(
+        name="ltx_video",
+        classes=("LTXVideoTransformer3DModel",),
+        rope=lambda c: ltx_video(size(c, "num_attention_heads"), size(c, "attention_head_dim")),
+        # a per-head frequency model with no spectrum to scale; upstream's float32 angles (1e-3 rad at
+        # theta * pi / 2): the processors rotate by the model's own tables
+        tables=("fixed", "rope"),
+        positions=None,
+        stock=("LTXVideoAttnProcessor",),
+        processor="LTXVideoRopeProcessor",
+        max_diff=3e-8,  # float64 models: upstream's float32 tables, rotated as given
+        source=LTX_SOURCE,
     )
 )

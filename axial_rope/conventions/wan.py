@@ -6,7 +6,9 @@ import torch
 
 from ..positions import grid
 from ..rope import AxialRoPE
-from ._registry import Convention, builds_rope, register
+from ._fields import field, size
+from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
+from ._tables import latent_positions
 
 __all__ = ["wan", "wan_axes_dim", "video_grid_positions"]
 
@@ -49,5 +51,21 @@ register(
         positions="integer latent grid after the (1, 2, 2) patches",
         max_diff=0.0,
         example=lambda: wan(24),
+    )
+)
+
+register_diffusers(
+    DiffusersFamily(
+        name="wan",
+        classes=("WanTransformer3DModel",),
+        rope=lambda c: wan(size(c, "attention_head_dim")),  # WanRotaryPosEmbed's theta is fixed at 10000
+        tables=("module", "rope"),  # WanRotaryPosEmbed(hidden_states): the latent video
+        positions=latent_positions(lambda c: tuple(field(c, "patch_size"))),
+        layout=lambda cos, sin: (cos[None, :, None], sin[None, :, None]),  # [1, S, 1, D]
+        stock=("WanAttnProcessor",),
+        processor="WanRopeProcessor",
+        blocks=("blocks.",),
+        max_diff=0.0,
+        source=SOURCE,
     )
 )

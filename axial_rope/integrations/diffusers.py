@@ -30,153 +30,32 @@ index over ``num_train_timesteps``: a time fraction, not a flow sigma).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-import diffusers
 import torch
-from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
-from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
-from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
-from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
-from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
+from ..conventions._registry import DIFFUSERS, DiffusersFamily, diffusers_family
+from ..conventions._tables import Sizing
 from ..ops import BACKENDS
 from ..positions import POSITION_MODES
-from ..rope import AxialRoPE
-from ..scaling import Scaling
-from .diffusers_ltx import LTXVideoRopeProcessor, ltx_rope
+from ..scaling import RIFLEx, Scaling
+from .diffusers_ltx import LTXVideoRopeProcessor
 from .diffusers_processors import (
     CogVideoXRopeProcessor,
     FluxRopeProcessor,
     HunyuanVideoRopeProcessor,
     WanRopeProcessor,
 )
-from .diffusers_tables import (
-    RotaryTables,
-    Sizing,
-    argument_hook,
-    flux_positions,
-    grid_positions,
-    latent_grid,
-    time_hook,
-)
+from .diffusers_tables import RotaryTables, argument_hook, time_hook
 
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
 
 _ATTR = "_axial_rope_processors"  # where the handle lives on the transformer instance
+# axial_rope's processors, by the name a family record gives
+_PROCESSORS = {cls.__name__: cls for cls in (FluxRopeProcessor, HunyuanVideoRopeProcessor, WanRopeProcessor,
+                                             CogVideoXRopeProcessor, LTXVideoRopeProcessor)}  # fmt: skip
 
-
-@dataclass(frozen=True)
-class _Family:
-    """How one model family is adapted: its rotary layout, where its tables come from, its stock processors."""
-
-    model: type
-    stock: tuple[type, ...]  # the processors replaced
-    processor: type
-    layout: Callable[[torch.nn.Module], tuple[tuple[int, ...], float]]  # -> (axes_dim (t|-, y, x), theta)
-    # where the tables come from: the transformer's submodule that computes them (replaced when scaled), or
-    # the forward argument the pipeline passes them in (replaced by a pre-hook)
-    tables_module: str | None
-    tables_argument: str | None
-    # (transformer) -> (rope, sizing, *inputs) -> (pos [S, 3], scaling per axis), from the producer's inputs
-    positions: Callable
-    table_layout: Callable = lambda cos, sin: (cos, sin)  # [S, D] tables -> the stock producer's layout
-    # processor names (keys of attn_processors) in the rotary blocks; the rest (e.g. HunyuanVideo's
-    # text refiner) is left alone
-    blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
-    grid_axes: int = 3  # axes that `mode` sizes: (t, y, x); Flux: (y, x)
-    noise_timestep: float = 1000.0  # the transformer's `timestep` at pure noise (t = 1)
-    # a fixed convention rope (no spectrum, so no scaling or mode), built from the model; else from `layout`
-    convention: Callable[[torch.nn.Module], AxialRoPE] | None = None
-
-
-def _latent_positions(patch: Callable, channels_first: bool = True):
-    """Positions of a latent video's token grid ``[B, C, F, H, W]`` (CogVideoX: ``[B, F, C, H, W]``)."""
-
-    def positions(transformer):
-        cut = patch(transformer)
-
-        def of(rope, sizing, latent):
-            sizes = latent_grid(latent.shape, cut, channels_first=channels_first)
-            return grid_positions(sizes, rope, sizing, latent.device)
-
-        return of
-
-    return positions
-
-
-def _wan_layout(model):
-    rope = model.rope
-    return (rope.t_dim, rope.h_dim, rope.w_dim), 10000.0  # WanRotaryPosEmbed's fixed theta
-
-
-def _cogvideox_layout(model):
-    d = model.config.attention_head_dim  # get_3d_rotary_pos_embed's split of a head: t d/4, y and x 3d/8
-    if d % 16:
-        raise ValueError(
-            f"CogVideoX's rotary split (t: d/4, y and x: 3d/8 channels, each even) needs attention_head_dim "
-            f"divisible by 16, got {d}"
-        )
-    return (d // 4, d // 8 * 3, d // 8 * 3), 10000.0
-
-
-_FAMILIES = (
-    _Family(
-        model=diffusers.FluxTransformer2DModel,
-        stock=(FluxAttnProcessor,),
-        processor=FluxRopeProcessor,
-        layout=lambda m: (tuple(m.pos_embed.axes_dim), float(m.pos_embed.theta)),
-        tables_module="pos_embed",  # FluxPosEmbed(ids): ids [S, 3], text rows first
-        tables_argument=None,
-        positions=lambda m: lambda rope, sizing, ids: flux_positions(ids, rope, sizing),
-        grid_axes=2,
-        noise_timestep=1.0,  # FluxPipeline passes timestep = sigma
-    ),
-    _Family(
-        model=diffusers.HunyuanVideoTransformer3DModel,
-        stock=(HunyuanVideoAttnProcessor2_0,),
-        processor=HunyuanVideoRopeProcessor,
-        layout=lambda m: (tuple(m.rope.rope_dim), float(m.rope.theta)),
-        tables_module="rope",  # HunyuanVideoRotaryPosEmbed(hidden_states): the latent video
-        tables_argument=None,
-        positions=_latent_positions(lambda m: (m.config.patch_size_t, m.config.patch_size, m.config.patch_size)),
-    ),
-    _Family(
-        model=diffusers.WanTransformer3DModel,
-        stock=(WanAttnProcessor,),
-        processor=WanRopeProcessor,
-        layout=_wan_layout,
-        tables_module="rope",  # WanRotaryPosEmbed(hidden_states): the latent video
-        tables_argument=None,
-        positions=_latent_positions(lambda m: tuple(m.rope.patch_size)),
-        table_layout=lambda cos, sin: (cos[None, :, None], sin[None, :, None]),  # [1, S, 1, D]
-        blocks=("blocks.",),
-    ),
-    _Family(
-        model=diffusers.CogVideoXTransformer3DModel,
-        stock=(CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0),
-        processor=CogVideoXRopeProcessor,
-        layout=_cogvideox_layout,
-        tables_module=None,
-        tables_argument="image_rotary_emb",  # from the pipeline; scaled: the integer latent grid's
-        positions=_latent_positions(
-            lambda m: (m.config.patch_size_t or 1, m.config.patch_size, m.config.patch_size), channels_first=False
-        ),
-    ),
-    _Family(
-        model=diffusers.LTXVideoTransformer3DModel,
-        stock=(LTXVideoAttnProcessor,),
-        processor=LTXVideoRopeProcessor,
-        layout=lambda m: ((), 0.0),  # unused: the rope is the per-head LTX-Video convention
-        tables_module=None,  # unscaled only: the model's own tables (upstream's float32 angles, rotated as given)
-        tables_argument=None,
-        positions=lambda m: None,
-        convention=ltx_rope,
-    ),
-)
-
-SUPPORTED = tuple(f.model.__name__ for f in _FAMILIES)
+SUPPORTED = tuple(sorted(DIFFUSERS))  # every class a record in axial_rope.conventions covers
 
 
 class RopeProcessors:
@@ -218,16 +97,6 @@ class RopeProcessors:
 
 def _is_ours(processor) -> bool:
     return type(processor).__module__.startswith("axial_rope.")
-
-
-def _family(transformer) -> _Family:
-    for family in _FAMILIES:
-        if isinstance(transformer, family.model):
-            return family
-    raise TypeError(
-        f"set_rope_processors supports {', '.join(SUPPORTED)}; got {type(transformer).__name__}. "
-        "Other models can call axial_rope.AxialRoPE / apply_rope from their own attention processor."
-    )
 
 
 def set_rope_processors(
@@ -272,25 +141,20 @@ def set_rope_processors(
         ValueError: for an unknown ``backend``, a ``scaling`` that does not fit the model's axes, a bad
             ``mode`` or ``train_size``.
     """
-    family = _family(transformer)
+    family = diffusers_family(transformer)
     if backend not in (None, *BACKENDS):
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}")
     sizing = _sizing(family, mode, train_size, scaling)
     name = type(transformer).__name__
-    if family.convention is not None:
-        if scaling is not None or mode is not None:
-            raise ValueError(
-                f"{name}'s RoPE is a fixed per-head frequency model (axial_rope.conventions); "
-                "the scaling methods and modes need a spectrum per axis: leave scaling and mode unset"
-            )
-        rope = family.convention(transformer)
-        rope.backend = backend
-    else:
-        axes_dim, theta = family.layout(transformer)
-        try:
-            rope = AxialRoPE(axes_dim, theta, scaling, pairing="interleaved", backend=backend)  # checks scaling
-        except ValueError as err:
-            raise ValueError(f"{name} (axes {_axes(family)} of {list(axes_dim)} channels): {err}") from err
+    if not family.scalable and (scaling is not None or mode is not None):
+        raise ValueError(
+            f"{name}'s RoPE is a fixed per-head frequency model (axial_rope.conventions); "
+            "the scaling methods and modes need a spectrum per axis: leave scaling and mode unset"
+        )
+    rope = family.rope(transformer.config)
+    if scaling is not None:
+        rope = _scaled(family, rope, scaling, name)
+    rope.backend = backend
     if noise_timestep is not None and (not rope.time_dependent or not noise_timestep > 0):
         raise ValueError(f"noise_timestep (> 0) goes with a time-dependent scaling, got {noise_timestep!r}")
     previous = getattr(transformer, _ATTR, None)
@@ -302,35 +166,63 @@ def set_rope_processors(
     scaled = sizing is not None or any(s is not None for s in rope.scaling)
     tables, hooks, replaced = None, [], None
     if scaled:
-        positions = family.positions(transformer)
-        stock = None if family.tables_module is None else getattr(transformer, family.tables_module)
+        where, attr = family.tables
+        stock = getattr(transformer, attr) if where == "module" else None
         tables = RotaryTables(
-            rope, positions, family.table_layout, sizing, time_dependent=rope.time_dependent, stock=stock
-        ).to(device)
+            rope, family.positions(transformer.config), family.layout, sizing, time_dependent=rope.time_dependent,
+            stock=stock,
+        ).to(device)  # fmt: skip
         if rope.time_dependent:  # registered first (hooks run in order): the time is set before the tables
             hooks.append(time_hook(transformer, tables, noise_timestep or family.noise_timestep))
-        if family.tables_module is not None:
-            replaced = (family.tables_module, stock)
-            setattr(transformer, family.tables_module, tables)
+        if where == "module":
+            replaced = (attr, stock)
+            setattr(transformer, attr, tables)
         else:
-            hooks.append(argument_hook(transformer, family.tables_argument, tables, "hidden_states"))
+            hooks.append(argument_hook(transformer, attr, tables, "hidden_states"))
 
     originals = dict(transformer.attn_processors)
     # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
     # by the same tables
-    names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]) in family.stock]
-    new = {n: family.processor(backend, originals[n]) if n in names else p for n, p in originals.items()}
-    transformer.set_attn_processor(new)
+    names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]).__name__ in family.stock]
+    if family.processor is not None:
+        ours = _PROCESSORS[family.processor]
+        new = {n: ours(backend, originals[n]) if n in names else p for n, p in originals.items()}
+        transformer.set_attn_processor(new)
+    else:
+        names = []
     handle = RopeProcessors(transformer, rope, tables, originals, names, hooks, replaced)
     setattr(transformer, _ATTR, handle)
     return handle
 
 
-def _axes(family: _Family) -> str:
-    return "(index, y, x)" if family.grid_axes == 2 else "(t, y, x)"
+def _axis_names(family: DiffusersFamily, n_axes: int) -> tuple[str, ...]:
+    if n_axes == 3 and family.time_axis == 0:
+        return ("t", "y", "x")
+    if n_axes == 3 and family.grid_axes == (1, 2):
+        return ("index", "y", "x")
+    return ("y", "x") if n_axes == 2 else tuple(f"axis {a}" for a in range(n_axes))
 
 
-def _sizing(family: _Family, mode, train_size, scaling) -> Sizing | None:
+def _scaled(family: DiffusersFamily, rope, scaling, name: str):
+    """``rope`` with ``scaling`` (one method, or one per axis), or a ``ValueError`` naming the family and the axis."""
+    words = _axis_names(family, rope.n_axes)
+    try:
+        methods = rope._methods(scaling)
+    except ValueError as err:
+        raise ValueError(f"{name} ({family.name}: axes {words}): {err}") from err
+    for a, method in enumerate(methods):
+        if isinstance(method, RIFLEx) and family.time_axis != a:
+            what = "has no time axis" if family.time_axis is None else f"has its time on axis {family.time_axis}"
+            raise ValueError(
+                f"{name} ({family.name}) {what}: RIFLEx (a temporal method) cannot scale its axis {a} ({words[a]})"
+            )
+    try:
+        return rope.with_scaling(scaling)
+    except ValueError as err:
+        raise ValueError(f"{name} ({family.name}: axes {words}): {err}") from err
+
+
+def _sizing(family: DiffusersFamily, mode, train_size, scaling) -> Sizing | None:
     """The per-forward sizing of ``mode`` and ``train_size``, checked; ``None`` without ``mode``."""
     if mode is None:
         if train_size is not None:
@@ -338,11 +230,11 @@ def _sizing(family: _Family, mode, train_size, scaling) -> Sizing | None:
         return None
     if scaling is not None:
         raise ValueError("pass either scaling (fixed per-axis methods) or mode (sized per forward), not both")
-    n_axes = family.grid_axes
+    n_axes = len(family.grid_axes)
     modes = (mode,) * n_axes if isinstance(mode, str) else tuple(mode)
     if len(modes) != n_axes or any(m not in POSITION_MODES for m in modes):
         raise ValueError(f"mode must be one of {POSITION_MODES} or one per grid axis ({n_axes}), got {mode!r}")
-    if n_axes == 2 and "normalize" in modes:
+    if family.grid_axes != tuple(range(n_axes)) and "normalize" in modes:  # an id axis (text) stays at 0
         raise ValueError("mode 'normalize' moves Flux's text ids off 0; use 'interpolate', 'ntk' or 'yarn'")
     axes = "(y, x)" if n_axes == 2 else "(t, y, x)"
     sizes = None if train_size is None or isinstance(train_size, (str, bytes)) else tuple(train_size)
