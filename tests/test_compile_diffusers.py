@@ -19,20 +19,28 @@ diffusers = pytest.importorskip("diffusers")
 
 from test_conventions_integration import _ltx  # noqa: E402
 
+from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 
-FAMILIES = ("flux", "hunyuan_video", "wan", "cogvideox")
-VARIANTS = {
-    "unscaled": None,
-    "scaled": (None, ar.scaling.NTK(2.0), ar.scaling.YaRN(2.0, 2)),
-    "timed": (None, DyPE(2.0, 2), DyPE(2.0, 2, method="ntk")),
-}
+# every served class with a tiny model (models/tiny_diffusers.py); LTX-Video's fixed tables: unscaled below
+FAMILIES = sorted(name for name, family in DIFFUSERS.items() if name in tiny.TINY and family.scalable)
+VARIANTS = ("unscaled", "scaled", "timed")
+
+
+def _scaling(variant: str, n_axes: int):
+    """Per axis: the last two axes (y, x) scaled, the others not; DyPE's NTK and linear forms for the timed variant."""
+    if variant == "unscaled":
+        return None
+    methods = (ar.scaling.Linear(2.0), ar.scaling.YaRN(2.0, 2)) if variant == "scaled" else (
+        DyPE(2.0, 2, method="linear"), DyPE(2.0, 2))  # fmt: skip
+    return (None,) * (n_axes - 2) + methods
 
 
 def _model(family: str, variant: str):
     model, inputs = tiny.build(family)
-    set_rope_processors(model, scaling=VARIANTS[variant])
+    n_axes = DIFFUSERS[family].rope(model.config).n_axes
+    set_rope_processors(model, scaling=_scaling(variant, n_axes))
     return model, inputs
 
 
@@ -60,7 +68,7 @@ def _close(got, want):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fullgraph_without_recompiling(family, variant):
     model, inputs = _model(family, variant)
@@ -73,7 +81,7 @@ def test_fullgraph_without_recompiling(family, variant):
     assert counter.frame_count == _graphs(model)  # none added by the second step
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_repeated_blocks_compile_once(family, variant):
     model, inputs = _model(family, variant)
@@ -87,7 +95,7 @@ def test_repeated_blocks_compile_once(family, variant):
             _close(_run(model, step), want)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_dynamic_sizes_compile_once(family, variant):
     model, inputs = _model(family, variant)
@@ -118,7 +126,7 @@ def test_export_and_aot_inductor_package_equal_eager(tmp_path):
     # buffer write included), compile the package with AOTInductor, load it, run it at another timestep
     from torch._inductor.package import load_package
 
-    model, inputs = _model("flux", "timed")
+    model, inputs = _model("FluxTransformer2DModel", "timed")
     exported = torch.export.export(model, args=(), kwargs=inputs)
     later = _later_step(inputs)
     _close(exported.module()(**later)[0], _run(model, later))

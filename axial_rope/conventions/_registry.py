@@ -140,6 +140,7 @@ class DiffusersFamily:
             float64 models and inputs (so what remains is the float32 rounding of the model's tables), for
             the docs table; the tests hold it to their bound.
         source: the upstream file and symbol the record transcribes.
+        axes: the axes and their channels from the config, in words (for the docs table).
     """
 
     name: str
@@ -156,6 +157,7 @@ class DiffusersFamily:
     noise_timestep: float = 1000.0
     max_diff: float = 0.0
     source: str = ""
+    axes: str = ""
 
     @property
     def scalable(self) -> bool:
@@ -167,26 +169,66 @@ DIFFUSERS: dict[str, DiffusersFamily] = {}  # diffusers class name -> its family
 DIFFUSERS_UNSUPPORTED: dict[str, str] = {}
 # diffusers 0.42.1 classes that use RoPE and have no record yet: the work still to do, listed so that
 # tests/test_diffusers_coverage.py fails for a class that is none of served, unsupported or pending
-DIFFUSERS_PENDING = frozenset({
-    "AceStepTransformer1DModel", "AllegroTransformer3DModel", "AnyFlowFARTransformer3DModel", "AnyFlowTransformer3DModel",
-    "BriaFibo2Transformer2DModel", "BriaFiboTransformer2DModel", "BriaTransformer2DModel", "ChromaTransformer2DModel",
-    "ChronoEditTransformer3DModel", "CogView4Transformer2DModel", "ConsisIDTransformer3DModel",
-    "CosmosTransformer3DModel", "EasyAnimateTransformer3DModel", "ErnieImageTransformer2DModel",
-    "Flux2Transformer2DModel", "Flux3Transformer2DModel", "GlmImageTransformer2DModel", "HeliosTransformer3DModel",
-    "HiDreamImageTransformer2DModel", "HunyuanDiT2DControlNetModel", "HunyuanDiT2DModel",
-    "HunyuanDiT2DMultiControlNetModel", "HunyuanImageTransformer2DModel", "HunyuanVideo15Transformer3DModel",
-    "HunyuanVideoFramepackTransformer3DModel", "Ideogram4Transformer2DModel", "JoyImageEditPlusTransformer3DModel",
-    "JoyImageEditTransformer3DModel", "Kandinsky5Transformer3DModel", "Kandinsky6SRTransformer3DModel",
-    "Kandinsky6Transformer3DModel", "Krea2Transformer2DModel", "LTX2VideoTransformer3DModel",
-    "LongCatImageTransformer2DModel", "Lumina2Transformer2DModel", "LuminaNextDiT2DModel",
-    "MiniMaxH3Transformer3DModel", "MiniMaxMusic3Transformer1DModel", "MochiTransformer3DModel",
-    "MotifVideoTransformer3DModel", "NucleusMoEImageTransformer2DModel", "OmniGenTransformer2DModel",
-    "OvisImageTransformer2DModel", "PRXTransformer2DModel", "QwenImage21Transformer2DModel",
-    "QwenImageTransformer2DModel", "SanaVideoTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel",
-    "SanaWMTransformer3DModel", "SkyReelsV2Transformer3DModel", "StableAudio3DiTModel", "StableAudioDiTModel",
-    "WanAnimate2Transformer3DModel", "WanAnimateTransformer3DModel", "WanVACETransformer3DModel",
-    "ZImageTransformer2DModel",
-})  # fmt: skip
+DIFFUSERS_PENDING = frozenset(
+    {
+        "AceStepTransformer1DModel",
+        "AllegroTransformer3DModel",
+        "AnyFlowFARTransformer3DModel",
+        "AnyFlowTransformer3DModel",
+        "BriaFibo2Transformer2DModel",
+        "BriaFiboTransformer2DModel",
+        "BriaTransformer2DModel",
+        "ChromaTransformer2DModel",
+        "ChronoEditTransformer3DModel",
+        "CogView4Transformer2DModel",
+        "ConsisIDTransformer3DModel",
+        "CosmosTransformer3DModel",
+        "EasyAnimateTransformer3DModel",
+        "ErnieImageTransformer2DModel",
+        "Flux2Transformer2DModel",
+        "Flux3Transformer2DModel",
+        "GlmImageTransformer2DModel",
+        "HeliosTransformer3DModel",
+        "HiDreamImageTransformer2DModel",
+        "HunyuanDiT2DControlNetModel",
+        "HunyuanDiT2DModel",
+        "HunyuanDiT2DMultiControlNetModel",
+        "HunyuanImageTransformer2DModel",
+        "HunyuanVideo15Transformer3DModel",
+        "HunyuanVideoFramepackTransformer3DModel",
+        "Ideogram4Transformer2DModel",
+        "JoyImageEditPlusTransformer3DModel",
+        "JoyImageEditTransformer3DModel",
+        "Kandinsky5Transformer3DModel",
+        "Kandinsky6SRTransformer3DModel",
+        "Kandinsky6Transformer3DModel",
+        "Krea2Transformer2DModel",
+        "LTX2VideoTransformer3DModel",
+        "LongCatImageTransformer2DModel",
+        "Lumina2Transformer2DModel",
+        "LuminaNextDiT2DModel",
+        "MiniMaxH3Transformer3DModel",
+        "MiniMaxMusic3Transformer1DModel",
+        "MochiTransformer3DModel",
+        "MotifVideoTransformer3DModel",
+        "NucleusMoEImageTransformer2DModel",
+        "OmniGenTransformer2DModel",
+        "OvisImageTransformer2DModel",
+        "PRXTransformer2DModel",
+        "QwenImage21Transformer2DModel",
+        "QwenImageTransformer2DModel",
+        "SanaVideoTransformer3DModel",
+        "SanaWMLTX2RefinerTransformer3DModel",
+        "SanaWMTransformer3DModel",
+        "SkyReelsV2Transformer3DModel",
+        "StableAudio3DiTModel",
+        "StableAudioDiTModel",
+        "WanAnimate2Transformer3DModel",
+        "WanAnimateTransformer3DModel",
+        "WanVACETransformer3DModel",
+        "ZImageTransformer2DModel",
+    }
+)
 
 
 def register_diffusers(family: DiffusersFamily) -> DiffusersFamily:
@@ -227,11 +269,7 @@ def diffusers_table() -> str:
         )
         scaling = "every method and mode, DyPE" if f.scalable else "none"
         rows.append(
-            f"| `{name}` | {f.name} | {where} | {_axes_words(f)} | {time} | {scaling} | {f.processor or '-'} | "
+            f"| `{name}` | {f.name} | {where} | {f.axes} | {time} | {scaling} | {f.processor or '-'} | "
             f"{_diff(f.max_diff)} |"
         )
     return "\n".join(rows) + "\n"
-
-
-def _axes_words(family: DiffusersFamily) -> str:
-    return REGISTRY[family.name].axes if family.name in REGISTRY else ""

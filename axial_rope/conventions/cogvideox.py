@@ -87,5 +87,6 @@ register_diffusers(
         processor="CogVideoXRopeProcessor",
         max_diff=6e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=SOURCE,
+        axes="(t, y, x): D/4, 3D/8, 3D/8, theta 10000",
     )
 )

@@ -63,5 +63,6 @@ register_diffusers(
         noise_timestep=1.0,  # FluxPipeline passes timestep = sigma
         max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=SOURCE,
+        axes="(index, y, x): `axes_dims_rope`, theta 10000",
     )
 )

@@ -134,5 +134,6 @@ register_diffusers(
         processor="HunyuanVideoRopeProcessor",
         max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=VIDEO_SOURCE,
+        axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
     )
 )

@@ -238,5 +238,6 @@ register_diffusers(
         processor="LTXVideoRopeProcessor",
         max_diff=3e-8,  # float64 models: upstream's float32 tables, rotated as given
         source=LTX_SOURCE,
+        axes="(t, y, x) over the hidden size, per head",
     )
 )

@@ -67,5 +67,6 @@ register_diffusers(
         blocks=("blocks.",),
         max_diff=0.0,
         source=SOURCE,
+        axes="(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000",
     )
 )

@@ -1,0 +1,91 @@
+"""The checks every diffusers family record gets, on its tiny model (``models/tiny_diffusers.py``).
+
+For each served class with a tiny model: unscaled, the adapted model equals stock; at twice the training
+grid (twice the frames for video) a scaling changes the output and it stays finite; ``handle.remove()``
+restores stock bit for bit; activation checkpointing gives the same gradients. Batch 2 throughout, with
+the attention masks the tiny inputs carry. Models and inputs are float64 (positions and the model's own
+tables as they are), so the remaining differences are the float32 rounding of the model's tables: ``TOL``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from axial_rope.conventions._registry import DIFFUSERS
+
+diffusers = pytest.importorskip("diffusers")
+
+from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
+from models import tiny_diffusers as tiny  # noqa: E402
+
+# float64 models against each other, upstream's float32 tables (|angle| 8 u + 2 u at the few-radian angles of
+# tiny grids, u = 2**-24), carried through a block or two at O(1) logits: 1e-5 (test_integrations_diffusers)
+TOL = 1e-5
+CLASSES = sorted(name for name in DIFFUSERS if name in tiny.TINY)
+_TABLES = ("img_ids", "txt_ids", "image_rotary_emb", "video_coords")  # positions and tables keep their dtype
+
+
+def _double(inputs: dict) -> dict:
+    return {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() and k not in _TABLES else v
+            for k, v in inputs.items()}  # fmt: skip
+
+
+def _model(name: str):
+    model, inputs = tiny.build(name)
+    return model.double(), _double(inputs)
+
+
+def _run(model, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def _twice(name: str) -> dict:
+    """Inputs at twice the default token grid on each grid axis (and twice the frames for video)."""
+    frames, h, w = tiny.TINY[name].grid
+    video = tiny.TINY[name].video
+    return _double(tiny.inputs(name, 2 * h, 2 * w, frames=2 * frames if video else frames))
+
+
+def _train_size(name: str) -> tuple[int, ...]:
+    frames, h, w = tiny.TINY[name].grid
+    return (frames, h, w) if len(DIFFUSERS[name].grid_axes) == 3 else (h, w)
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_unscaled_equals_stock(name):
+    model, inputs = _model(name)
+    stock = _run(model, inputs)
+    set_rope_processors(model)
+    torch.testing.assert_close(_run(model, inputs), stock, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("name", [n for n in CLASSES if DIFFUSERS[n].scalable])
+def test_scaling_at_twice_the_size_changes_the_output_and_stays_finite(name):
+    model, _ = _model(name)
+    inputs = _twice(name)
+    stock = _run(model, inputs)
+    handle = set_rope_processors(model, mode="interpolate", train_size=_train_size(name))
+    scaled = _run(model, inputs)
+    assert torch.isfinite(scaled).all()
+    assert (scaled - stock).abs().max() > 1e-4  # the positions were squeezed into the trained range
+    handle.remove()
+    assert torch.equal(_run(model, inputs), stock)  # remove() restores stock bit for bit
+
+
+@pytest.mark.parametrize("name", [n for n in CLASSES if DIFFUSERS[n].scalable])
+def test_activation_checkpointing_gives_the_same_gradients(name):
+    def grads(checkpointing: bool):
+        model, inputs = _model(name)
+        set_rope_processors(model, mode="interpolate", train_size=_train_size(name))
+        if checkpointing:
+            model.enable_gradient_checkpointing()
+        model.train()
+        model(**inputs)[0].square().sum().backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    plain, checkpointed = grads(False), grads(True)
+    assert plain.keys() == checkpointed.keys() and plain
+    for key, value in plain.items():  # the same float64 arithmetic recomputed: equal to float64 rounding
+        torch.testing.assert_close(checkpointed[key], value, atol=1e-10, rtol=1e-10)
