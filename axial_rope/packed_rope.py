@@ -133,7 +133,7 @@ def item_rope(
     else:
         scale = stacked[group.cpu()]  # [T, n]: each token its item's
     # where the rope's angles go by turns (no float64 on the device), F and the factor travel as float32
-    exact = rope.exact(device)
+    exact = rope.float64_angles(device)
     turns = None if exact else fixed_turns(block).to(device)
     dtype = torch.float64 if exact else torch.float32
     scale = None if scale is None else scale.to(dtype).to(device)

@@ -165,7 +165,7 @@ class AxialRoPE(nn.Module, Rotary):
             raise TypeError(f"from_frequencies takes an axial_rope.frequencies.Frequencies, got {frequencies!r}")
         return cls(frequencies, pairing=pairing, learnable=learnable, backend=backend)
 
-    def exact(self, device: torch.device | None = None) -> bool:
+    def float64_angles(self, device: torch.device | None = None) -> bool:
         """Whether angles are float64 on ``device`` (default: the rope's); else int64 fixed-point turns."""
         device = self.freqs.device if device is None else torch.device(device)
         return self.angles == "float64" or (self.angles == "auto" and has_float64(device))
@@ -173,7 +173,7 @@ class AxialRoPE(nn.Module, Rotary):
     def _set_buffers(self, freqs: torch.Tensor, scale: torch.Tensor, device: torch.device) -> None:
         """The buffers on ``device`` from ``F`` and the factor (float64, CPU): float64 there, or, where angles go by
         turns, float32 ``F`` and factor with int64 ``turns`` (converted on the CPU: nothing float64 moves)."""
-        if self.exact(device):
+        if self.float64_angles(device):
             self.freqs, self.scale, self.turns = freqs.to(device, copy=True), scale.to(device, copy=True), None
         else:
             self.freqs, self.scale = freqs.float().to(device), scale.float().to(device)
@@ -299,7 +299,7 @@ class AxialRoPE(nn.Module, Rotary):
         pos = as_positions(pos, self.n_axes)
         if self.transform is None:
             return pos
-        return self.transform(pos, torch.float64 if self.exact() else torch.float32)
+        return self.transform(pos, torch.float64 if self.float64_angles() else torch.float32)
 
     def rotation(
         self,
@@ -340,7 +340,7 @@ class AxialRoPE(nn.Module, Rotary):
         if any(m is not None and m.length_dependent for m in methods) and seq_len is None:
             seq_len = tuple(int(v) + 1 for v in pos.flatten(0, -2).amax(0).tolist())  # host read: pass seq_len
         timed = any(is_time_dependent(m) for m in methods)
-        device, exact = self.freqs.device, self.exact()
+        device, exact = self.freqs.device, self.float64_angles()
         dtype = torch.float64 if exact else torch.float32  # a time-dependent F(t) is computed on the device
         freqs, scale = self._spectrum(methods, seq_len, _time(t, methods, device, dtype) if timed else None, dtype)
         turns = None if exact else fixed_turns(freqs).to(device)  # from float64 on the CPU, or F(t)'s float32
@@ -389,7 +389,7 @@ class TimedRoPE(Rotary):
     """
 
     def __init__(self, rope: AxialRoPE, t: float | torch.Tensor):
-        dtype = torch.float64 if rope.exact() else torch.float32
+        dtype = torch.float64 if rope.float64_angles() else torch.float32
         self.rope, self.t = rope, sampling_time(t, rope.freqs.device, dtype)
         self.pairing, self.backend = rope.pairing, rope.backend
         # length-dependent axes need each call's seq_len: then F is computed per call from t

@@ -298,6 +298,11 @@ def _peak_gbps() -> float | None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "--diffusers" in argv:  # stock vs scaled diffusers families, its own arguments
+        from . import bench_diffusers
+
+        bench_diffusers.main([a for a in argv if a != "--diffusers"])
+        return
     if "--packed" in argv:  # the packing benchmark, its own arguments
         from . import bench_packed
 
@@ -305,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     parser = cli.Parser(prog="scripts.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--packed", action="store_true", help="packed vs padded DiT steps (scripts/bench_packed.py)")
+    parser.add_argument("--diffusers", action="store_true", help="stock vs scaled diffusers families (bench_diffusers)")
     parser.add_argument("--small", action="store_true", help="small shapes that finish on a 2-core CPU in a minute")
     parser.add_argument("--out", default="docs", help="docs folder to write into")
     parser.add_argument("--shapes", default="dit,video,llm", help=f"comma list of {list(SHAPES)}")

@@ -132,7 +132,7 @@ def test_relative_invariance_a_million_positions_out_as_on_the_float64_path():
 def test_the_path_is_chosen_automatically_where_float64_is_missing(monkeypatch):
     monkeypatch.setitem(common._FLOAT64, "cpu", False)  # the CPU stands in for a device without float64
     rope = ar.AxialRoPE((16, 16), theta=100.0)  # angles="auto"
-    assert not rope.exact() and rope.freqs.dtype == torch.float32 and rope.turns.dtype == torch.int64
+    assert not rope.float64_angles() and rope.freqs.dtype == torch.float32 and rope.turns.dtype == torch.int64
     assert all(b.dtype != torch.float64 for b in rope.buffers())
     pos, q = ar.grid(4, 5, offset=(1e6, 0.0)), torch.randn(1, 20, 2, 32)
     with _Dtypes() as mode:
@@ -140,7 +140,7 @@ def test_the_path_is_chosen_automatically_where_float64_is_missing(monkeypatch):
     assert torch.float64 not in mode.seen
     monkeypatch.setitem(common._FLOAT64, "cpu", True)
     exact = ar.AxialRoPE((16, 16), theta=100.0)
-    assert exact.exact() and exact.freqs.dtype == torch.float64 and exact.turns is None
+    assert exact.float64_angles() and exact.freqs.dtype == torch.float64 and exact.turns is None
     torch.testing.assert_close(out, exact(q, q, pos)[0], rtol=0, atol=(ANGLE_TOL + 6 * 2.0**-24) * float(q.abs().max()))
 
 
@@ -148,4 +148,4 @@ def test_float64_is_refused_as_an_explicit_choice_nowhere_and_the_names_are_chec
     with pytest.raises(ValueError, match="angles must be one of"):
         ar.AxialRoPE(8, angles="float32")
     rope = ar.AxialRoPE(8, angles="float64")
-    assert rope.exact() and rope.turns is None
+    assert rope.float64_angles() and rope.turns is None

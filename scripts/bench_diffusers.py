@@ -1,0 +1,89 @@
+"""Stock vs scaled forward of every served diffusers family: ``python -m scripts.bench --diffusers``.
+
+Each family's tiny model (``models/tiny_diffusers.py``) at twice its training token grid (twice the frames
+for video), stock and with ``set_rope_processors(mode="interpolate", train_size=...)``, which replaces the
+model's tables module by axial_rope's: the cost of the table-producer path. Interleaved rounds in one
+process (``--repeat`` forwards each, medians); ``--compiled`` times both compiled with inductor too.
+Ratios are the figure to read: absolute times on a shared CPU move by a factor of 2 between runs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+
+from axial_rope.conventions._registry import DIFFUSERS
+
+from . import cli
+from .cli import positive_int
+
+
+def _ms(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def time_family(name: str, repeat: int, rounds: int, compiled: bool, *, depth: int = 1, factor: int = 2) -> dict:
+    from axial_rope.integrations.diffusers import set_rope_processors
+    from models import tiny_diffusers as tiny
+
+    spec = tiny.TINY[name]
+    frames, h, w = spec.grid
+    train = (frames, h, w) if len(DIFFUSERS[name].grid_axes) == 3 else (h, w)
+    inputs = tiny.inputs(name, factor * h, factor * w, frames=factor * frames if spec.video else frames)
+    stock, _ = tiny.build(name, depth=depth)
+    scaled, _ = tiny.build(name, depth=depth)
+    set_rope_processors(scaled, mode="interpolate", train_size=train)
+    runs = {"stock": stock, "scaled": scaled}
+    if compiled:
+        torch._dynamo.reset()
+        runs |= {"stock compiled": torch.compile(stock), "scaled compiled": torch.compile(scaled)}
+    with torch.no_grad():
+        for fn in runs.values():  # warm-up (and compiles)
+            fn(**inputs)
+        ms = {key: [] for key in runs}
+        for _ in range(rounds):
+            for key, fn in runs.items():
+                ms[key].append(_ms(lambda fn=fn: fn(**inputs), repeat))
+    row = {"class": name, "depth": depth, "grid x": factor, **{f"{k} ms": round(statistics.median(v), 3) for k, v in ms.items()}}
+    row["scaled / stock"] = round(row["scaled ms"] / row["stock ms"], 3)
+    if compiled:
+        row["compiled scaled / stock"] = round(row["scaled compiled ms"] / row["stock compiled ms"], 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = cli.Parser(prog="scripts.bench --diffusers", description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=positive_int, default=10, help="forwards per timed round")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="interleaved rounds")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
+    parser.add_argument("--compiled", action="store_true", help="also time both compiled (inductor)")
+    parser.add_argument("--depth", type=positive_int, default=1, help="blocks of each kind in the tiny models")
+    parser.add_argument("--factor", type=positive_int, default=2, help="token grid (and frames) x the training one")
+    parser.add_argument("--classes", default=None, help="comma list of diffusers classes (default: every served one)")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    from models import tiny_diffusers as tiny
+
+    served = sorted(n for n in DIFFUSERS if n in tiny.TINY and DIFFUSERS[n].scalable)
+    classes = served if args.classes is None else cli.choices(parser, "--classes", args.classes, served)
+    if args.json is not None:
+        cli.out_file(parser, "--json", args.json)
+    torch.set_num_threads(args.threads)
+    rows = [time_family(name, args.repeat, args.rounds, args.compiled, depth=args.depth, factor=args.factor)
+            for name in classes]  # fmt: skip
+    keys = list(rows[0])
+    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+    for row in rows:
+        print("| " + " | ".join(str(row[k]) for k in keys) + " |")
+    if args.json is not None:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    return rows
