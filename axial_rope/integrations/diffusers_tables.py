@@ -51,8 +51,9 @@ class RotaryTables(nn.Module):
         self.__dict__["stock"] = stock
         self.rope, self.positions, self.layout, self.sizing = rope, positions, layout, sizing
         self.time_dependent = time_dependent
-        if time_dependent:  # the noise level of this forward, 0-d float64 (written by the transformer's pre-hook)
-            self.register_buffer("time", torch.ones((), dtype=torch.float64), persistent=False)
+        if time_dependent:  # the noise level of this forward, 0-d (written by the transformer's pre-hook); float32,
+            # which every device has: the rope takes it to float64 where the device has that
+            self.register_buffer("time", torch.ones((), dtype=torch.float32), persistent=False)
 
     def tables(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 cos and sin ``[S, D]``, interleaved, attention factor included."""
@@ -111,7 +112,7 @@ def time_hook(transformer: nn.Module, tables: RotaryTables, noise_timestep: floa
         timestep = _get(args, kwargs, "timestep", slot)
         if timestep is None:
             raise ValueError("a time-dependent scaling reads each forward's `timestep`; this forward got none")
-        level = torch.as_tensor(timestep).detach().to(torch.float64).amax() / noise_timestep
+        level = torch.as_tensor(timestep).detach().to(torch.float32).amax() / noise_timestep
         tables.time.copy_(level.to(tables.time.device))
 
     return transformer.register_forward_pre_hook(hook, with_kwargs=True)
