@@ -356,7 +356,8 @@ def test_video_families_divide_the_timestep_by_1000():
     ).eval()  # fmt: skip
     inputs = dict(hidden_states=torch.randn(2, 4, 3, 4, 6), encoder_hidden_states=torch.randn(2, 5, 16))
     model, inputs = _double(model, inputs)  # float64: ours against ours, frequencies a last bit apart
-    timestep = torch.tensor([1000 / math.sqrt(2)] * 2, dtype=torch.float64)  # kappa = 2 t^2 = 1: the static factor
+    # t = 500 / 1000 = 1/2 and kappa = 4 t^2 = 1, the static factor: both exact in the float32 time buffer
+    timestep = torch.tensor([500.0] * 2, dtype=torch.float64)
 
     def out():
         with torch.no_grad():
@@ -364,9 +365,10 @@ def test_video_families_divide_the_timestep_by_1000():
 
     set_rope_processors(model, scaling=(Linear(2.0), None, None))
     static = out()
-    set_rope_processors(model, scaling=(DyPE(2.0, 3, method="linear"), None, None))
+    dype = DyPE(2.0, 3, method="linear", lambda_s=4.0)
+    set_rope_processors(model, scaling=(dype, None, None))
     torch.testing.assert_close(out(), static, rtol=1e-10, atol=1e-10)
-    set_rope_processors(model, scaling=(DyPE(2.0, 3, method="linear"), None, None), noise_timestep=2000.0)
+    set_rope_processors(model, scaling=(dype, None, None), noise_timestep=2000.0)
     assert out().sub(static).abs().max() > 1e-5  # t halved
 
 
