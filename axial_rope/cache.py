@@ -1,9 +1,16 @@
-"""A static key/value cache for one attention layer of a one-axis (language model) transformer.
+"""Key/value caches for attention layers: static (gpt-fast's design) or rolling, with attention sinks.
 
-The cache is preallocated at its full length, so a decoding step has the same shapes
-every time and compiles once (gpt-fast's design). Keys are stored *already rotated*:
-each key is rotated once, at the position it is written to, and never again. The
-cache is passed to :class:`~axial_rope.layers.Attention` explicitly, one per layer.
+The cache is preallocated, so a decoding step has the same shapes every time. Keys are stored
+*already rotated*: each key is rotated once, at the position it is written to.
+
+A rolling cache (``window``) keeps the ``sinks`` first entries and the last ``window - sinks``,
+as StreamingLLM (Xiao et al. 2024, arXiv:2309.17453) does. When new tokens would not fit, it
+drops the oldest entries after the sinks and *re-indexes* the kept ones to contiguous positions
+(sinks at ``0 .. sinks - 1``, the rest right after): RoPE turns a key rotated for position ``n``
+into the key for ``n - d`` by one more rotation by ``-d``, so the kept keys are rotated in place
+through the backends (one launch on Triton), never recomputed from hidden states. Positions
+therefore stay below ``window``, however long the stream. A video cache holds whole frames
+(``frame`` tokens sharing one time coordinate), rolls by frames and re-indexes the time axis only.
 """
 
 from __future__ import annotations
@@ -11,7 +18,55 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["KVCache"]
+from .ops import rotate
+from .ops.rotation import Rotation
+
+__all__ = ["KVCache", "check_rollable", "check_window", "roll_shift"]
+
+
+def _positive(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"KVCache: {name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_window(window: int | None, sinks: int = 0, frame: int = 1) -> None:
+    """A rolling window's arguments: ``window`` a positive int of whole frames, ``0 <= sinks < window`` whole frames;
+    ``sinks`` only with a window. Raises ``ValueError`` naming the argument."""
+    _positive("frame", frame)
+    if window is None:
+        if sinks:
+            raise ValueError("KVCache: sinks go with a rolling cache (window=)")
+        return
+    _positive("window", window)
+    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+        raise ValueError(f"KVCache: sinks must be an int >= 0, got {sinks!r}")
+    if sinks >= window:
+        raise ValueError(f"KVCache: sinks ({sinks}) must be fewer than the window ({window}) entries kept")
+    if window < frame or window % frame or sinks % frame:
+        raise ValueError(
+            f"KVCache: window ({window}) and sinks ({sinks}) must be whole frames of {frame} tokens "
+            "(a window shorter than one frame keeps nothing)"
+        )
+
+
+def check_rollable(rope) -> None:
+    """A rolling cache re-indexes its keys by one rotation, which needs a rope whose angle is linear in the
+    position with fixed frequencies: no position map, no length- or time-dependent scaling."""
+    if rope is None:
+        raise ValueError("rolling the cache re-rotates its keys: pass the layer's rope (advance(n, rope))")
+    if rope.transform is not None or rope.length_dependent or rope.time_dependent:
+        raise ValueError(
+            "a rolling cache re-indexes positions by a rotation, which needs fixed frequencies and no position "
+            "map (a length- or time-dependent scaling, or a transform, would change the keys otherwise)"
+        )
+
+
+def roll_shift(length: int, n: int, window: int, sinks: int, evict: int) -> int:
+    """Entries a rolling cache holding ``length`` drops before it writes ``n`` more: none while they fit, else the
+    overflow or ``evict`` if more (a roll every ``evict`` tokens, not every token), never a sink."""
+    overflow = length + n - window
+    return 0 if overflow <= 0 else min(max(overflow, evict), length - sinks)
 
 
 class KVCache(nn.Module):
@@ -19,9 +74,18 @@ class KVCache(nn.Module):
 
     Args:
         max_batch_size: the largest batch the cache serves; a smaller batch uses the first rows.
-        max_seq_len: number of positions (slots); writing past it raises ``ValueError``.
+        max_seq_len: number of slots; a static cache raises ``ValueError`` past it.
         num_kv_heads: key/value heads (fewer than query heads for grouped-query attention).
         head_dim: channels per head.
+        window: ``None`` (static: slot = position, up to ``max_seq_len``), or the number of entries a
+            rolling cache keeps (``sinks <= window <= max_seq_len``), re-indexed as it rolls.
+        sinks: entries kept at the start of a rolling cache whatever the stream's length (attention sinks).
+        frame: tokens per frame (video: one time coordinate each); the cache then rolls by whole frames,
+            and ``window`` and ``sinks`` count tokens in whole frames.
+        time_axis: the axis of the positions a roll re-indexes (video ``(t, y, x)``: 0).
+        evict: entries a roll drops at least (whole frames; default one frame): a roll re-rotates every kept
+            key, so dropping ``evict`` at a time rolls once per ``evict`` tokens instead of every token, and
+            each token sees between ``window - sinks - evict + 1`` and ``window - sinks`` recent entries.
     """
 
     def __init__(
@@ -31,6 +95,11 @@ class KVCache(nn.Module):
         num_kv_heads: int,
         head_dim: int,
         *,
+        window: int | None = None,
+        sinks: int = 0,
+        frame: int = 1,
+        time_axis: int = 0,
+        evict: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ):
@@ -41,9 +110,19 @@ class KVCache(nn.Module):
             ("num_kv_heads", num_kv_heads),
             ("head_dim", head_dim),
         ):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"KVCache: {name} must be a positive int, got {value!r}")
+            _positive(name, value)
+        check_window(window, sinks, frame)
+        evict = frame if evict is None else evict
+        if window is not None and (_positive("evict", evict) % frame or evict > window - sinks):
+            raise ValueError(
+                f"KVCache: evict ({evict}) must be whole frames of {frame} tokens, at most window - sinks "
+                f"({window - sinks})"
+            )
+        if window is not None and window > max_seq_len:
+            raise ValueError(f"KVCache: window ({window}) exceeds the cache's max_seq_len ({max_seq_len}) slots")
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.window, self.sinks, self.frame, self.time_axis, self.evict = window, sinks, frame, time_axis, evict
+        self.length = 0  # entries held, in slots 0 .. length - 1 (a rolling cache is filled in order)
         shape = (max_batch_size, num_kv_heads, max_seq_len, head_dim)
         # not persistent: a cache is runtime state, never part of a checkpoint
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
@@ -72,12 +151,18 @@ class KVCache(nn.Module):
                 )
             if input_pos.unique().numel() != input_pos.numel():
                 raise ValueError(f"input_pos writes one slot twice in one update: {input_pos.tolist()}")
+            if self.window is not None and input_pos.tolist() != list(range(self.length, self.length + len(input_pos))):
+                raise ValueError(
+                    f"a rolling cache is written in order: input_pos must be {self.length}.."
+                    f"{self.length + len(input_pos) - 1} (from advance()), got {input_pos.tolist()}: positions "
+                    "cannot go backwards or skip"
+                )
 
     def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write new keys (rotated) and values at ``input_pos``; return the whole cache for the batch.
 
         Args:
-            input_pos: int ``[S]``, the slots (= positions) of the new tokens.
+            input_pos: int ``[S]``, the slots (= positions) of the new tokens (a rolling cache: from :meth:`advance`).
             k, v: ``[B, H_kv, S, D]``.
 
         Returns:
@@ -89,17 +174,82 @@ class KVCache(nn.Module):
         self.k[:b].index_copy_(2, input_pos, k.to(self.k.dtype))
         self.v[:b].index_copy_(2, input_pos, v.to(self.v.dtype))
         self.filled.index_fill_(0, input_pos, True)
+        if not torch.compiler.is_compiling() and input_pos.numel():
+            self.length = max(self.length, int(input_pos.max()) + 1)
         return self.k[:b], self.v[:b]
+
+    def advance(self, n: int, rope=None) -> torch.Tensor:
+        """The slots (= positions) of ``n`` new tokens: ``length .. length + n - 1``.
+
+        A rolling cache first makes room: when ``length + n`` would pass ``window``, it drops the oldest
+        entries after the sinks (the overflow, or ``evict`` if more; whole frames) and re-indexes the kept keys by rotating them with
+        ``rope`` (the layer's :class:`~axial_rope.AxialRoPE`). A static cache raises past ``max_seq_len``.
+        """
+        _positive("n", n)
+        if self.window is not None:
+            if n % self.frame:
+                raise ValueError(f"a video cache takes whole frames of {self.frame} tokens, got {n} new tokens")
+            shift = roll_shift(self.length, n, self.window, self.sinks, self.evict)
+            if shift and n > self.window - self.sinks:  # even dropping every entry but the sinks
+                raise ValueError(
+                    f"{n} new tokens do not fit a window of {self.window} holding {self.length} with {self.sinks} "
+                    f"sinks: feed at most {self.window - self.sinks} at a time once the window is full"
+                )
+            if shift:
+                self.roll(shift, rope)
+        elif self.length + n > self.max_seq_len:
+            raise ValueError(
+                f"KVCache overflow: {self.length} + {n} tokens exceed max_seq_len={self.max_seq_len} "
+                "(a rolling cache, window=, keeps a stream going)"
+            )
+        return torch.arange(self.length, self.length + n, device=self.k.device)
+
+    def roll(self, shift: int, rope) -> None:
+        """Drop the ``shift`` oldest entries after the sinks; move the rest down and rotate their keys by ``-shift``
+        (``-shift / frame`` on the time axis), in place, so positions stay contiguous."""
+        if self.window is None:
+            raise ValueError("roll() is for a rolling cache (window=)")
+        if shift % self.frame or not 0 < shift <= self.length - self.sinks:
+            raise ValueError(f"roll: shift must be whole frames in (0, {self.length - self.sinks}], got {shift}")
+        start, keep = self.sinks, self.length - self.sinks - shift
+        if keep:
+            moved = slice(start, start + keep)
+            for buf in (self.k, self.v):  # overlapping ranges: through a copy
+                buf[:, :, moved] = buf[:, :, start + shift : start + shift + keep].clone()
+            with torch.no_grad():
+                rotate(self.k[:, :, moved], None, self._delta(rope, shift, keep), "bhsd", rope.backend, inplace=True)
+        self.filled[start + keep : self.length] = False
+        self.k[:, :, start + keep : self.length] = 0
+        self.v[:, :, start + keep : self.length] = 0
+        self.length -= shift
+
+    def _delta(self, rope, shift: int, tokens: int) -> Rotation:
+        """The rotation by ``-shift / frame`` on the time axis, for ``tokens`` cached keys (no attention factor:
+        the keys carry theirs already)."""
+        check_rollable(rope)
+        delta = torch.zeros(1, tokens, rope.n_axes, dtype=torch.float64 if rope.float64_angles() else torch.float32,
+                            device=self.k.device)  # fmt: skip
+        delta[..., self.time_axis] = -(shift // self.frame)
+        freqs = rope.learned_freqs if rope.learned_freqs is not None else rope.freqs
+        return Rotation(
+            delta, freqs.detach(), None, rope.pairing, None if rope.learned_freqs is not None else rope.turns
+        )
 
     def reset(self) -> None:
         """Empty the cache: zero keys and values, no slot written."""
         self.k.zero_()
         self.v.zero_()
         self.filled.zero_()
+        self.length = 0
 
     def reset_parameters(self) -> None:
         """The re-initialisation after ``to_empty`` (a cache built on the meta device): an empty cache."""
         self.reset()
 
     def extra_repr(self) -> str:
-        return f"shape={tuple(self.k.shape)}, dtype={self.k.dtype}"
+        rolling = (
+            ""
+            if self.window is None
+            else f", window={self.window}, sinks={self.sinks}, frame={self.frame}, evict={self.evict}"
+        )
+        return f"shape={tuple(self.k.shape)}, dtype={self.k.dtype}{rolling}"

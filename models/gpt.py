@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import axial_rope as ar
-from axial_rope.cache import KVCache
+from axial_rope.cache import KVCache, check_rollable, roll_shift
 from axial_rope.init import deferred_init
 from axial_rope.layers import Attention
 
@@ -266,12 +266,24 @@ class GPT(nn.Module):
         use_cache: bool = True,
         generator: torch.Generator | None = None,
         return_logits: bool = False,
+        window: int | None = None,
+        sinks: int = 0,
+        evict: int = 1,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Continue ``idx [B, T]`` by ``max_new_tokens`` tokens.
 
         With ``use_cache`` the prompt is run once (prefill) and each step feeds one token;
         without, the whole sequence is recomputed each step (the reference). Both use
         ``seq_len = T + max_new_tokens`` for length-dependent scaling.
+
+        With ``window`` (RoPE only) the model streams past any length: each token sees the ``sinks`` first
+        tokens and the latest ``window - sinks`` (itself included), re-indexed to positions ``0 .. window - 1``
+        (StreamingLLM, Xiao et al. 2024). With the cache, a rolling :class:`KVCache` per layer re-rotates its
+        kept keys in place as it rolls, and a long prompt is prefilled in chunks of ``window - sinks``; without,
+        each step recomputes the model over the kept tokens at their re-indexed positions (StreamingLLM's
+        "sliding window with re-computation"). The two agree exactly for one layer; deeper, the cached states
+        of layers past the first remember evicted tokens and the recomputation does not. ``evict``: tokens a roll
+        drops at least (:class:`KVCache`): a roll every ``evict`` steps re-rotates the cache that much less often.
 
         Returns:
             tokens ``[B, T + max_new_tokens]``; with ``return_logits`` also the logits each new
@@ -282,18 +294,98 @@ class GPT(nn.Module):
         if max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
         check_sampling(temperature, top_k)  # before the prefill, not after it
+        sampling = (temperature, top_k, generator)
+        if window is not None:
+            self._check_streaming(window, sinks, evict)
+            stream = self._stream_cached if use_cache else self._stream_recomputed
+            return stream(idx, max_new_tokens, window, sinks, evict, sampling, return_logits)
+        if sinks:
+            raise ValueError("sinks go with a rolling window (window=)")
         if self.config.position == "learned":  # before any work: the table ends at max_seq_len
             self.absolute.check(total - 1)
-        caches = self.new_caches(B, total) if use_cache else None
-        if use_cache:
-            logits = self(idx, torch.arange(T, device=idx.device), caches, seq_len=total)[:, -1]  # prefill
-        tokens, steps = idx, []
-        for i in range(max_new_tokens):
-            if not use_cache:
-                logits = self(tokens, seq_len=total)[:, -1]
-            steps.append(logits)
-            nxt = sample(logits, temperature, top_k, generator)  # [B, 1]
-            tokens = torch.cat([tokens, nxt], dim=1)
-            if use_cache and i + 1 < max_new_tokens:
-                logits = self(nxt, torch.tensor([T + i], device=idx.device), caches, seq_len=total)[:, -1]
-        return (tokens, torch.stack(steps, dim=1)) if return_logits else tokens
+        if not use_cache:  # the reference: the whole sequence every step
+            tokens = idx
+
+            def feed(nxt: torch.Tensor) -> torch.Tensor:
+                nonlocal tokens
+                tokens = torch.cat([tokens, nxt], 1)
+                return self(tokens, seq_len=total)[:, -1]
+
+            return _decode(idx, self(idx, seq_len=total)[:, -1], max_new_tokens, feed, sampling, return_logits)
+        caches, written = self.new_caches(B, total), T
+
+        def feed(nxt: torch.Tensor) -> torch.Tensor:
+            nonlocal written
+            written += 1
+            return self(nxt, torch.tensor([written - 1], device=idx.device), caches, seq_len=total)[:, -1]
+
+        logits = self(idx, torch.arange(T, device=idx.device), caches, seq_len=total)[:, -1]  # prefill
+        return _decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
+
+    def _check_streaming(self, window: int, sinks: int, evict: int) -> None:
+        c = self.config
+        KVCache(1, window, 1, 1, window=window, sinks=sinks, evict=evict, device="meta")  # checks the arguments
+        if c.position != "rope" or c.attention != "softmax" or c.window is not None or c.dual_chunk is not None:
+            raise ValueError(
+                "generate(window=) streams RoPE softmax attention (it re-indexes positions by rotating cached keys); "
+                f"this model has position={c.position!r}, attention={c.attention!r}, window={c.window}, "
+                f"dual_chunk={c.dual_chunk}"
+            )
+        check_rollable(self.rope)
+
+    def _stream_cached(self, idx, max_new_tokens, window, sinks, evict, sampling, return_logits):
+        """Rolling caches: the prompt in chunks (:func:`_prefill_chunks`), then a token a step; every call sees
+        positions below ``window``."""
+        B, T = idx.shape
+        c, weight = self.config, self.tok_embeddings.weight
+        caches = [
+            KVCache(B, window, c.num_kv_heads or c.num_heads, c.head_dim, window=window, sinks=sinks, evict=evict,
+                    dtype=weight.dtype, device=weight.device)
+            for _ in self.layers
+        ]  # fmt: skip
+
+        def feed(chunk: torch.Tensor) -> torch.Tensor:
+            slots = [cache.advance(chunk.shape[1], self.rope) for cache in caches][0]  # the same in every layer
+            return self(chunk, slots, caches, seq_len=window)[:, -1]
+
+        for start, n in _prefill_chunks(T, window, sinks):
+            logits = feed(idx[:, start : start + n])
+        return _decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
+
+    def _stream_recomputed(self, idx, max_new_tokens, window, sinks, evict, sampling, return_logits):
+        """The reference: the tokens a rolling cache would hold after each call (the same chunks and rolls), run
+        through the model at positions ``0 .. len - 1`` every step."""
+        kept: list[int] = []  # token indices, in cache order
+        tokens = idx
+
+        def feed(chunk: torch.Tensor) -> torch.Tensor:
+            nonlocal tokens
+            n, start = chunk.shape[1], len(kept) and kept[-1] + 1
+            del kept[sinks : sinks + roll_shift(len(kept), n, window, sinks, evict)]
+            kept.extend(range(start, start + n))
+            if start + n > tokens.shape[1]:
+                tokens = torch.cat([tokens, chunk], 1)
+            return self(tokens[:, kept], seq_len=window)[:, -1]
+
+        for start, n in _prefill_chunks(idx.shape[1], window, sinks):
+            logits = feed(idx[:, start : start + n])
+        return _decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
+
+
+def _prefill_chunks(length: int, window: int, sinks: int) -> list[tuple[int, int]]:
+    """``(start, n)`` of a prompt fed to rolling caches: the first chunk up to the window, the rest ``window - sinks``
+    (as many as a full window can take)."""
+    first = min(length, window)
+    return [(0, first)] + [(i, min(window - sinks, length - i)) for i in range(first, length, window - sinks)]
+
+
+def _decode(idx, logits, max_new_tokens, feed, sampling, return_logits):
+    """Sample a token from ``logits``, feed it (``feed(token [B, 1]) -> logits [B, V]``), ``max_new_tokens`` times."""
+    tokens, steps = idx, []
+    for i in range(max_new_tokens):
+        steps.append(logits)
+        nxt = sample(logits, *sampling)  # [B, 1]
+        tokens = torch.cat([tokens, nxt], dim=1)
+        if i + 1 < max_new_tokens:
+            logits = feed(nxt)
+    return (tokens, torch.stack(steps, dim=1)) if return_logits else tokens

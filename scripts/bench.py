@@ -12,7 +12,9 @@ Writes ``<out>/bench/<device>[-small].json`` and ``<out>/img/bench_<device>[-sma
 then regenerates ``<out>/benchmarks.md`` from every JSON found there (``--report``: only that).
 
 ``--packed``: packed vs padded vs bucketed DiT training steps on a mix of image sizes instead
-(``scripts/bench_packed.py``, which takes the remaining arguments; docs/packing.md).
+(``scripts/bench_packed.py``, which takes the remaining arguments; docs/packing.md); ``--diffusers``:
+stock vs scaled diffusers families (``scripts/bench_diffusers.py``); ``--cache``: a rolling KV
+cache's roll against recomputing its keys, and its decode step (``scripts/bench_cache.py``).
 """
 
 from __future__ import annotations
@@ -296,21 +298,20 @@ def _peak_gbps() -> float | None:
     return next((v for k, v in PEAK_GBPS.items() if k in name), None)
 
 
+# the flags that run another benchmark (a module of scripts/) with the remaining arguments
+SUBBENCHMARKS = {"--diffusers": "bench_diffusers", "--packed": "bench_packed", "--cache": "bench_cache"}
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "--diffusers" in argv:  # stock vs scaled diffusers families, its own arguments
-        from . import bench_diffusers
-
-        bench_diffusers.main([a for a in argv if a != "--diffusers"])
-        return
-    if "--packed" in argv:  # the packing benchmark, its own arguments
-        from . import bench_packed
-
-        bench_packed.main([a for a in argv if a != "--packed"])
-        return
+    for flag, module in SUBBENCHMARKS.items():  # each takes its own arguments
+        if flag in argv:
+            importlib.import_module(f"scripts.{module}").main([a for a in argv if a != flag])
+            return
     parser = cli.Parser(prog="scripts.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--packed", action="store_true", help="packed vs padded DiT steps (scripts/bench_packed.py)")
     parser.add_argument("--diffusers", action="store_true", help="stock vs scaled diffusers families (bench_diffusers)")
+    parser.add_argument("--cache", action="store_true", help="rolling KV cache: roll vs recompute (bench_cache)")
     parser.add_argument("--small", action="store_true", help="small shapes that finish on a 2-core CPU in a minute")
     parser.add_argument("--out", default="docs", help="docs folder to write into")
     parser.add_argument("--shapes", default="dit,video,llm", help=f"comma list of {list(SHAPES)}")

@@ -288,6 +288,24 @@ if INTERPRETER:  # ------------------------------------------------ inside the i
         assert ar.apply_rope(x, cos, sin, pairing, "bhsd", backend="triton", inplace=True) is x
         assert_close(x, expected, torch.float16)
 
+    @pytest.mark.parametrize("pairing", PAIRINGS)
+    def test_rolling_cache_rerotates_its_keys_in_place_through_triton(pairing):
+        # a roll rotates the kept keys (a strided slice of the cache) in place: one launch per layer
+        from axial_rope.cache import KVCache
+
+        caches = {}
+        for backend in ("triton", "reference"):
+            rope = ar.AxialRoPE((4, 4), pairing=pairing, backend=backend)
+            cache = caches[backend] = KVCache(1, 8, 2, 10, window=8, sinks=2, frame=2, time_axis=0)
+            keys = torch.randn(1, 2, 14, 10, generator=torch.Generator().manual_seed(0))
+            t = 0
+            for n in (6, 2, 4, 2):
+                slots = cache.advance(n, rope)
+                cache.update(slots, keys[:, :, t : t + n], keys[:, :, t : t + n])
+                t += n
+        assert_close(caches["triton"].k, caches["reference"].k)
+        assert torch.equal(caches["triton"].v, caches["reference"].v)
+
     def test_inplace_compiles_as_a_mutating_op():
         # the in-place op declares its mutation: the compiled graph reads q after the rotation
         rope = ar.AxialRoPE((4, 4), backend="triton")
