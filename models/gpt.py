@@ -333,10 +333,9 @@ class GPT(nn.Module):
             )
         check_rollable(self.rope)
 
-    def _stream_cached(self, idx, max_new_tokens, window, sinks, evict, sampling, return_logits):
-        """Rolling caches: the prompt in chunks (:func:`_prefill_chunks`), then a token a step; every call sees
+    def _rolling_feed(self, B: int, window: int, sinks: int, evict: int):
+        """``feed(chunk [B, n]) -> logits [B, n, V]`` through fresh rolling caches, one per layer: every call sees
         positions below ``window``."""
-        B, T = idx.shape
         c, weight = self.config, self.tok_embeddings.weight
         caches = [
             KVCache(B, window, c.num_kv_heads or c.num_heads, c.head_dim, window=window, sinks=sinks, evict=evict,
@@ -346,9 +345,32 @@ class GPT(nn.Module):
 
         def feed(chunk: torch.Tensor) -> torch.Tensor:
             slots = [cache.advance(chunk.shape[1], self.rope) for cache in caches][0]  # the same in every layer
-            return self(chunk, slots, caches, seq_len=window)[:, -1]
+            return self(chunk, slots, caches, seq_len=window)
 
-        for start, n in _prefill_chunks(T, window, sinks):
+        return feed
+
+    def stream_logits(
+        self, idx: torch.Tensor, window: int, sinks: int = 0, evict: int = 1, chunk: int = 1
+    ) -> torch.Tensor:
+        """Teacher-forced logits ``[B, T, V]`` of ``idx [B, T]`` streamed through rolling caches, ``chunk`` tokens a
+        call: the loss a streaming model has at every position of a long text (StreamingLLM's evaluation).
+
+        A token sees the ``sinks`` first tokens and the recent ones the cache keeps (``generate(window=)``); with
+        ``sinks=0, evict=1, chunk=1`` that is exactly a sliding window of ``window`` tokens."""
+        self._check_streaming(window, sinks, evict)
+        if not 1 <= chunk <= window - sinks:
+            raise ValueError(f"chunk must be in [1, window - sinks = {window - sinks}], got {chunk}")
+        feed = self._rolling_feed(idx.shape[0], window, sinks, evict)
+        return torch.cat([feed(idx[:, i : i + chunk]) for i in range(0, idx.shape[1], chunk)], 1)
+
+    def _stream_cached(self, idx, max_new_tokens, window, sinks, evict, sampling, return_logits):
+        """Rolling caches: the prompt in chunks (:func:`_prefill_chunks`), then a token a step."""
+        full = self._rolling_feed(idx.shape[0], window, sinks, evict)
+
+        def feed(chunk: torch.Tensor) -> torch.Tensor:
+            return full(chunk)[:, -1]
+
+        for start, n in _prefill_chunks(idx.shape[1], window, sinks):
             logits = feed(idx[:, start : start + n])
         return _decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
 

@@ -26,25 +26,30 @@ from .cli import positive_int
 
 
 def _median(fn, repeat: int) -> float:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
     fn()
     times = []
     for _ in range(repeat):
+        sync()
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def roll_vs_recompute(tokens: int, heads: int, head_dim: int, shift: int, repeat: int) -> dict:
+def roll_vs_recompute(tokens, heads, head_dim, shift, repeat, device="cpu", dtype=torch.float32) -> dict:
     torch.manual_seed(0)
-    rope = ar.AxialRoPE(head_dim, pairing="half")
-    width = heads * head_dim
-    cache = KVCache(1, tokens, heads, head_dim, window=tokens, sinks=4)
-    cache.update(torch.arange(tokens), torch.randn(1, heads, tokens, head_dim), torch.randn(1, heads, tokens, head_dim))
+    backend = "triton" if device == "cuda" else None
+    rope = ar.AxialRoPE(head_dim, pairing="half", backend=backend).to(device)
+    width, kw = heads * head_dim, {"device": device, "dtype": dtype}
+    cache = KVCache(1, tokens, heads, head_dim, window=tokens, sinks=4, **kw)
+    raw = torch.randn(2, 1, heads, tokens, head_dim, **kw)
+    cache.update(torch.arange(tokens, device=device), raw[0], raw[1])
     keep = tokens - 4 - shift
-    hidden = torch.randn(1, keep, width)  # the kept tokens' hidden states (a recomputing cache must hold them)
-    w_k = torch.nn.Linear(width, width, bias=False)
-    new_pos = torch.arange(4, 4 + keep, dtype=torch.float64)[:, None]
+    hidden = torch.randn(1, keep, width, **kw)  # the kept tokens' hidden states (a recomputing cache must hold them)
+    w_k = torch.nn.Linear(width, width, bias=False, **kw)
+    new_pos = torch.arange(4, 4 + keep, dtype=torch.float64, device=device)[:, None]
 
     def roll():
         cache.roll(shift, rope)
@@ -58,8 +63,12 @@ def roll_vs_recompute(tokens: int, heads: int, head_dim: int, shift: int, repeat
         cache.v[:, :, 4 : 4 + keep] = cache.v[:, :, 4 + shift :].clone()
 
     t_roll, t_recompute = _median(roll, repeat), _median(recompute, repeat)
-    return {"tokens": tokens, "heads": heads, "head_dim": head_dim, "shift": shift, "roll_s": t_roll,
-            "recompute_s": t_recompute, "recompute_over_roll": t_recompute / t_roll}  # fmt: skip
+    # what a roll moves: k read and written by the in-place rotation, then k and v each copied out and back
+    # (overlapping ranges go through a copy): 2 + 4 + 4 passes over the kept entries
+    moved = 10 * keep * width * raw.element_size()
+    return {"tokens": tokens, "heads": heads, "head_dim": head_dim, "shift": shift, "dtype": str(dtype),
+            "device": device, "roll_s": t_roll, "recompute_s": t_recompute, "recompute_over_roll": t_recompute / t_roll,
+            "roll_bytes": moved, "roll_GBps": moved / t_roll / 1e9}  # fmt: skip
 
 
 @torch.no_grad()
@@ -98,22 +107,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shift", type=positive_int, default=256, help="entries one roll drops (default 256)")
     parser.add_argument("--evict", type=positive_int, default=64, help="the decode's second rolling cache's evict")
     parser.add_argument("--repeat", type=positive_int, default=20)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--roll-only", action="store_true", help="skip the decode step (the GPU check)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
+    roll_args = (args.tokens, args.heads, args.head_dim)
+    kw = {"device": args.device, "dtype": getattr(torch, args.dtype)}
     if args.shift >= args.tokens - 4:
         parser.error(f"--shift must be below --tokens - 4 (the sinks), got {args.shift}")
     result = {
         "threads": torch.get_num_threads(),
-        "roll": roll_vs_recompute(args.tokens, args.heads, args.head_dim, args.shift, args.repeat),
-        "roll_by_one": roll_vs_recompute(args.tokens, args.heads, args.head_dim, 1, args.repeat),
-        "decode": decode_step(args.tokens, args.repeat, args.evict),
+        "roll": roll_vs_recompute(*roll_args, args.shift, args.repeat, **kw),
+        "roll_by_one": roll_vs_recompute(*roll_args, 1, args.repeat, **kw),
     }
+    if not args.roll_only:
+        result["decode"] = decode_step(args.tokens, args.repeat, args.evict)
     for name in ("roll", "roll_by_one"):
         r = result[name]
         print(f"one roll by {r['shift']} of a {r['tokens']}-token cache ({r['heads']} x {r['head_dim']}): "
               f"{r['roll_s'] * 1e3:.2f} ms; recomputing the kept keys {r['recompute_s'] * 1e3:.2f} ms "
-              f"(x{r['recompute_over_roll']:.2f})")  # fmt: skip
-    d = result["decode"]
+              f"(x{r['recompute_over_roll']:.2f}); the roll moves {r['roll_GBps']:.1f} GB/s")  # fmt: skip
+    d = result.get("decode", {"step_s": {}})
     for kind, t in d["step_s"].items():
         print(
             f"decode step, tiny GPT, {d['tokens']}-token cache, {kind}: {t * 1e3:.2f} ms (x{d['over_static'][kind]:.2f})"

@@ -52,7 +52,12 @@ def time_family(name: str, repeat: int, rounds: int, compiled: bool, *, depth: i
         for _ in range(rounds):
             for key, fn in runs.items():
                 ms[key].append(_ms(lambda fn=fn: fn(**inputs), repeat))
-    row = {"class": name, "depth": depth, "grid x": factor, **{f"{k} ms": round(statistics.median(v), 3) for k, v in ms.items()}}
+    row = {
+        "class": name,
+        "depth": depth,
+        "grid x": factor,
+        **{f"{k} ms": round(statistics.median(v), 3) for k, v in ms.items()},
+    }
     row["scaled / stock"] = round(row["scaled ms"] / row["stock ms"], 3)
     if compiled:
         row["compiled scaled / stock"] = round(row["scaled compiled ms"] / row["stock compiled ms"], 3)

@@ -14,6 +14,8 @@
 #                                                                                img/bench_<gpu>.png, benchmarks.md
 #   5. a FLUX.1-sized Flux block (bf16, 64 x 64 tokens), stock vs set_rope_processors, eager and
 #      torch.compile'd (inductor): ms and the compiled ratio                  -> compile.json
+#   6. a rolling KV cache's roll (32k tokens, 8 heads of 128, bf16): the kept keys re-rotated in place
+#      through the Triton backend, against recomputing them; GB/s against the HBM roofline -> cache.json
 # Peers (Liger, flash-attn) come from the package archives in .peers/ (git-ignored; fetched with
 # pip on a machine with internet, see scripts/peers.py) and are unpacked into .peers/site here.
 # With the device tool: run `bash scripts/gpu_check.sh "$OUT"` with carry [".peers"].
@@ -77,6 +79,10 @@ run 100 "$PY" -m scripts.bench --out "$OUT" "${BENCH[@]}"
 step "compiled Flux block, stock vs axial_rope -> $OUT/compile.json"
 if [ $DRY -eq 1 ]; then FLUX=(--repeat 1); else FLUX=(--repeat 10); fi
 run 80 "$PY" -m scripts.compile_report --flux-only --out "$OUT/compile.json" "${FLUX[@]}"
+
+step "rolling KV cache: one roll re-rotating 32k cached keys in place -> $OUT/cache.json"
+if [ $DRY -eq 1 ]; then CACHE=(--tokens 256 --shift 16 --repeat 1 --device cpu); else CACHE=(--tokens 32768 --repeat 20 --dtype bfloat16); fi
+run 40 "$PY" -m scripts.bench --cache --roll-only --heads 8 --head-dim 128 "${CACHE[@]}" --json "$OUT/cache.json"
 
 step "done (exit $status); files:"
 find "$OUT" -type f | sort

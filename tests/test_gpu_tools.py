@@ -77,3 +77,16 @@ def test_peers_load_from_carried_archives():
     assert callable(peers.load("liger_kernel.ops.rope", site).LigerRopeFunction.apply)
     assert "flash_attn" not in sys.modules  # loaded privately: no library believes flash-attn is installed
     assert peers.load("no_such.module", site).startswith("not carried")
+
+
+def test_cache_bench_records_the_roll_the_recomputation_and_the_bytes_moved(tmp_path):
+    from scripts import bench_cache
+
+    path = tmp_path / "cache.json"
+    bench_cache.main(["--tokens", "64", "--heads", "2", "--head-dim", "16", "--shift", "8", "--evict", "4",
+                      "--repeat", "1", "--device", "cpu", "--json", str(path)])  # fmt: skip
+    data = json.loads(path.read_text())
+    roll = data["roll"]
+    assert roll["roll_bytes"] == 10 * (64 - 4 - 8) * 2 * 16 * 4  # 10 passes over the kept float32 entries
+    assert roll["roll_s"] > 0 and roll["recompute_over_roll"] > 0 and set(data["decode"]["step_s"]) == {
+        "static", "rolling", "rolling, evict 4"}  # fmt: skip

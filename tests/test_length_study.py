@@ -152,3 +152,35 @@ def test_effective_context_and_break_position_follow_the_intervals():
     assert results.break_position("flat") is None and results.break_position("breaks") == 640
     assert results.effective_context("flat") == 2048 and results.effective_context("breaks") == 512
     assert results.ratio("breaks").low > 1 and results.difference("breaks", "flat", 256) == (0.0, 0.0, 0.0)
+
+
+# -- the streaming study (rolling caches; their exactness: tests/test_rolling_cache.py) ----------------------
+
+
+def test_streaming_summary_states_known_differences_and_keeps_per_seed_means():
+    from models.training.length_study import streaming
+
+    study = replace(streaming.study_of(False), seeds=(0, 1, 2), windows=40, draws=300)
+    rng = np.random.default_rng(0)
+    shifts = {"full attention": 0.3, "rolling, sinks 0": 0.0, "rolling, sinks 4": 0.0}  # full: 0.3 nats worse
+    raw = {
+        s: {a: 2.0 + shift + rng.normal(0, 0.05, (40, study.longest)) for a, shift in shifts.items()} for s in (0, 1, 2)
+    }
+    summary = streaming.summarise(study, raw)
+    full = summary["differences"]["rolling, sinks 0 - full attention"]
+    assert full["verdict"] == "lower" and -0.32 < full["difference"][0] < -0.28 and full["level"] == 1 - 0.05 / 3
+    assert summary["differences"]["rolling, sinks 4 - rolling, sinks 0"]["verdict"] == "no difference shown"
+    assert summary["per_seed"]["full attention"][1][study.context] == pytest.approx(
+        raw[1]["full attention"][:, :256].mean()
+    )
+    assert len(summary["curves"]["rolling, sinks 4"]) == study.longest // evaluate.BIN
+
+
+@pytest.mark.slow
+def test_streaming_study_runs_end_to_end(tmp_path):
+    from models.training.length_study import streaming
+
+    page = streaming.run(tmp_path / "out", quick=True, root=tmp_path / "runs").read_text()
+    assert "rolling, sinks 4" in page and "Bonferroni" in page
+    data = json.loads((tmp_path / "out" / "streaming.json").read_text())
+    assert set(data["loss"]) == set(streaming.ARMS) and (tmp_path / "out" / "img" / "streaming.png").is_file()

@@ -6,6 +6,8 @@ The reference for a rolling cache is the rotation of each kept token's raw key a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers import U32, chain_bound
@@ -179,6 +181,26 @@ def test_streaming_goes_past_the_context_and_deeper_models_differ_from_recomputa
     torch.testing.assert_close(logits[:, :steps], ref[:, :steps], atol=1e-10, rtol=0)
     # after it, the second layer's cached states still carry evicted tokens (StreamingLLM's cache does too)
     assert (logits[:, steps + 1 :] - ref[:, steps + 1 :]).abs().amax() > 1e-6
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_stream_logits_without_sinks_are_a_sliding_window_at_every_depth_float64(depth):
+    # a rolling cache of W tokens with sinks 0 keeps what a sliding window of W sees, at every layer: the keys
+    # re-indexed to 0 .. W - 1 keep their distances to the query, which is all RoPE's scores read
+    model, window = _gpt(torch.float64, depth), 8
+    idx = torch.randint(0, 64, (2, 5 * window), generator=torch.Generator().manual_seed(4))
+    sliding = GPT(replace(model.config, window=window, max_seq_len=5 * window)).double().eval()
+    sliding.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        streamed, expected = model.stream_logits(idx, window), sliding(idx)
+    torch.testing.assert_close(streamed, expected, atol=1e-10, rtol=0)
+    with torch.no_grad():  # sinks change what a token sees from the first chunk that overflows the window on
+        sunk = model.stream_logits(idx, window, sinks=2, evict=3, chunk=3)
+    fits = window // 3 * 3  # the tokens of the chunks before the first roll
+    torch.testing.assert_close(sunk[:, :fits], expected[:, :fits], atol=1e-10, rtol=0)
+    assert (sunk[:, fits:] - expected[:, fits:]).abs().amax() > 1e-3
+    with pytest.raises(ValueError, match="chunk"):
+        model.stream_logits(idx, window, sinks=2, chunk=7)
 
 
 # -- 3-D: frames through one attention layer --------------------------------------------------------------------

@@ -15,6 +15,8 @@ beyond what it was trained on:
 - ``frames``: a video DiT with HunyuanVideo's temporal rope trained on 8 frames over 3 seeds, at 16
   and 24 frames with none, RIFLEx, interpolation and NTK on the time axis, sample metrics (presence,
   motion, repetition) with intervals (:mod:`models.training.vision_study`, runs under ``runs/frames``);
+- ``streaming``: the length study's RoPE model over 4x its context, full attention against rolling KV
+  caches with and without attention sinks (:mod:`models.training.length_study.streaming`);
 - ``packing``: the image DiT trained packed on mixed sizes against the resolution study's one-size runs,
   at sizes inside and beyond the packed range, with and without scaling (runs under ``runs/packing``).
 
@@ -119,4 +121,14 @@ def packing(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -
     return run_packing(out, quick=smoke, root=run_dir)
 
 
+def streaming(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
+    """The length study's RoPE model (3 seeds) over 4x its context: full attention against rolling KV caches
+    without and with attention sinks: :mod:`models.training.length_study.streaming` (``run_dir``: the length
+    study's root, default ``runs/length``, whose RoPE runs it reuses)."""
+    from .length_study import streaming as study
+
+    return study.run(out, quick=smoke, root=run_dir)
+
+
 EXPERIMENTS = {"resolution": resolution, "length": length, "frames": frames, "packing": packing}
+EXPERIMENTS["streaming"] = streaming
