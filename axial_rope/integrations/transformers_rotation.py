@@ -1,0 +1,221 @@
+"""What :func:`~axial_rope.integrations.transformers.apply_axial_rope` puts into a transformers model.
+
+Three pieces, each reproducing a piece of stock code whose source it recognises by digest (the
+function's syntax tree without decorators, docstring and comments, :func:`digest`), pinned for
+transformers 5.24.0; code with another digest is not served:
+
+- :func:`rotation_function`: the module-level rotation (``apply_rotary_pos_emb(q, k, cos, sin,
+  unsqueeze_dim=1)``, Llama 4's ``apply_rotary_emb(xq, xk, freqs_cis)``) rotating by the tables the
+  model computed, through :func:`axial_rope.apply_rope`. The tables' read is one of :data:`KINDS`;
+  the pairing and sign come from :data:`axial_rope.conventions.MODEL_TYPES`.
+- :func:`fused_forward`: the attention forward of the QK-norm families (Qwen3, Qwen3-MoE, Qwen3-VL
+  text, Gemma 3), with the per-head RMSNorm and the rotation in one call.
+- :class:`ConfigRotary`: the model's rotary module rebuilt by :func:`axial_rope.rope_from_config`,
+  the same tables from float64 angles.
+
+Every piece is a function of its tensors (no state between calls), so ``torch.compile`` traces it.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..ops import apply_rope, rotation_tables
+from ..ops.common import rms_norm
+from ..rope import AxialRoPE
+
+__all__ = ["BODIES", "FORMS", "NORMS", "KINDS", "ConfigRotary", "FusedForm", "digest", "fused_forward",
+           "norm_digest", "rotation_function"]  # fmt: skip
+
+# How a rotation function reads its tables:
+#   "tables": channel tables [B, S, r] in the pairing's layout, the first r channels rotated (rotate_half)
+#   "first_half": the first half of a rotate_half table [B, S, r], each plane repeated (GLM: interleaved)
+#   "complex_bshd" / "complex_bhsd": complex freqs_cis [B, S, D/2] (Llama 4: q, k bshd; DeepSeek-V2: bhsd)
+KINDS = ("tables", "first_half", "complex_bshd", "complex_bhsd")
+
+# digest -> (kind, the function it was taken from); the float-casting variants compute in float32 and
+# round to q's dtype, as apply_rope does
+BODIES = {
+    "4a8f8b85ee37bd3f": ("tables", "modeling_llama.apply_rotary_pos_emb"),  # q cos + rotate_half(q) sin
+    "d979b6dc501d84b5": ("tables", "modeling_gpt_neox.apply_rotary_pos_emb"),  # first cos.shape[-1] channels
+    "9af4c6b9d14681cf": ("tables", "modeling_phi3.apply_rotary_pos_emb"),  # the same, written in one cat
+    "2ec47c993e6c0e18": ("tables", "modeling_nemotron.apply_rotary_pos_emb"),  # partial, other names
+    "92ec8cff28b47c78": ("tables", "modeling_olmo.apply_rotary_pos_emb"),  # rounded to q's dtype
+    "d95cfe37161b6bbb": ("tables", "modeling_esm.apply_rotary_pos_emb"),  # in float32
+    "e8f88cb26b9ab6f8": ("tables", "modeling_cohere.apply_rotary_pos_emb"),  # in float32 (interleaved tables)
+    "2cba81d929fd6c88": ("first_half", "modeling_glm.apply_rotary_pos_emb"),  # partial
+    "783b0459b7cd1162": ("first_half", "modeling_helium.apply_rotary_pos_emb"),
+    "b327730a08233f32": ("first_half", "modeling_ernie4_5.apply_rotary_pos_emb"),  # in float32
+    "5e085a0003f086f3": ("complex_bshd", "modeling_llama4.apply_rotary_emb"),
+    "6945152031279346": ("complex_bhsd", "modeling_deepseek_v2.apply_rotary_emb"),
+}
+FUNCTION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_emb")  # the names a text attention calls
+
+
+@dataclass(frozen=True)
+class FusedForm:
+    """An attention forward that :func:`fused_forward` reproduces: ``q_norm``/``k_norm`` over the head of
+    ``q_proj``/``k_proj``, then the rotation, the cache, the attention interface and ``o_proj``."""
+
+    source: str  # the forward it was taken from
+    sliding_window: bool  # passes sliding_window=self.sliding_window to the attention interface
+
+
+FORMS = {
+    "9408ab7bbaf6f145": FusedForm("modeling_qwen3.Qwen3Attention.forward", sliding_window=True),  # and Qwen3-MoE
+    "890e4d48c9340e96": FusedForm("modeling_gemma3.Gemma3Attention.forward", sliding_window=True),
+    "7a26e6361c8c7e1f": FusedForm("modeling_qwen3_vl.Qwen3VLTextAttention.forward", sliding_window=False),
+}
+# norm digest -> weight offset: Qwen3's norm multiplies by w, Gemma 3's by (1 + w)
+NORMS = {"7f6be55b177fa1d7": 0.0, "2dad5f5760750e09/6dc7d2ba16b4048a": 1.0}
+
+
+def digest(fn: Callable) -> str:
+    """16 hex digits of ``fn``'s syntax tree without decorators, docstring and comments."""
+    node = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))).body[0]
+    node.decorator_list = []
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        node.body = node.body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.unparse(node).encode()).hexdigest()[:16]
+
+
+def norm_digest(cls: type) -> str:
+    """The digest of an RMSNorm class: its ``forward`` (and ``_norm``, which Gemma's forward calls)."""
+    parts = [digest(cls.forward)] + ([digest(cls._norm)] if "_norm" in vars(cls) else [])
+    return "/".join(parts)
+
+
+_LAYOUTS = {1: "bhsd", 2: "bshd"}  # unsqueeze_dim of the tables -> the layout of q and k
+
+
+def _layout(unsqueeze_dim: int) -> str:
+    if unsqueeze_dim not in _LAYOUTS:
+        raise ValueError(f"unsqueeze_dim must be 1 (q, k [B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim!r}")
+    return _LAYOUTS[unsqueeze_dim]
+
+
+def _interleaved(planes: torch.Tensor) -> torch.Tensor:
+    """Plane values ``[..., n]`` as an interleaved channel table ``[..., 2n]``."""
+    return planes.repeat_interleave(2, dim=-1)
+
+
+def rotation_function(kind: str, pairing: str, sign: int, backend: str | None) -> Callable:
+    """The replacement of a rotation function of ``kind``: rotates q and k by the model's tables.
+
+    ``sign=-1`` (NanoChat's ``rotate_half = cat(x2, -x1)``) turns by minus the tables' angle.
+    """
+    if kind == "tables":
+
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            layout, sin = _layout(unsqueeze_dim), sin if sign > 0 else -sin
+            return apply_rope(q, cos, sin, pairing, layout, backend), apply_rope(k, cos, sin, pairing, layout, backend)
+
+    elif kind == "first_half":
+
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            layout, n = _layout(unsqueeze_dim), cos.shape[-1] // 2
+            cos, sin = _interleaved(cos[..., :n]), _interleaved(sin[..., :n] * sign)
+            return (apply_rope(q, cos, sin, "interleaved", layout, backend),
+                    apply_rope(k, cos, sin, "interleaved", layout, backend))  # fmt: skip
+
+    elif kind in ("complex_bshd", "complex_bhsd"):
+        layout = kind[-4:]
+
+        def apply_rotary_pos_emb(xq, xk, freqs_cis):  # freqs_cis complex [B, S, D / 2]
+            cos, sin = _interleaved(freqs_cis.real), _interleaved(freqs_cis.imag * sign)
+            return (apply_rope(xq, cos, sin, "interleaved", layout, backend),
+                    apply_rope(xk, cos, sin, "interleaved", layout, backend))  # fmt: skip
+
+    else:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    apply_rotary_pos_emb.__qualname__ = f"rotation_function.<{kind}>"
+    apply_rotary_pos_emb.axial_rope_kind = kind  # marks it as axial_rope's (apply_axial_rope refuses to stack)
+    return apply_rotary_pos_emb
+
+
+@dataclass(frozen=True)
+class FusedSettings:
+    """What :func:`fused_forward` needs beyond the attention module (fixed when installed)."""
+
+    form: FusedForm
+    weight_offset: float  # Gemma 3's norm multiplies by (1 + w)
+    eps: float
+    pairing: str
+    backend: str | None
+    eager: Callable  # the modeling module's eager_attention_forward
+    interfaces: object  # transformers' ALL_ATTENTION_FUNCTIONS
+
+
+def _norm_rotate(attn: nn.Module, s: FusedSettings, q, k, position_embeddings, position_ids):
+    """q, k ``[B, S, H, D]``: RMSNorm over D with the attention's weights, then the rotation, rounded once."""
+    q_weight, k_weight = attn.q_norm.weight, attn.k_norm.weight
+    if s.weight_offset:
+        q_weight, k_weight = q_weight + s.weight_offset, k_weight + s.weight_offset  # stock: float32 (1 + w)
+    rope = getattr(attn, "axial_rope", None)  # present when the positions reach the attention (no M-RoPE)
+    if rope is not None and position_ids is not None:  # one ops.norm_rotate call: one kernel on Triton
+        return rope.norm_and_rotate(q, k, position_ids[..., None], q_weight, k_weight, "bshd", eps=s.eps,
+                                    backend=s.backend)  # fmt: skip
+    cos, sin = position_embeddings  # normalised in float32, rotated by the model's tables, rounded once
+    q32 = apply_rope(rms_norm(q, q_weight, s.eps), cos, sin, s.pairing, "bshd", s.backend)
+    k32 = apply_rope(rms_norm(k, k_weight, s.eps), cos, sin, s.pairing, "bshd", s.backend)
+    return q32.to(q.dtype), k32.to(k.dtype)
+
+
+def fused_forward(attn: nn.Module, s: FusedSettings, hidden_states, position_embeddings=None, attention_mask=None,
+                  cache=None, **kwargs):  # fmt: skip
+    """The recognised QK-norm attention forward (:data:`FORMS`) with norm and rotation fused; bound per instance."""
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, attn.head_dim)
+    q = attn.q_proj(hidden_states).view(hidden_shape)  # [B, S, H, D]
+    k = attn.k_proj(hidden_states).view(hidden_shape)  # [B, S, H_k, D]
+    v = attn.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, H_k, S, D]
+    q, k = _norm_rotate(attn, s, q, k, position_embeddings, kwargs.get("position_ids"))
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    if cache is not None:
+        k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
+    interface = s.interfaces.get_interface(attn.config._attn_implementation, s.eager)
+    window = {"sliding_window": attn.sliding_window} if s.form.sliding_window else {}
+    dropout = 0.0 if not attn.training else attn.attention_dropout
+    out, weights = interface(attn, q, k, v, attention_mask, dropout=dropout, scaling=attn.scaling, **window, **kwargs)
+    return attn.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+
+
+class ConfigRotary(nn.Module):
+    """A model's rotary module rebuilt from its config: the tables it returns, from float64 angles.
+
+    Args:
+        ropes: the rope of each layer type (``None``: one rope for all), from :func:`~axial_rope.rope_from_config`.
+        kind: the read of the model's rotation function (:data:`KINDS`): the tables come in the layout it reads.
+        sign: the convention's sign (the rotation function applies it; the tables are stock's, angle +).
+        mrope: ``position_ids`` are ``[3, B, S]`` (t, h, w) coordinates (``[B, S]`` is expanded, as stock does).
+    """
+
+    def __init__(self, ropes: dict[str | None, AxialRoPE], *, kind: str, sign: int, mrope: bool):
+        super().__init__()
+        self.ropes = nn.ModuleDict({str(key): rope for key, rope in ropes.items()})
+        self.kind, self.sign, self.mrope = kind, sign, mrope
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
+        """``(cos, sin)`` ``[B, S, r]`` in ``x``'s dtype (complex ``freqs_cis`` ``[B, S, r / 2]`` for Llama 4), from
+        ``position_ids`` ``[B, S]`` (M-RoPE: ``[3, B, S]``)."""
+        rope = self.ropes[str(layer_type)]
+        pos = position_ids.expand(3, -1, -1).permute(1, 2, 0) if self.mrope else position_ids[..., None]
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # float64 tables for a float64 model
+        cos, sin = rotation_tables(rope.rotation(pos), dtype)  # planes [B|1, S, n], factor multiplied in
+        sin = sin * self.sign  # stock tables turn by +angle; the rotation function applies the sign
+        if self.kind.startswith("complex"):
+            return torch.complex(cos, sin)
+        if self.kind == "tables" and rope.pairing == "interleaved":
+            cos, sin = _interleaved(cos), _interleaved(sin)
+        else:  # rotate_half tables: both halves hold the planes
+            cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        return cos.to(x.dtype), sin.to(x.dtype)
