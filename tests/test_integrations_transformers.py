@@ -1,0 +1,267 @@
+"""``apply_axial_rope`` on a tiny random model of every family (``tests/transformers_support.py``): logits,
+greedy generation with the KV cache and gradients equal stock, the patched model compiles with
+``fullgraph=True``, ``remove()`` restores stock bit for bit; the fused QK-norm against stock's separate norm
+and rotation (float32 within a derived bound, float64 to rounding); float64 angles at position 1e5; a model
+patched by another library, or not served, is refused with a message.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+import transformers_support as ts  # noqa: E402 - imports transformers
+
+from axial_rope.integrations import transformers_rotation as rotation  # noqa: E402
+from axial_rope.integrations.transformers import apply_axial_rope, serves  # noqa: E402
+
+TOLERANCE = 1e-4  # logits ~6 in float32: ours and stock differ by table and summation roundings, ~1e-5
+U = 2.0**-24  # float32 unit roundoff
+# compiled: one case per family (Llama's scalings change the tables stock computes, not the code traced; with
+# "dynamic", stock itself breaks the graph: dynamic_frequency_update branches on max(position_ids))
+COMPILED = tuple(name for name in ts.NAMES if "-" not in name)
+
+
+def logits(model, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+@pytest.mark.parametrize("from_config", [False, True], ids=["tables", "from_config"])
+@pytest.mark.parametrize("name", ts.NAMES)
+def test_logits_equal_stock_and_remove_restores_it_bit_for_bit(name, from_config):
+    case = ts.case(name)
+    stock = logits(case.model, case.inputs)
+    handle = apply_axial_rope(case.model, from_config=from_config)
+    assert len(handle.fused) == case.fused, handle
+    patched = logits(case.model, case.inputs)
+    handle.remove()
+    assert (patched - stock).abs().max() <= TOLERANCE
+    assert torch.equal(logits(case.model, case.inputs), stock)
+    assert not any("forward" in vars(m) or m._get_name() == "ConfigRotary" for m in case.model.modules())
+
+
+@pytest.mark.parametrize("name", ts.NAMES)
+def test_greedy_generation_with_the_cache_chooses_the_stock_tokens(name):
+    case = ts.case(name)
+    generate = dict(case.inputs, max_new_tokens=3, do_sample=False, use_cache=True)
+    stock = case.model.generate(**generate)
+    with apply_axial_rope(case.model):
+        assert torch.equal(case.model.generate(**generate), stock)
+
+
+def gradients(model, inputs) -> dict[str, torch.Tensor]:
+    model.zero_grad()
+    model(**inputs).logits.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("name", ts.NAMES)
+def test_gradients_equal_stock(name):
+    case = ts.case(name)
+    stock = gradients(case.model, case.inputs)
+    with apply_axial_rope(case.model):
+        patched = gradients(case.model, case.inputs)
+    assert patched.keys() == stock.keys()
+    for key, want in stock.items():  # float32 products of O(1) terms: relative 1e-4 of each tensor's largest
+        assert (patched[key] - want).abs().max() <= 1e-4 * want.abs().max() + 1e-7, key
+
+
+def compile_target(case, name):
+    """The module and inputs to compile: the language model at get_rope_index's M-RoPE positions for the
+    vision-language families (their image placement is data-dependent in stock), else the whole model."""
+    if name not in ts.VISION:
+        return case.model, case.inputs
+    model, inputs = case.model.model, case.inputs
+    with torch.no_grad():
+        pos, _ = model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
+                                      image_grid_thw=inputs["image_grid_thw"])  # fmt: skip
+        embeds = model.get_input_embeddings()(inputs["input_ids"])
+    return model.language_model, {"inputs_embeds": embeds, "position_ids": pos}  # pos [3, B, S]
+
+
+@pytest.mark.parametrize("name", COMPILED)
+def test_compiles_fullgraph_without_a_graph_break(name):
+    case = ts.case(name)
+    target, inputs = compile_target(case, name)
+    torch._dynamo.reset()
+    with apply_axial_rope(case.model), torch.no_grad():
+        eager = target(**inputs)[0]
+        compiled = torch.compile(target, fullgraph=True, backend="eager")  # raises at a graph break
+        assert (compiled(**inputs)[0] - eager).abs().max() <= TOLERANCE
+
+
+def stock_norm_rotate(attn, module, h, cos, sin):
+    """Stock's separate steps: q_norm / k_norm over [B, S, H, D], then apply_rotary_pos_emb (bhsd)."""
+    shape = (*h.shape[:-1], -1, attn.head_dim)
+    q = attn.q_norm(attn.q_proj(h).view(shape)).transpose(1, 2)
+    k = attn.k_norm(attn.k_proj(h).view(shape)).transpose(1, 2)
+    return module.apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def fused_norm_rotate(attn, h, cos, sin, position_ids):
+    shape = (*h.shape[:-1], -1, attn.head_dim)
+    settings = attn.forward.args[1]  # the installed partial(fused_forward, attn, settings)
+    q, k = attn.q_proj(h).view(shape), attn.k_proj(h).view(shape)
+    q, k = rotation._norm_rotate(attn, settings, q, k, (cos, sin), position_ids)
+    return q.transpose(1, 2), k.transpose(1, 2)
+
+
+def fused_bound(attn, positions: torch.Tensor) -> float:
+    """float32 |fused - stock| per entry. A normalised channel is at most sqrt(D) max|w| in size; stock's angle
+    fl(fl(p) * fl(inv_freq)) is off by at most 2 p max(inv_freq) U (inv_freq <= 1) and its cos/sin by U more,
+    ours by U: each output a cos - b sin then differs by 2 sqrt(D) max|w| (2 p U + 2 U), plus the roundings of
+    the norm and the two products and sum (4 U of the value)."""
+    weight = max(float((n.weight.float() + (1 if n.weight.abs().mean() < 0.5 else 0)).abs().max())
+                 for n in (attn.q_norm, attn.k_norm))  # fmt: skip  # Gemma's (1 + w), w drawn near 0
+    size = math.sqrt(attn.head_dim) * weight
+    return 2 * size * (2 * float(positions.max()) * U + 2 * U) + 4 * U * size
+
+
+def float64_norm_rotate(attn, h, cos, sin):
+    """The float64 reference, written out: RMSNorm over D (Gemma: times 1 + w), then q cos + rotate_half(q) sin."""
+    shape = (*h.shape[:-1], -1, attn.head_dim)
+    out = []
+    for proj, norm in ((attn.q_proj, attn.q_norm), (attn.k_proj, attn.k_norm)):
+        x = proj(h).view(shape).transpose(1, 2)  # [B, H, S, D]
+        w = norm.weight + (1.0 if type(norm).__name__.startswith("Gemma") else 0.0)
+        x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + norm.eps_value) * w
+        half = torch.cat((-x[..., attn.head_dim // 2 :], x[..., : attn.head_dim // 2]), -1)
+        out.append(x * cos[:, None] + half * sin[:, None])
+    return out
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "qwen3_vl"])
+def test_fused_qk_norm_equals_stock_norm_then_rotation(name):
+    """float32: within :func:`fused_bound` of stock (by positions for Qwen3 and Gemma 3, by the tables for
+    Qwen3-VL, whose attention gets no M-RoPE positions); float64: a float64 norm then rotation, to rounding."""
+    case = ts.case(name)
+    text = case.model.model.language_model if name in ts.VISION else case.model.model
+    module = __import__(type(text).__module__, fromlist=["apply_rotary_pos_emb"])
+    h = torch.randn(2, 7, text.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    position_ids = torch.stack([torch.arange(7), torch.arange(20, 27)])  # [B, S]
+    attn = text.layers[-1].self_attn  # Gemma 3: the global layer, theta 1e6 with linear scaling
+    rotary_ids = position_ids.expand(3, -1, -1) if name in ts.VISION else position_ids
+    rotary_args = (attn.layer_type,) if name == "gemma3" else ()
+    with torch.no_grad():
+        cos, sin = text.rotary_emb(h, rotary_ids, *rotary_args)
+        want = stock_norm_rotate(attn, module, h, cos, sin)
+        with apply_axial_rope(case.model):
+            assert ("axial_rope" in attn._modules) == (name != "qwen3_vl")  # positions reach the attention
+            got = fused_norm_rotate(attn, h, cos, sin, position_ids)
+            attn64 = copy.deepcopy(attn).double()  # its forward: the fused one, bound to the copy
+        for g, w in zip(got, want):
+            assert (g - w).abs().max() <= fused_bound(attn, position_ids)
+        if "axial_rope" in attn64._modules:  # by positions: F at float64 angles
+            rot = attn64.axial_rope.rotation(position_ids[..., None])
+            angles = position_ids[..., None].double() * rot.freqs[0]  # [B, S, n]
+            factor = 1.0 if rot.attention_factor is None else rot.attention_factor
+            cos64, sin64 = (torch.cat((t, t), -1) * factor for t in (angles.cos(), angles.sin()))
+        else:  # by the tables: any float64 tables
+            cos64, sin64 = cos.double(), sin.double()
+        h64 = h.double()
+        for norm in (attn64.q_norm, attn64.k_norm):
+            norm.eps_value = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        got64 = fused_norm_rotate(attn64, h64, cos64, sin64, position_ids)
+        for g, w in zip(got64, float64_norm_rotate(attn64, h64, cos64, sin64)):
+            assert g.dtype == torch.float64 and (g - w).abs().max() <= 1e-12
+
+
+def test_from_config_angles_at_position_1e5_are_float64_accurate():
+    """Stock multiplies positions by inverse frequencies in float32 (angles off by ~1e-2 rad at 1e5); the rope
+    rebuilt from the config turns by float64 angles: the float32 logits land >100x closer to a float64 model's."""
+    case = ts.case("llama")
+    ids = case.inputs["input_ids"]
+    far = {"input_ids": ids, "position_ids": (100_000 + torch.arange(ids.shape[1])).expand(ids.shape[0], -1)}
+    model64 = copy.deepcopy(case.model).double()
+    with apply_axial_rope(model64, from_config=True):
+        reference = logits(model64, far)  # float64 angles, tables and arithmetic
+    stock = (logits(case.model, far).double() - reference).abs().max()
+    with apply_axial_rope(case.model, from_config=True):
+        ours = (logits(case.model, far).double() - reference).abs().max()
+    assert ours <= 1e-4 < 1e-3 <= stock and ours * 100 <= stock, (float(ours), float(stock))
+
+
+def test_a_model_patched_by_another_library_is_refused(monkeypatch):
+    """Liger-Kernel rebinds modeling_llama.apply_rotary_pos_emb; Unsloth rebinds LlamaAttention.forward."""
+    from transformers.models.llama import modeling_llama
+
+    model = ts.case("llama").model
+
+    def liger_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        return q, k
+
+    liger_rotary_pos_emb.__module__, liger_rotary_pos_emb.__qualname__ = (
+        "liger_kernel.transformers.rope",
+        "liger_rotary_pos_emb",
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(modeling_llama, "apply_rotary_pos_emb", liger_rotary_pos_emb)
+        with pytest.raises(
+            RuntimeError, match="is liger_kernel.transformers.rope.liger_rotary_pos_emb, not transformers"
+        ):
+            apply_axial_rope(model)
+    stock = modeling_llama.LlamaAttention.forward
+
+    def fast_forward(self, *args, **kwargs):
+        return stock(self, *args, **kwargs)
+
+    fast_forward.__module__, fast_forward.__qualname__ = "unsloth.models.llama", "LlamaAttention_fast_forward"
+    with monkeypatch.context() as patch:
+        patch.setattr(modeling_llama.LlamaAttention, "forward", fast_forward)
+        with pytest.raises(RuntimeError, match="LlamaAttention.forward is unsloth.models.llama"):
+            apply_axial_rope(model)
+    assert modeling_llama.apply_rotary_pos_emb.__module__ == modeling_llama.__name__  # nothing left behind
+
+
+def test_liger_kernel_patch_is_detected():
+    liger = pytest.importorskip("liger_kernel.transformers")
+    from transformers.models.llama import modeling_llama
+
+    stock = modeling_llama.apply_rotary_pos_emb
+    try:
+        liger.apply_liger_kernel_to_llama(rope=True, rms_norm=False, swiglu=False, cross_entropy=False,
+                                          fused_linear_cross_entropy=False)  # fmt: skip
+        with pytest.raises(RuntimeError, match="patched by another library"):
+            apply_axial_rope(ts.case("llama").model)
+    finally:
+        modeling_llama.apply_rotary_pos_emb = stock
+
+
+def test_a_second_handle_on_the_same_module_is_refused_and_remove_is_idempotent():
+    model = ts.case("qwen2").model
+    with apply_axial_rope(model) as handle:
+        with pytest.raises(RuntimeError, match="already axial_rope's: another handle"):
+            apply_axial_rope(model)
+    handle.remove()
+    from transformers.models.qwen2 import modeling_qwen2
+
+    assert rotation.digest(modeling_qwen2.apply_rotary_pos_emb) in rotation.BODIES
+
+
+def test_an_unsupported_model_is_refused_naming_its_model_type_and_the_served_families():
+    config = transformers.GPTJConfig(n_embd=64, n_head=2, n_layer=1, vocab_size=64, rotary_dim=16)
+    with pytest.raises(TypeError, match=r"model_type 'gptj' \(GPTJForCausalLM\): model_type 'gptj' is refused: "
+                                        r"its rotary covers .* Served: Llama \(llama\), Mistral"):  # fmt: skip
+        apply_axial_rope(transformers.GPTJForCausalLM(config))
+    with pytest.raises(TypeError, match="model must be a transformers PreTrainedModel, got Linear"):
+        apply_axial_rope(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="backend must be None or one of"):
+        apply_axial_rope(ts.case("llama").model, backend="cuda")
+    gpt_oss = transformers.GptOssConfig(**{k: v for k, v in ts.SIZES.items() if k != "initializer_range"})
+    assert "its rotation function is not one of the pinned forms" in serves(gpt_oss)
+    assert serves(ts.case("qwen2_5_vl").model.config) is None
+
+
+def test_nothing_changes_unless_apply_axial_rope_is_called():
+    """Importing the integration rebinds nothing: every served module's function is transformers' own."""
+    from transformers.models.llama import modeling_llama
+
+    assert modeling_llama.apply_rotary_pos_emb.__module__ == "transformers.models.llama.modeling_llama"
+    assert not hasattr(modeling_llama.apply_rotary_pos_emb, "axial_rope_kind")
