@@ -7,6 +7,7 @@ models an image, so that their ``get_rope_index`` gives M-RoPE positions that di
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 
@@ -130,3 +131,12 @@ def case(name: str) -> Case:
     model = getattr(transformers, model_cls)(config).eval()
     _draw_norms(model)
     return Case(model, inputs, fused)
+
+
+@functools.cache
+def case64(name: str) -> Case:
+    """:func:`case` in float64 (a copy): the model's weights and the image's pixels; the tables the model
+    computes stay what stock computes (float32 angles, cast), on both sides of a comparison."""
+    small = case(name)
+    inputs = {k: v.double() if v.is_floating_point() else v for k, v in small.inputs.items()}
+    return Case(copy.deepcopy(small.model).double(), inputs, small.fused)
