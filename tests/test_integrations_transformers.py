@@ -300,3 +300,34 @@ def test_nothing_changes_unless_apply_axial_rope_is_called():
 
     assert modeling_llama.apply_rotary_pos_emb.__module__ == "transformers.models.llama.modeling_llama"
     assert not hasattr(modeling_llama.apply_rotary_pos_emb, "axial_rope_kind")
+
+
+def sweep() -> tuple[list[str], dict[str, str]]:
+    """Every model type of the installed transformers with a rotary (model_types_support): served by
+    apply_axial_rope on its tiny config, or refused with the reason (no tiny config, not pinned, ...)."""
+    import model_types_support as mts
+
+    served, refused = [], {}
+    for model_type in mts.rotary_model_types():
+        try:
+            reason = serves(mts.tiny_config(model_type))
+        except mts.NotSwept as error:
+            reason = str(error)
+        if reason is None:
+            served.append(model_type)
+        else:
+            refused[model_type] = reason
+    return served, refused
+
+
+def test_sweep_of_every_rotary_model_type_serves_the_families_and_gives_each_refusal_a_reason():
+    from axial_rope.integrations.transformers import FAMILIES
+
+    served, refused = sweep()
+    print(f"\nrotary model types: {len(served) + len(refused)}, served {len(served)}, refused {len(refused)}")
+    for model_type, reason in sorted(refused.items()):
+        print(f"  refused {model_type}: {reason}")
+    assert len(served) + len(refused) > 300 and len(served) > 100  # transformers 5.24: 371 types, 174 served
+    families = {t for types, _ in FAMILIES.values() for t in types}
+    assert families <= set(served), sorted(families - set(served))
+    assert all(len(reason) > 10 for reason in refused.values())
