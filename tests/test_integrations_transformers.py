@@ -294,12 +294,39 @@ def test_an_unsupported_model_is_refused_naming_its_model_type_and_the_served_fa
     assert serves(ts.case("qwen2_5_vl").model.config) is None
 
 
-def test_nothing_changes_unless_apply_axial_rope_is_called():
-    """Importing the integration rebinds nothing: every served module's function is transformers' own."""
-    from transformers.models.llama import modeling_llama
+_IMPORT_CHECK = """
+import importlib, sys
+assert not any(name.startswith("axial_rope") for name in sys.modules)
+modules = [importlib.import_module(f"transformers.models.{n}.modeling_{n}") for n in sys.argv[1:]]
+before = {(m.__name__, k): v for m in modules for k, v in vars(m).items()}
+forwards = {(m.__name__, k): v.forward for m in modules for k, v in vars(m).items() if hasattr(v, "forward")}
+for name in ("axial_rope", "axial_rope.integrations.transformers", "axial_rope.integrations.transformers_rotation"):
+    importlib.reload(importlib.import_module(name))
+changed = [key for m in modules for key, v in vars(m).items() if before.get((m.__name__, key), v) is not v]
+changed += [key for key, f in forwards.items() if getattr(vars(sys.modules[key[0]])[key[1]], "forward") is not f]
+assert not changed, changed
+print(len(modules), len(before))
+"""
 
-    assert modeling_llama.apply_rotary_pos_emb.__module__ == "transformers.models.llama.modeling_llama"
-    assert not hasattr(modeling_llama.apply_rotary_pos_emb, "axial_rope_kind")
+
+def test_importing_axial_rope_and_the_integration_changes_nothing_in_transformers():
+    """In a fresh process: every served family's modeling module (its functions, its classes' forwards) is the
+    same object after importing, and re-importing, axial_rope and the integration; only apply_axial_rope rebinds."""
+    import pathlib
+    import subprocess
+    import sys
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    from axial_rope.integrations.transformers import FAMILIES
+
+    names = sorted({model_type_to_module_name(t) for types, _ in FAMILIES.values() for t in types})
+    root = pathlib.Path(__file__).resolve().parents[1]  # this checkout's axial_rope
+    result = subprocess.run([sys.executable, "-c", _IMPORT_CHECK, *names], capture_output=True, text=True,
+                            timeout=120, cwd=root)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    modules, names = map(int, result.stdout.split())
+    assert modules >= 12 and names > 100
 
 
 def sweep() -> tuple[list[str], dict[str, str]]:
