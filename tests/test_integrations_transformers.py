@@ -358,3 +358,18 @@ def test_sweep_of_every_rotary_model_type_serves_the_families_and_gives_each_ref
     families = {t for types, _ in FAMILIES.values() for t in types}
     assert families <= set(served), sorted(families - set(served))
     assert all(len(reason) > 10 for reason in refused.values())
+
+
+def test_docs_transformers_section_runs_and_lists_every_family():
+    import re
+    from pathlib import Path
+
+    from axial_rope.integrations.transformers import FAMILIES
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "integrations.md").read_text()
+    (part,) = [b for b in re.split(r"^## ", text, flags=re.M) if b.startswith("transformers")]
+    blocks = re.findall(r"```python\n(.*?)```", part, flags=re.S)
+    assert len(blocks) == 1
+    exec(compile(blocks[0], "docs/integrations.md:transformers", "exec"), {})
+    for family, (types, _) in FAMILIES.items():
+        assert f"| {family} | {', '.join(f'`{t}`' for t in types)} |" in part, family
