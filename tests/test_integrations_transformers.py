@@ -1,4 +1,4 @@
-"""``apply_axial_rope`` on a tiny random model of every family (``tests/transformers_support.py``): logits,
+"""``apply_axial_rope`` on a tiny random model of every family (``models/tiny_transformers.py``): logits,
 greedy generation with the KV cache and gradients equal stock, the patched model compiles with
 ``fullgraph=True``, ``remove()`` restores stock bit for bit; the fused QK-norm against stock's separate norm
 and rotation (float32 within a derived bound, float64 to rounding); float64 angles at position 1e5; a model
@@ -14,11 +14,11 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-import transformers_support as ts  # noqa: E402 - imports transformers
 from helpers import U32, U64, chain_bound  # noqa: E402
 
 from axial_rope.integrations import transformers_rotation as rotation  # noqa: E402
 from axial_rope.integrations.transformers import apply_axial_rope, serves  # noqa: E402
+from models import tiny_transformers as ts  # noqa: E402 - imports transformers
 
 # Stock and ours are one model evaluated in other orders (the rotation's products and sums; from_config: tables
 # from float64 angles, within (2 p + 2) u of stock's at p <= 16, below one stage's share). The sums of a forward:

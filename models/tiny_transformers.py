@@ -1,4 +1,5 @@
-"""Tiny random transformers models, one per family that ``apply_axial_rope`` is checked on, with their inputs.
+"""Tiny random transformers models, one per family that ``apply_axial_rope`` is checked on, with their inputs
+(shared by the tests, scripts.bench_transformers and scripts/gpu_transformers.py).
 
 :func:`case` builds the model (seeded, float32, eval mode; norm weights drawn away from their init so that a
 misplaced weight or offset shows) and the inputs of one forward: token ids, and for the vision-language
