@@ -373,3 +373,11 @@ def test_docs_transformers_section_runs_and_lists_every_family():
     exec(compile(blocks[0], "docs/integrations.md:transformers", "exec"), {})
     for family, (types, _) in FAMILIES.items():
         assert f"| {family} | {', '.join(f'`{t}`' for t in types)} |" in part, family
+
+
+def test_bench_transformers_times_stock_and_ours_for_a_family():
+    from scripts import bench_transformers
+
+    (row,) = bench_transformers.main(["--families", "qwen3", "--seq", "16", "--repeat", "1", "--rounds", "1"])
+    assert row["family"] == "qwen3" and row["fused layers"] == 2
+    assert row["rotation ours / stock"] > 0 and row["forward ours / stock"] > 0
