@@ -381,3 +381,11 @@ def test_bench_transformers_times_stock_and_ours_for_a_family():
     (row,) = bench_transformers.main(["--families", "qwen3", "--seq", "16", "--repeat", "1", "--rounds", "1"])
     assert row["family"] == "qwen3" and row["fused layers"] == 2
     assert row["rotation ours / stock"] > 0 and row["forward ours / stock"] > 0
+
+
+def test_gpu_transformers_script_runs_its_small_shapes_on_the_cpu():
+    from scripts import gpu_transformers
+
+    attention, mrope = gpu_transformers.main(["--small", "--repeat", "1"])
+    assert attention["fused layers"] == 1 and attention["patched max diff"] < 1e-2  # bf16: an ulp of O(1)
+    assert mrope["axial_rope max diff"] <= 2**-6 and "liger" in mrope["not run"]  # bf16: an ulp of |x| < 4
