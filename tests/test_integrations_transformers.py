@@ -389,3 +389,16 @@ def test_gpu_transformers_script_runs_its_small_shapes_on_the_cpu():
     attention, mrope = gpu_transformers.main(["--small", "--repeat", "1"])
     assert attention["fused layers"] == 1 and attention["patched max diff"] < 1e-2  # bf16: an ulp of O(1)
     assert mrope["axial_rope max diff"] <= 2**-6 and "liger" in mrope["not run"]  # bf16: an ulp of |x| < 4
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_an_explicit_backend_rotates_every_layer_and_keeps_the_design_signature(backend):
+    import inspect
+
+    params = inspect.signature(apply_axial_rope).parameters  # DESIGN.md: apply_axial_rope(model, backend, fuse_qk_norm)
+    assert list(params)[:3] == ["model", "backend", "fuse_qk_norm"] and params["fuse_qk_norm"].default is True
+    case = ts.case64("qwen3")
+    stock = logits(case.model, case.inputs)
+    with apply_axial_rope(case.model, backend, False):
+        patched = logits(case.model, case.inputs)
+    assert (patched - stock).abs().max() <= FORWARD * stock.abs().max()

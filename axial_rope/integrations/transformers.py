@@ -212,7 +212,7 @@ class AxialRoPEHandle:
 
 
 def apply_axial_rope(
-    model: nn.Module, *, backend: str | None = None, fuse_qk_norm: bool = True, from_config: bool = False
+    model: nn.Module, backend: str | None = None, fuse_qk_norm: bool = True, *, from_config: bool = False
 ) -> AxialRoPEHandle:
     """Rotate q and k of a transformers model through axial_rope (see the module docstring for where).
 
