@@ -209,7 +209,7 @@ def test_fused_qk_norm_equals_stock_norm_then_rotation(name):
 
 
 def test_from_config_angles_at_position_1e5_are_float64_accurate():
-    """Stock multiplies positions by inverse frequencies in float32 (angles off by ~1e-2 rad at 1e5); the rope
+    """Stock multiplies positions by inverse frequencies in float32 (angles off by up to 1e-2 rad at 1e5); the rope
     rebuilt from the config turns by float64 angles: the float32 logits land >100x closer to a float64 model's."""
     case = ts.case("llama")
     ids = case.inputs["input_ids"]
@@ -220,7 +220,10 @@ def test_from_config_angles_at_position_1e5_are_float64_accurate():
     stock = (logits(case.model, far).double() - reference).abs().max()
     with apply_axial_rope(case.model, from_config=True):
         ours = (logits(case.model, far).double() - reference).abs().max()
-    assert ours <= 1e-4 < 1e-3 <= stock and ours * 100 <= stock, (float(ours), float(stock))
+    # ours: the float32 rounding of one forward (FORWARD32 of the scale); stock's angles are off by up to
+    # 2 u p = 1.2e-2 rad besides, which lands it outside that bound; the docs' ">100x" is this seeded case's
+    bound = FORWARD32 * reference.abs().max()
+    assert ours <= bound < stock and ours * 100 <= stock, (float(ours), float(stock), float(bound))
 
 
 def test_a_model_patched_by_another_library_is_refused(monkeypatch):

@@ -23,7 +23,7 @@ What it changes, and where (transformers 5.24):
 - **from_config=True**: the model's rotary module is replaced (``setattr`` on its parent) by a
   :class:`~axial_rope.integrations.transformers_rotation.ConfigRotary` that returns the same tables from
   float64 angles (stock multiplies positions by inverse frequencies in float32: at position 1e5 an angle
-  is off by up to ~4e-3 rad).
+  is off by up to 2 u p = 1.2e-2 rad).
 
 Served: a model whose text ``model_type`` is in :data:`axial_rope.conventions.MODEL_TYPES` (pairing and
 sign checked against the code) and whose modeling module's rotation function is one of the forms pinned
