@@ -8,8 +8,8 @@ as StreamingLLM (Xiao et al. 2024, arXiv:2309.17453) does. When new tokens would
 drops the oldest entries after the sinks and *re-indexes* the kept ones to contiguous positions
 (sinks at ``0 .. sinks - 1``, the rest right after): RoPE turns a key rotated for position ``n``
 into the key for ``n - d`` by one more rotation by ``-d``, so the kept keys are rotated in place
-through the backends (one launch on Triton), never recomputed from hidden states. Positions
-therefore stay below ``window``, however long the stream. A video cache holds whole frames
+through the backends (the rotation is one in-place launch on Triton, the move a copy of k and v),
+never recomputed from hidden states. Positions therefore stay below ``window``, however long the stream. A video cache holds whole frames
 (``frame`` tokens sharing one time coordinate), rolls by frames and re-indexes the time axis only.
 """
 
@@ -182,8 +182,9 @@ class KVCache(nn.Module):
         """The slots (= positions) of ``n`` new tokens: ``length .. length + n - 1``.
 
         A rolling cache first makes room: when ``length + n`` would pass ``window``, it drops the oldest
-        entries after the sinks (the overflow, or ``evict`` if more; whole frames) and re-indexes the kept keys by rotating them with
-        ``rope`` (the layer's :class:`~axial_rope.AxialRoPE`). A static cache raises past ``max_seq_len``.
+        entries after the sinks (the overflow, or ``evict`` if more; whole frames) and re-indexes the kept
+        keys by rotating them with ``rope`` (the layer's :class:`~axial_rope.AxialRoPE`). A static cache
+        raises past ``max_seq_len``.
         """
         _positive("n", n)
         if self.window is not None:

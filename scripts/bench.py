@@ -299,7 +299,12 @@ def _peak_gbps() -> float | None:
 
 
 # the flags that run another benchmark (a module of scripts/) with the remaining arguments
-SUBBENCHMARKS = {"--diffusers": "bench_diffusers", "--packed": "bench_packed", "--cache": "bench_cache"}
+SUBBENCHMARKS = {
+    "--diffusers": "bench_diffusers",
+    "--packed": "bench_packed",
+    "--cache": "bench_cache",
+    "--transformers": "bench_transformers",
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,8 @@
 #      torch.compile'd (inductor): ms and the compiled ratio                  -> compile.json
 #   6. a rolling KV cache's roll (32k tokens, 8 heads of 128, bf16): the kept keys re-rotated in place
 #      through the Triton backend, against recomputing them; GB/s against the HBM roofline -> cache.json
+#   7. transformers: a Qwen3-8B-sized attention layer stock vs apply_axial_rope (fused QK-norm + rope),
+#      Qwen2.5-VL's M-RoPE rotation stock vs axial_rope vs Liger, bf16                -> transformers.json
 # Peers (Liger, flash-attn) come from the package archives in .peers/ (git-ignored; fetched with
 # pip on a machine with internet, see scripts/peers.py) and are unpacked into .peers/site here.
 # With the device tool: run `bash scripts/gpu_check.sh "$OUT"` with carry [".peers"].
@@ -83,6 +85,10 @@ run 80 "$PY" -m scripts.compile_report --flux-only --out "$OUT/compile.json" "${
 step "rolling KV cache: one roll re-rotating 32k cached keys in place -> $OUT/cache.json"
 if [ $DRY -eq 1 ]; then CACHE=(--tokens 256 --shift 16 --repeat 1 --device cpu); else CACHE=(--tokens 32768 --repeat 20 --dtype bfloat16); fi
 run 40 "$PY" -m scripts.bench --cache --roll-only --heads 8 --head-dim 128 "${CACHE[@]}" --json "$OUT/cache.json"
+
+step "transformers: a Qwen3-8B-sized attention layer stock vs patched, Qwen2.5-VL M-RoPE vs stock and Liger -> $OUT/transformers.json"
+if [ $DRY -eq 1 ]; then TRANSFORMERS=(--small --repeat 2); else TRANSFORMERS=(); fi
+run 60 "$PY" -m scripts.gpu_transformers --out "$OUT/transformers.json" "${TRANSFORMERS[@]}"
 
 step "done (exit $status); files:"
 find "$OUT" -type f | sort
