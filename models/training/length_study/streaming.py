@@ -121,7 +121,8 @@ def _fmt(interval) -> str:
 
 def _seed_differences(summary: dict, a: str, b: str, length: int) -> str:
     per = summary["per_seed"]
-    return ", ".join(f"{per[a][s][length] - per[b][s][length]:+.2e}" for s in sorted(per[a]))
+    diffs = [per[a][s][length] - per[b][s][length] for s in sorted(per[a])]
+    return ", ".join(f"{d:+.2e}" if abs(d) < 1e-2 else f"{d:+.3f}" for d in diffs)
 
 
 def _reading(summary: dict, study: Study) -> list[str]:
@@ -169,12 +170,20 @@ def page(summary: dict, study: Study, env: dict, picture: str) -> str:
     ]
     for arm, row in summary["loss"].items():
         lines.append(f"| {arm} | " + " | ".join(_fmt(row[n]) for n in study.lengths) + " |")
-    lines += ["", f"Paired differences at {L} bytes (nats/byte; per seed in brackets after the verdict):", ""]
+    lines += ["", f"Paired differences at {L} bytes (nats/byte):", ""]
+    lines += ["| comparison | difference | verdict | per seed |", "|---|---|---|---|"]
     for k, v in summary["differences"].items():
         a, b = k.split(" - ")
-        lines.append(f"- {k}: {_fmt(v['difference'])}: {v['verdict']} (seeds: {_seed_differences(summary, a, b, L)})")
-    lines += ["", "What the numbers support:", "", *_reading(summary, study)]
-    lines += ["", f"![loss per position]({picture})", "", "Per-seed means per arm and length are in `streaming.json`."]
+        lines.append(f"| {k} | {_fmt(v['difference'])} | {v['verdict']} | {_seed_differences(summary, a, b, L)} |")
+    lines += ["", "What the numbers support:", "", *_reading(summary, study), "", f"![loss per position]({picture})"]
+    lines += ["", "Mean loss per seed (nats/byte; also in `streaming.json`):", ""]
+    lines += [
+        "| arm | seed | " + " | ".join(str(n) for n in study.lengths) + " |",
+        "|---|---|" + "---|" * len(study.lengths),
+    ]
+    for arm, seeds in summary["per_seed"].items():
+        for seed, row in seeds.items():
+            lines.append(f"| {arm} | {seed} | " + " | ".join(f"{row[n]:.4f}" for n in study.lengths) + " |")
     return "\n".join(lines) + "\n"
 
 
