@@ -46,7 +46,7 @@ from .diffusers_processors import (
     HunyuanVideoRopeProcessor,
     WanRopeProcessor,
 )
-from .diffusers_tables import RotaryTables, argument_hook, time_hook
+from .diffusers_tables import RotaryTables, argument_hook, grid_hook, time_hook
 
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
 
@@ -91,7 +91,11 @@ class RopeProcessors:
             hook.remove()
         if self._replaced is not None:
             name, stock = self._replaced
-            setattr(self.transformer, name, stock.to(next(self.tables.rope.buffers()).device))
+            if isinstance(stock, torch.nn.Module):
+                stock = stock.to(next(self.tables.rope.buffers()).device)
+            else:  # a plain object (Z-Image's RopeEmbedder): our module goes, the attribute is set again
+                delattr(self.transformer, name)
+            setattr(self.transformer, name, stock)
         delattr(self.transformer, _ATTR)
 
 
@@ -155,8 +159,12 @@ def set_rope_processors(
     if scaling is not None:
         rope = _scaled(family, rope, scaling, name)
     rope.backend = backend
-    if noise_timestep is not None and (not rope.time_dependent or not noise_timestep > 0):
-        raise ValueError(f"noise_timestep (> 0) goes with a time-dependent scaling, got {noise_timestep!r}")
+    clean = family.clean_timestep
+    if noise_timestep is not None and (
+        not rope.time_dependent or not (noise_timestep - clean) * (family.noise_timestep - clean) > 0
+    ):
+        side = "> 0" if clean == 0 else f"on the side of {family.noise_timestep} from the clean {clean}"
+        raise ValueError(f"noise_timestep ({side}) goes with a time-dependent scaling, got {noise_timestep!r}")
     previous = getattr(transformer, _ATTR, None)
     if previous is not None:  # re-install from the stock model, not on top of ours
         previous.remove()
@@ -168,12 +176,17 @@ def set_rope_processors(
     if scaled:
         where, attr = family.tables
         stock = getattr(transformer, attr) if where == "module" else None
+        by_grid = sizing is not None and family.grid is not None
         tables = RotaryTables(
             rope, family.positions(transformer.config), family.layout, sizing, time_dependent=rope.time_dependent,
-            stock=stock,
+            stock=stock, grid_axes=len(family.grid_axes) if by_grid else 0,
         ).to(device)  # fmt: skip
         if rope.time_dependent:  # registered first (hooks run in order): the time is set before the tables
-            hooks.append(time_hook(transformer, tables, noise_timestep or family.noise_timestep))
+            noise = family.noise_timestep if noise_timestep is None else noise_timestep
+            hooks.append(time_hook(transformer, tables, noise, clean, family.timestep))
+        if by_grid:  # the grid of the whole forward, for every call of the tables module
+            names, read = family.grid
+            hooks.append(grid_hook(transformer, tables, names, read(transformer.config)))
         if where == "module":
             replaced = (attr, stock)
             setattr(transformer, attr, tables)
