@@ -189,7 +189,6 @@ DIFFUSERS_PENDING = frozenset(
         "BriaFibo2Transformer2DModel",
         "BriaFiboTransformer2DModel",
         "BriaTransformer2DModel",
-        "ChromaTransformer2DModel",
         "ChronoEditTransformer3DModel",
         "CogView4Transformer2DModel",
         "ConsisIDTransformer3DModel",
