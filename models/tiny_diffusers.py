@@ -149,6 +149,57 @@ def _chroma(depth):
 
 
 TINY["ChromaTransformer2DModel"] = Tiny(_chroma, _chroma_inputs, (1, 4, 6), video=False)
+
+
+def _ids_inputs(h, w, g, text: int = 5, **extra):
+    """Packed latents ``[B, h w, 4]``, text ``[B, text, 32]``, Flux's ids (text zeros, image ``(0, y, x)``)."""
+    return dict(
+        hidden_states=torch.randn(B, h * w, 4, generator=g), encoder_hidden_states=torch.randn(B, text, 32, generator=g),
+        img_ids=ar.grid(1, h, w), txt_ids=torch.zeros(text, 3), return_dict=False, **extra,
+    )  # fmt: skip
+
+
+def _bria(depth):
+    return diffusers.BriaTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=depth, num_single_layers=depth, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=[4, 6, 6],
+    )  # fmt: skip
+
+
+def _bria_fibo(depth):
+    return diffusers.BriaFiboTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=depth, num_single_layers=depth, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=[4, 6, 6], text_encoder_dim=8,
+    )  # fmt: skip
+
+
+def _bria_fibo_inputs(h, w, frames, g):  # one text-encoder layer per block (2 blocks at depth 1)
+    layers = [torch.randn(B, 5, 8, generator=g) for _ in range(2)]
+    return _ids_inputs(h, w, g, timestep=torch.rand(B, generator=g) * 1000, text_encoder_layers=layers)
+
+
+def _krea2(depth):
+    return diffusers.Krea2Transformer2DModel(
+        in_channels=4, num_layers=depth, attention_head_dim=16, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=32, timestep_embed_dim=16, text_hidden_dim=8, num_text_layers=2, text_num_attention_heads=2,
+        text_num_key_value_heads=2, text_intermediate_size=16, num_layerwise_text_blocks=1, num_refiner_text_blocks=1,
+        axes_dims_rope=(4, 6, 6),
+    )  # fmt: skip
+
+
+def _krea2_inputs(h, w, frames, g):  # text rows (0, 0, 0) first; the second prompt padded after 3 tokens
+    return dict(
+        hidden_states=torch.randn(B, h * w, 4, generator=g), encoder_hidden_states=torch.randn(B, 5, 2, 8, generator=g),
+        timestep=torch.rand(B, generator=g), position_ids=torch.cat([torch.zeros(5, 3), ar.grid(1, h, w)]),
+        encoder_attention_mask=torch.tensor([[True] * 5, [True] * 3 + [False] * 2]), return_dict=False,
+    )  # fmt: skip
+
+
+TINY["BriaTransformer2DModel"] = Tiny(
+    _bria, lambda h, w, frames, g: _ids_inputs(h, w, g, timestep=torch.rand(B, generator=g) * 1000), (1, 4, 6), False
+)
+TINY["BriaFiboTransformer2DModel"] = Tiny(_bria_fibo, _bria_fibo_inputs, (1, 4, 6), video=False)
+TINY["Krea2Transformer2DModel"] = Tiny(_krea2, _krea2_inputs, (1, 4, 6), video=False)
 # the names the tests have long used for these, and Wan's image-to-video variant (image tokens through extra
 # k/v projections; Wan fixes the text length at 512)
 ALIASES = {"flux": "FluxTransformer2DModel", "hunyuan_video": "HunyuanVideoTransformer3DModel",

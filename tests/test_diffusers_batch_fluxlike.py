@@ -25,7 +25,12 @@ from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_tables import RotaryTables  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 
-BATCH = ("ChromaTransformer2DModel",)
+BATCH = (
+    "ChromaTransformer2DModel",
+    "BriaTransformer2DModel",
+    "BriaFiboTransformer2DModel",
+    "Krea2Transformer2DModel",
+)
 
 
 class _Recorder(torch.nn.Module):
@@ -102,9 +107,14 @@ def test_a_scaling_per_axis_of_the_wrong_count_is_refused_naming_the_family(name
         set_rope_processors(model, scaling=(None,) * (family.rope(model.config).n_axes + 1))
 
 
-def _double(inputs: dict) -> dict:
-    return {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() and not k.endswith("ids") else v
-            for k, v in inputs.items()}  # fmt: skip
+def _double(inputs: dict) -> dict:  # positions and ids keep their dtype, as in tests/test_diffusers_families.py
+    return {k: v if k.endswith("ids") else _as_double(v) for k, v in inputs.items()}
+
+
+def _as_double(value):
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_double(v) for v in value)
+    return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
 def test_chroma_with_the_pipelines_attention_mask_equals_stock_and_scales():

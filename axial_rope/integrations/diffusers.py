@@ -83,10 +83,11 @@ class RopeProcessors:
         """
         if getattr(self.transformer, _ATTR, None) is not self:
             return
-        current = dict(self.transformer.attn_processors)
-        ours = {name: self.originals[name] for name in self.names if _is_ours(current[name])}
-        current.update(ours)
-        self.transformer.set_attn_processor(current)
+        if self.names:  # a family without processors of ours (and a model without attn_processors) has none
+            current = dict(self.transformer.attn_processors)
+            ours = {name: self.originals[name] for name in self.names if _is_ours(current[name])}
+            current.update(ours)
+            self.transformer.set_attn_processor(current)
         for hook in self.hooks:
             hook.remove()
         if self._replaced is not None:
@@ -193,16 +194,15 @@ def set_rope_processors(
         else:
             hooks.append(argument_hook(transformer, attr, tables, "hidden_states"))
 
-    originals = dict(transformer.attn_processors)
-    # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
-    # by the same tables
-    names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]).__name__ in family.stock]
-    if family.processor is not None:
+    originals, names = {}, []
+    if family.processor is not None:  # else the stock processors stay (the model may not even list them)
+        originals = dict(transformer.attn_processors)
+        # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
+        # by the same tables
+        names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]).__name__ in family.stock]
         ours = _PROCESSORS[family.processor]
         new = {n: ours(backend, originals[n]) if n in names else p for n, p in originals.items()}
         transformer.set_attn_processor(new)
-    else:
-        names = []
     handle = RopeProcessors(transformer, rope, tables, originals, names, hooks, replaced)
     setattr(transformer, _ATTR, handle)
     return handle
