@@ -153,10 +153,11 @@ TINY["ChromaTransformer2DModel"] = Tiny(_chroma, _chroma_inputs, (1, 4, 6), vide
 
 def _ids_inputs(h, w, g, text: int = 5, **extra):
     """Packed latents ``[B, h w, 4]``, text ``[B, text, 32]``, Flux's ids (text zeros, image ``(0, y, x)``)."""
-    return dict(
+    inputs = dict(
         hidden_states=torch.randn(B, h * w, 4, generator=g), encoder_hidden_states=torch.randn(B, text, 32, generator=g),
-        img_ids=ar.grid(1, h, w), txt_ids=torch.zeros(text, 3), return_dict=False, **extra,
+        img_ids=ar.grid(1, h, w), txt_ids=torch.zeros(text, 3), return_dict=False,
     )  # fmt: skip
+    return dict(inputs, **extra)
 
 
 def _bria(depth):
@@ -200,6 +201,40 @@ TINY["BriaTransformer2DModel"] = Tiny(
 )
 TINY["BriaFiboTransformer2DModel"] = Tiny(_bria_fibo, _bria_fibo_inputs, (1, 4, 6), video=False)
 TINY["Krea2Transformer2DModel"] = Tiny(_krea2, _krea2_inputs, (1, 4, 6), video=False)
+
+
+def _diagonal_text(text: int, modality: float = 0.0) -> torch.Tensor:  # LongCat's and Ovis' text ids (m, i, i)
+    i = torch.arange(text, dtype=torch.float32)
+    return torch.stack([torch.full_like(i, modality), i, i], dim=-1)
+
+
+def _longcat(depth):
+    return diffusers.LongCatImageTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=depth, num_single_layers=depth, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[4, 6, 6],
+    )  # fmt: skip
+
+
+def _longcat_inputs(h, w, frames, g):  # the image (modality 1) starts after the text on y and x
+    inputs = _ids_inputs(h, w, g, timestep=torch.rand(B, generator=g), txt_ids=_diagonal_text(5))
+    image = ar.grid(1, h, w) + torch.tensor([1.0, 5.0, 5.0])
+    return dict(inputs, img_ids=image)
+
+
+def _ovis(depth):
+    return diffusers.OvisImageTransformer2DModel(
+        patch_size=1, in_channels=4, out_channels=4, num_layers=depth, num_single_layers=depth, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6),
+    )  # fmt: skip
+
+
+TINY["LongCatImageTransformer2DModel"] = Tiny(_longcat, _longcat_inputs, (1, 4, 6), video=False)
+TINY["OvisImageTransformer2DModel"] = Tiny(
+    _ovis,
+    lambda h, w, frames, g: _ids_inputs(h, w, g, timestep=torch.rand(B, generator=g), txt_ids=_diagonal_text(5)),
+    (1, 4, 6),
+    video=False,
+)
 # the names the tests have long used for these, and Wan's image-to-video variant (image tokens through extra
 # k/v projections; Wan fixes the text length at 512)
 ALIASES = {"flux": "FluxTransformer2DModel", "hunyuan_video": "HunyuanVideoTransformer3DModel",

@@ -16,8 +16,10 @@ import pytest
 import torch
 from conventions_support import upstream_table_bound
 
+import axial_rope as ar
 from axial_rope.conventions._registry import DIFFUSERS
-from axial_rope.scaling import RIFLEx
+from axial_rope.conventions._tables import Sizing
+from axial_rope.scaling import RIFLEx, YaRN
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -30,6 +32,8 @@ BATCH = (
     "BriaTransformer2DModel",
     "BriaFiboTransformer2DModel",
     "Krea2Transformer2DModel",
+    "LongCatImageTransformer2DModel",
+    "OvisImageTransformer2DModel",
 )
 
 
@@ -149,3 +153,25 @@ def test_tables_replaced_at_the_training_size_equal_stock_within_the_records_max
     if os.environ.get("AXIAL_ROPE_MEASURE"):
         print(f"MEASURED {name} {diff:.3g}")
     assert diff <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "name, text, image",
+    [  # LongCat: text (0, i, i), image (1, 5 + y, 5 + x); Ovis: text (0, i, i), image (0, y, x)
+        ("LongCatImageTransformer2DModel", tiny._diagonal_text(5), ar.grid(1, 8, 12) + torch.tensor([1.0, 5.0, 5.0])),
+        ("OvisImageTransformer2DModel", tiny._diagonal_text(5), ar.grid(1, 8, 12)),
+    ],
+)
+def test_sizing_moves_the_image_rows_about_their_origin_and_keeps_the_text_diagonal(name, text, image):
+    model, _ = tiny.build(name)
+    family = DIFFUSERS[name]
+    rope = family.rope(model.config)
+    positions = family.positions(model.config)
+    ids = torch.cat([text, image])
+    pos, scaling = positions(rope, Sizing((4, 6), ("interpolate", "interpolate")), ids)
+    origin = image[0]
+    assert torch.equal(pos[:5], text)
+    assert torch.equal(pos[5:], origin + (image - origin) / torch.tensor([1.0, 2.0, 2.0]))
+    assert scaling == (None, None, None)
+    pos, scaling = positions(rope, Sizing((4, 6), ("yarn", "yarn")), ids)
+    assert torch.equal(pos, ids) and scaling == (None, YaRN(2.0, 4), YaRN(2.0, 6))
