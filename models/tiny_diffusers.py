@@ -235,6 +235,50 @@ TINY["OvisImageTransformer2DModel"] = Tiny(
     (1, 4, 6),
     video=False,
 )
+
+
+def _ids4(t: int, h: int, w: int) -> torch.Tensor:  # FLUX.2's image ids (t, y, x, 0)
+    return torch.cat([ar.grid(1, h, w) + torch.tensor([float(t), 0.0, 0.0]), torch.zeros(h * w, 1)], dim=-1)
+
+
+def _text_ids4(text: int) -> torch.Tensor:  # FLUX.2's text ids (0, 0, 0, l)
+    return torch.cat([torch.zeros(text, 3), torch.arange(text, dtype=torch.float32)[:, None]], dim=-1)
+
+
+def _flux2(depth):
+    return diffusers.Flux2Transformer2DModel(
+        patch_size=1, in_channels=4, num_layers=depth, num_single_layers=depth, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=16, axes_dims_rope=(4, 4, 4, 4),
+        guidance_embeds=False,
+    )  # fmt: skip
+
+
+def _flux2_inputs(h, w, frames, g, text: int = 5):
+    return dict(
+        hidden_states=torch.randn(B, h * w, 4, generator=g), encoder_hidden_states=torch.randn(B, text, 32, generator=g),
+        timestep=torch.rand(B, generator=g), img_ids=_ids4(0, h, w), txt_ids=_text_ids4(text), return_dict=False,
+    )  # fmt: skip
+
+
+def _flux3(depth):
+    return diffusers.Flux3Transformer2DModel(
+        in_channels=4, cond_in_channels=4, num_layers=depth, num_single_layers=depth, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, timestep_channels=16, axes_dims_rope=(4, 4, 4, 4),
+    )  # fmt: skip
+
+
+def _flux3_inputs(h, w, frames, g):
+    # a reference image (t = 10, its own tables call) of the target's grid and text as long as the image: FLUX.3's
+    # per-modality blocks then see one sequence length, so a regionally compiled block compiles once (with three
+    # lengths, stock recompiles it per modality); tests/test_diffusers_batch_fluxlike.py sizes a smaller reference
+    return dict(
+        _flux2_inputs(h, w, frames, g, text=h * w), image_cond_hidden_states=torch.randn(B, h * w, 4, generator=g),
+        image_cond_ids=_ids4(10, h, w),
+    )  # fmt: skip
+
+
+TINY["Flux2Transformer2DModel"] = Tiny(_flux2, _flux2_inputs, (1, 4, 6), video=False)
+TINY["Flux3Transformer2DModel"] = Tiny(_flux3, _flux3_inputs, (1, 4, 6), video=False)
 # the names the tests have long used for these, and Wan's image-to-video variant (image tokens through extra
 # k/v projections; Wan fixes the text length at 512)
 ALIASES = {"flux": "FluxTransformer2DModel", "hunyuan_video": "HunyuanVideoTransformer3DModel",

@@ -34,6 +34,8 @@ BATCH = (
     "Krea2Transformer2DModel",
     "LongCatImageTransformer2DModel",
     "OvisImageTransformer2DModel",
+    "Flux2Transformer2DModel",
+    "Flux3Transformer2DModel",
 )
 
 
@@ -175,3 +177,28 @@ def test_sizing_moves_the_image_rows_about_their_origin_and_keeps_the_text_diago
     assert scaling == (None, None, None)
     pos, scaling = positions(rope, Sizing((4, 6), ("yarn", "yarn")), ids)
     assert torch.equal(pos, ids) and scaling == (None, YaRN(2.0, 4), YaRN(2.0, 6))
+
+
+@pytest.mark.parametrize("mode", ["interpolate", "yarn"])
+def test_flux3_sizes_its_text_image_and_reference_calls_by_the_forwards_one_grid(mode):
+    # FLUX.3 computes text, image and reference tables in three calls: each is sized by the forward's grid (8 x 12,
+    # from img_ids and image_cond_ids), so the text (no image in its call) and the smaller reference (4 x 6) get the
+    # image's factors: positions halved, or the same YaRN spectra and attention factor on y and x
+    name = "Flux3Transformer2DModel"
+    model, _ = tiny.build(name)
+    g = torch.Generator().manual_seed(0)
+    inputs = dict(tiny._flux2_inputs(8, 12, 1, g), image_cond_hidden_states=torch.randn(2, 24, 4, generator=g),
+                  image_cond_ids=tiny._ids4(10, 4, 6))  # fmt: skip
+    handle = set_rope_processors(model, mode=mode, train_size=(4, 6))
+    calls = []
+    handle.tables.register_forward_hook(lambda module, args, out: calls.append((args[0], out)))
+    with torch.no_grad():
+        model(**inputs)
+    assert len(calls) == 3
+    rope = DIFFUSERS[name].rope(model.config)
+    for ids, (cos, sin) in calls:
+        if mode == "interpolate":
+            want = rope.cos_sin(ids / torch.tensor([1.0, 2.0, 2.0, 1.0]))
+        else:
+            want = rope.with_scaling((None, YaRN(2.0, 4), YaRN(2.0, 6), None)).cos_sin(ids)
+        torch.testing.assert_close((cos, sin), want, atol=1e-6, rtol=0)  # float32 tables of float64 angles

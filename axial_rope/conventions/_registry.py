@@ -193,8 +193,6 @@ DIFFUSERS_PENDING = frozenset(
         "CosmosTransformer3DModel",
         "EasyAnimateTransformer3DModel",
         "ErnieImageTransformer2DModel",
-        "Flux2Transformer2DModel",
-        "Flux3Transformer2DModel",
         "GlmImageTransformer2DModel",
         "HeliosTransformer3DModel",
         "HiDreamImageTransformer2DModel",

@@ -8,6 +8,7 @@ Tensor ops only; sizes may be symbolic.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -99,12 +100,13 @@ def at_index(coords: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return coords[index.clamp(0, n - 1)] + (index - (n - 1)).clamp(min=0).to(coords.dtype) * step
 
 
-def id_extent(ids: torch.Tensor | None, cols: tuple[int, ...] = (1, 2)) -> torch.Tensor:
-    """The image grid an id table covers: ``max + 1`` of its columns ``cols`` (int64 ``[len(cols)]``, tensor ops;
-    ones for ``None``)."""
-    if ids is None:
+def id_extent(*tables: torch.Tensor | None, cols: tuple[int, ...] = (1, 2)) -> torch.Tensor:
+    """The image grid id tables cover: ``max + 1`` of their columns ``cols`` over every table given (int64
+    ``[len(cols)]``, tensor ops; ``None`` tables are skipped)."""
+    extents = [t.reshape(-1, t.shape[-1])[:, list(cols)].amax(0).long() + 1 for t in tables if t is not None]
+    if not extents:
         return torch.ones(len(cols), dtype=torch.long)
-    return ids.reshape(-1, ids.shape[-1])[:, list(cols)].amax(0).long() + 1
+    return functools.reduce(torch.maximum, [e.to(extents[0].device) for e in extents])
 
 
 def grid_positions(sizes: tuple, rope: AxialRoPE, sizing: Sizing | None, device) -> tuple[torch.Tensor, tuple]:
