@@ -27,8 +27,13 @@ _TABLES = ("img_ids", "txt_ids", "image_rotary_emb", "video_coords")  # position
 
 
 def _double(inputs: dict) -> dict:
-    return {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() and k not in _TABLES else v
-            for k, v in inputs.items()}  # fmt: skip
+    return {k: v if k in _TABLES else _as_double(v) for k, v in inputs.items()}
+
+
+def _as_double(value):  # tensors, and lists of them (Z-Image's latents and captions, Bria-Fibo's text layers)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_double(v) for v in value)
+    return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
 def _model(name: str):

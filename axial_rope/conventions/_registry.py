@@ -124,10 +124,13 @@ class DiffusersFamily:
             them in the forward (the adapter replaces it when scaling); ``("argument", name)``: a forward
             argument the pipeline passes (a forward pre-hook replaces it); ``("fixed", attr)``: the model's
             own only (no spectrum to scale: unscaled processors alone).
-        positions: ``config -> (rope, sizing, *inputs) -> (pos [S, A], scaling per axis)``, from the
-            tables module's inputs (the argument case: the transformer's ``hidden_states``); ``None`` for
+        positions: ``config -> (rope, sizing, *inputs, **kwargs) -> (pos, scaling per axis, *context)``, from
+            the tables module's inputs (the argument case: the transformer's ``hidden_states``); ``pos`` is
+            ``[S, A]``, or ``[B, S, A]`` for tables per item; ``context`` (optional) is what the layout needs
+            besides the tables (a split point, lengths, the inputs for a grid-shaped output); ``None`` for
             ``"fixed"``.
-        layout: ``(cos, sin) [S, D]`` channel tables (the rope's pairing) -> what the tables module returns.
+        layout: ``(cos, sin, *context)``: the ``[S, D]`` (``[B, S, D]``) channel tables (the rope's pairing) and
+            the positions' context -> what the tables module returns.
         grid_axes: the rope axes that ``mode`` sizes (video ``(0, 1, 2)``; Flux's image ids ``(1, 2)``).
         time_axis: the rope axis of time (frames), or ``None`` for images.
         stock: the stock attention processor classes (names) that :attr:`processor` replaces.
@@ -135,7 +138,13 @@ class DiffusersFamily:
             ``None``: the stock processors stay and rotate by the adapter's tables.
         blocks: the processor name prefixes of the rotary blocks.
         noise_timestep: the transformer's ``timestep`` at pure noise (time-dependent scaling reads ``t =
-            max(timestep) / noise_timestep``).
+            max((timestep - clean_timestep) / (noise_timestep - clean_timestep))``).
+        clean_timestep: the ``timestep`` of a clean sample (0 unless the model's time runs from noise at 0).
+        timestep: the name of the forward argument carrying the step's timestep.
+        grid: ``(argument names, config -> (*arguments) -> token grid)``, for a model that computes its tables in
+            several calls (text apart from image tokens): the forward's image grid (int64 ``[len(grid_axes)]``,
+            the extent of every image the forward holds), read from its arguments, so that ``mode`` sizes every
+            call by the same grid (the text call sees no image); ``None``: each call's inputs show the grid.
         max_diff: the largest output difference from the stock model at the training size, unscaled, with
             float64 models and inputs (so what remains is the float32 rounding of the model's tables), for
             the docs table; the tests hold it to their bound.
@@ -155,6 +164,9 @@ class DiffusersFamily:
     processor: str | None = None
     blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
     noise_timestep: float = 1000.0
+    clean_timestep: float = 0.0
+    timestep: str = "timestep"
+    grid: tuple[tuple[str, ...], Callable] | None = None
     max_diff: float = 0.0
     source: str = ""
     axes: str = ""
@@ -176,17 +188,12 @@ DIFFUSERS_PENDING = frozenset(
         "AnyFlowFARTransformer3DModel",
         "AnyFlowTransformer3DModel",
         "BriaFibo2Transformer2DModel",
-        "BriaFiboTransformer2DModel",
-        "BriaTransformer2DModel",
-        "ChromaTransformer2DModel",
         "ChronoEditTransformer3DModel",
         "CogView4Transformer2DModel",
         "ConsisIDTransformer3DModel",
         "CosmosTransformer3DModel",
         "EasyAnimateTransformer3DModel",
         "ErnieImageTransformer2DModel",
-        "Flux2Transformer2DModel",
-        "Flux3Transformer2DModel",
         "GlmImageTransformer2DModel",
         "HeliosTransformer3DModel",
         "HiDreamImageTransformer2DModel",
@@ -202,9 +209,7 @@ DIFFUSERS_PENDING = frozenset(
         "Kandinsky5Transformer3DModel",
         "Kandinsky6SRTransformer3DModel",
         "Kandinsky6Transformer3DModel",
-        "Krea2Transformer2DModel",
         "LTX2VideoTransformer3DModel",
-        "LongCatImageTransformer2DModel",
         "Lumina2Transformer2DModel",
         "LuminaNextDiT2DModel",
         "MiniMaxH3Transformer3DModel",
@@ -213,7 +218,6 @@ DIFFUSERS_PENDING = frozenset(
         "MotifVideoTransformer3DModel",
         "NucleusMoEImageTransformer2DModel",
         "OmniGenTransformer2DModel",
-        "OvisImageTransformer2DModel",
         "PRXTransformer2DModel",
         "QwenImage21Transformer2DModel",
         "QwenImageTransformer2DModel",

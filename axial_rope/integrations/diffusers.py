@@ -46,7 +46,7 @@ from .diffusers_processors import (
     HunyuanVideoRopeProcessor,
     WanRopeProcessor,
 )
-from .diffusers_tables import RotaryTables, argument_hook, time_hook
+from .diffusers_tables import RotaryTables, argument_hook, grid_hook, time_hook
 
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
 
@@ -83,15 +83,20 @@ class RopeProcessors:
         """
         if getattr(self.transformer, _ATTR, None) is not self:
             return
-        current = dict(self.transformer.attn_processors)
-        ours = {name: self.originals[name] for name in self.names if _is_ours(current[name])}
-        current.update(ours)
-        self.transformer.set_attn_processor(current)
+        if self.names:  # a family without processors of ours (and a model without attn_processors) has none
+            current = dict(self.transformer.attn_processors)
+            ours = {name: self.originals[name] for name in self.names if _is_ours(current[name])}
+            current.update(ours)
+            self.transformer.set_attn_processor(current)
         for hook in self.hooks:
             hook.remove()
         if self._replaced is not None:
             name, stock = self._replaced
-            setattr(self.transformer, name, stock.to(next(self.tables.rope.buffers()).device))
+            if isinstance(stock, torch.nn.Module):
+                stock = stock.to(next(self.tables.rope.buffers()).device)
+            else:  # a plain object (Z-Image's RopeEmbedder): our module goes, the attribute is set again
+                delattr(self.transformer, name)
+            setattr(self.transformer, name, stock)
         delattr(self.transformer, _ATTR)
 
 
@@ -155,8 +160,12 @@ def set_rope_processors(
     if scaling is not None:
         rope = _scaled(family, rope, scaling, name)
     rope.backend = backend
-    if noise_timestep is not None and (not rope.time_dependent or not noise_timestep > 0):
-        raise ValueError(f"noise_timestep (> 0) goes with a time-dependent scaling, got {noise_timestep!r}")
+    clean = family.clean_timestep
+    if noise_timestep is not None and (
+        not rope.time_dependent or not (noise_timestep - clean) * (family.noise_timestep - clean) > 0
+    ):
+        side = "> 0" if clean == 0 else f"on the side of {family.noise_timestep} from the clean {clean}"
+        raise ValueError(f"noise_timestep ({side}) goes with a time-dependent scaling, got {noise_timestep!r}")
     previous = getattr(transformer, _ATTR, None)
     if previous is not None:  # re-install from the stock model, not on top of ours
         previous.remove()
@@ -168,28 +177,32 @@ def set_rope_processors(
     if scaled:
         where, attr = family.tables
         stock = getattr(transformer, attr) if where == "module" else None
+        by_grid = sizing is not None and family.grid is not None
         tables = RotaryTables(
             rope, family.positions(transformer.config), family.layout, sizing, time_dependent=rope.time_dependent,
-            stock=stock,
+            stock=stock, grid_axes=len(family.grid_axes) if by_grid else 0,
         ).to(device)  # fmt: skip
         if rope.time_dependent:  # registered first (hooks run in order): the time is set before the tables
-            hooks.append(time_hook(transformer, tables, noise_timestep or family.noise_timestep))
+            noise = family.noise_timestep if noise_timestep is None else noise_timestep
+            hooks.append(time_hook(transformer, tables, noise, clean, family.timestep))
+        if by_grid:  # the grid of the whole forward, for every call of the tables module
+            names, read = family.grid
+            hooks.append(grid_hook(transformer, tables, names, read(transformer.config)))
         if where == "module":
             replaced = (attr, stock)
             setattr(transformer, attr, tables)
         else:
             hooks.append(argument_hook(transformer, attr, tables, "hidden_states"))
 
-    originals = dict(transformer.attn_processors)
-    # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
-    # by the same tables
-    names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]).__name__ in family.stock]
-    if family.processor is not None:
+    originals, names = {}, []
+    if family.processor is not None:  # else the stock processors stay (the model may not even list them)
+        originals = dict(transformer.attn_processors)
+        # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
+        # by the same tables
+        names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]).__name__ in family.stock]
         ours = _PROCESSORS[family.processor]
         new = {n: ours(backend, originals[n]) if n in names else p for n, p in originals.items()}
         transformer.set_attn_processor(new)
-    else:
-        names = []
     handle = RopeProcessors(transformer, rope, tables, originals, names, hooks, replaced)
     setattr(transformer, _ATTR, handle)
     return handle
