@@ -136,6 +136,8 @@ class DiffusersFamily:
         blocks: the processor name prefixes of the rotary blocks.
         noise_timestep: the transformer's ``timestep`` at pure noise (time-dependent scaling reads ``t =
             max(timestep) / noise_timestep``).
+        clean_timestep: its ``timestep`` at clean data: 0, or 1 for models whose time runs from noise 0 to
+            clean 1 (then ``noise_timestep=0`` and ``t = max((timestep - clean) / (noise - clean))``).
         max_diff: the largest output difference from the stock model at the training size, unscaled, with
             float64 models and inputs (so what remains is the float32 rounding of the model's tables), for
             the docs table; the tests hold it to their bound.
@@ -155,6 +157,7 @@ class DiffusersFamily:
     processor: str | None = None
     blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
     noise_timestep: float = 1000.0
+    clean_timestep: float = 0.0
     max_diff: float = 0.0
     source: str = ""
     axes: str = ""
@@ -180,14 +183,12 @@ DIFFUSERS_PENDING = frozenset(
         "BriaTransformer2DModel",
         "ChromaTransformer2DModel",
         "ChronoEditTransformer3DModel",
-        "CogView4Transformer2DModel",
         "ConsisIDTransformer3DModel",
         "CosmosTransformer3DModel",
         "EasyAnimateTransformer3DModel",
         "ErnieImageTransformer2DModel",
         "Flux2Transformer2DModel",
         "Flux3Transformer2DModel",
-        "GlmImageTransformer2DModel",
         "HeliosTransformer3DModel",
         "HiDreamImageTransformer2DModel",
         "HunyuanDiT2DControlNetModel",

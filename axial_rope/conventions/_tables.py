@@ -15,7 +15,7 @@ import torch
 from ..positions import grid, positions_for_size
 from ..rope import AxialRoPE
 
-__all__ = ["Sizing", "ids_positions", "grid_positions", "latent_grid", "latent_positions"]
+__all__ = ["Sizing", "ids_positions", "grid_positions", "latent_grid", "latent_positions", "sized_axes"]
 
 
 @dataclass(frozen=True)
@@ -80,3 +80,17 @@ def latent_positions(patch, *, channels_first: bool = True):
         return positions
 
     return of_config
+
+
+def sized_axes(sizes: tuple, sizing: Sizing | None, device=None) -> tuple[list[torch.Tensor], tuple]:
+    """The coordinate of each token index of a grid, per axis, sized as :func:`~axial_rope.positions_for_size`
+    sizes it: ``[c_a [n_a] float64 for each axis]`` and the scaling per axis (``None`` each without ``sizing``:
+    ``c_a = 0 .. n_a - 1``). For models whose positions are a map of the index (crop grids, centred grids,
+    fixed-range grids), which they then apply to ``c_a``."""
+    if sizing is None:
+        return [torch.arange(n, dtype=torch.float64, device=device) for n in sizes], (None,) * len(sizes)
+    sized = positions_for_size(sizes, sizing.train_size, sizing.mode, dtype=torch.float64, device=device)
+    mesh = sized.pos.view(*sizes, len(sizes))
+    first = [0] * len(sizes)
+    axes = [mesh[(*first[:a], slice(None), *first[a + 1 :], a)] for a in range(len(sizes))]
+    return axes, sized.scaling

@@ -83,10 +83,10 @@ class RopeProcessors:
         """
         if getattr(self.transformer, _ATTR, None) is not self:
             return
-        current = dict(self.transformer.attn_processors)
-        ours = {name: self.originals[name] for name in self.names if _is_ours(current[name])}
-        current.update(ours)
-        self.transformer.set_attn_processor(current)
+        if self.names:
+            current = dict(self.transformer.attn_processors)
+            current.update({name: self.originals[name] for name in self.names if _is_ours(current[name])})
+            self.transformer.set_attn_processor(current)
         for hook in self.hooks:
             hook.remove()
         if self._replaced is not None:
@@ -129,7 +129,8 @@ def set_rope_processors(
         train_size: the training token grid, ``(t, y, x)`` (video) or ``(y, x)`` (Flux), with ``mode``.
         backend: axial_rope backend (``None`` automatic, ``"torch"``, ``"triton"``, ``"reference"``).
         noise_timestep: with a time-dependent scaling, the transformer's ``timestep`` at pure noise:
-            the sampling time is ``max(timestep) / noise_timestep``. Default: Flux 1, the others 1000
+            the sampling time is ``max(timestep) / noise_timestep``. Default: the family's (Flux 1, the others
+            1000; a model whose time runs from noise 0 to clean 1, Lumina, ``1 - timestep``)
             (the module docstring lists why).
 
     Returns:
@@ -173,23 +174,24 @@ def set_rope_processors(
             stock=stock,
         ).to(device)  # fmt: skip
         if rope.time_dependent:  # registered first (hooks run in order): the time is set before the tables
-            hooks.append(time_hook(transformer, tables, noise_timestep or family.noise_timestep))
+            noise, clean = (noise_timestep, 0.0) if noise_timestep is not None else (
+                family.noise_timestep, family.clean_timestep)  # fmt: skip
+            hooks.append(time_hook(transformer, tables, noise, clean))
         if where == "module":
             replaced = (attr, stock)
             setattr(transformer, attr, tables)
         else:
             hooks.append(argument_hook(transformer, attr, tables, "hidden_states"))
 
-    originals = dict(transformer.attn_processors)
-    # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
-    # by the same tables
-    names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]).__name__ in family.stock]
+    originals, names = {}, []  # without a processor of ours the stock ones stay (some models have no attn_processors)
     if family.processor is not None:
+        originals = dict(transformer.attn_processors)
+        # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
+        # by the same tables
+        names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]).__name__ in family.stock]
         ours = _PROCESSORS[family.processor]
         new = {n: ours(backend, originals[n]) if n in names else p for n, p in originals.items()}
         transformer.set_attn_processor(new)
-    else:
-        names = []
     handle = RopeProcessors(transformer, rope, tables, originals, names, hooks, replaced)
     setattr(transformer, _ATTR, handle)
     return handle

@@ -37,8 +37,11 @@ class RotaryTables(nn.Module):
 
     Args:
         rope: the rotary layout (axes, theta, scaling) of the model, interleaved as diffusers' tables.
-        positions: ``(rope, sizing, *inputs) -> (pos [S, 3], scaling per axis)`` from the replaced module's inputs.
-        layout: ``(cos, sin) [S, D] -> what the replaced module returns`` (e.g. Wan's ``[1, S, 1, D]``).
+        positions: ``(rope, sizing, *inputs, **kwargs) -> (pos, scaling per axis, *context)`` from the replaced
+            module's inputs: ``pos`` ``[S, A]`` (one table for the batch) or ``[B, S, A]`` (one per item); the
+            ``context`` (anything the layout needs besides the tables: a split point, lengths) is optional.
+        layout: ``(cos, sin, *context) -> what the replaced module returns`` from ``[S, D]`` (``[B, S, D]``)
+            tables (e.g. Wan's ``[1, S, 1, D]``).
         sizing: per-forward sizing (``mode``, ``train_size``), or ``None``.
         time_dependent: hold the sampling time in the ``time`` buffer (set by :func:`time_hook`).
         stock: the module replaced (kept to be put back, not a submodule: the state dict is unchanged);
@@ -54,14 +57,15 @@ class RotaryTables(nn.Module):
         if time_dependent:  # the noise level of this forward, 0-d float64 (written by the transformer's pre-hook)
             self.register_buffer("time", torch.ones((), dtype=torch.float64), persistent=False)
 
-    def tables(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos and sin ``[S, D]``, interleaved, attention factor included."""
-        pos, scaling = self.positions(self.rope, self.sizing, *inputs)
+    def tables(self, *inputs, **kwargs) -> tuple:
+        """float32 cos and sin ``[S, D]`` (``[B, S, D]`` for positions per item) in the rope's pairing, attention
+        factor included, then the positions' context."""
+        pos, scaling, *context = self.positions(self.rope, self.sizing, *inputs, **kwargs)
         rotation = self.rope.rotation(pos, scaling=scaling, t=self.time if self.time_dependent else None)
-        return rotation_channel_tables(rotation)
+        return (*rotation_channel_tables(rotation, batched=pos.ndim == 3), *context)
 
-    def forward(self, *inputs):
-        return self.layout(*self.tables(*inputs))
+    def forward(self, *inputs, **kwargs):
+        return self.layout(*self.tables(*inputs, **kwargs))
 
     def __getattr__(self, name: str):
         try:
@@ -77,10 +81,13 @@ class RotaryTables(nn.Module):
         return f"time_dependent={self.time_dependent}{sizing}"
 
 
-def rotation_channel_tables(rotation) -> tuple[torch.Tensor, torch.Tensor]:
-    """A rotation's float32 tables in its pairing's channel layout, ``[S, 2n]`` (one batch row of positions)."""
+def rotation_channel_tables(rotation, *, batched: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rotation's float32 tables in its pairing's channel layout, ``[S, 2n]`` (one batch row of positions;
+    ``batched``: ``[B, S, 2n]``, a row per item)."""
     cos, sin = rotation_tables(rotation, torch.float32)
-    return channel_table(cos[0], rotation.pairing), channel_table(sin[0], rotation.pairing)
+    if not batched:
+        cos, sin = cos[0], sin[0]
+    return channel_table(cos, rotation.pairing), channel_table(sin, rotation.pairing)
 
 
 def _slot(transformer: nn.Module, name: str) -> int | None:
@@ -99,19 +106,21 @@ def _get(args, kwargs, name: str, slot: int | None):
     return args[slot] if slot is not None and slot < len(args) else None
 
 
-def time_hook(transformer: nn.Module, tables: RotaryTables, noise_timestep: float):
-    """A forward pre-hook writing ``max(timestep) / noise_timestep`` into ``tables.time`` (torch ops: no host sync).
+def time_hook(transformer: nn.Module, tables: RotaryTables, noise_timestep: float, clean_timestep: float = 0.0):
+    """A forward pre-hook writing the noise level ``(timestep - clean) / (noise - clean)`` of this forward into
+    ``tables.time`` (torch ops: no host sync): ``max(timestep) / noise_timestep`` for the usual ``clean = 0``;
+    models whose time runs from noise 0 to clean 1 (Lumina) give ``noise_timestep=0``, ``clean_timestep=1``.
 
     The batch (both halves of guidance) shares the step's time; per-token timesteps (Wan 2.2) give their
     maximum, the noised tokens'. A forward without ``timestep`` is refused: the scaling would have no time.
     """
-    slot = _slot(transformer, "timestep")
+    slot, span = _slot(transformer, "timestep"), noise_timestep - clean_timestep
 
     def hook(module, args, kwargs):
         timestep = _get(args, kwargs, "timestep", slot)
         if timestep is None:
             raise ValueError("a time-dependent scaling reads each forward's `timestep`; this forward got none")
-        level = torch.as_tensor(timestep).detach().to(torch.float64).amax() / noise_timestep
+        level = ((torch.as_tensor(timestep).detach().to(torch.float64) - clean_timestep) / span).amax()
         tables.time.copy_(level.to(tables.time.device))
 
     return transformer.register_forward_pre_hook(hook, with_kwargs=True)

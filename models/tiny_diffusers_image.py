@@ -1,0 +1,63 @@
+"""Tiny random diffusers image transformers whose rotary tables are not a Flux-style id table: CogView4, GLM-Image,
+Qwen-Image (2.0 and 2.1), Lumina-Image 2.0, Lumina-Next, OmniGen, Hunyuan-DiT (and its ControlNet), Ideogram 4.
+
+:data:`ENTRIES` holds, per diffusers class name, the fields of a :class:`models.tiny_diffusers.Tiny` (that module
+builds them): ``model`` (``depth -> model``), ``inputs`` (``(h, w, frames, generator) -> forward kwargs`` at an
+``h x w`` token grid), ``grid`` (the default ``(1, h, w)``), ``video=False``. One layer of each kind, two heads,
+batch 2, with the attention masks (padded prompts) the models take.
+"""
+
+from __future__ import annotations
+
+import diffusers
+import torch
+
+B = 2  # batch
+
+
+def _mask(length: int) -> torch.Tensor:
+    """A prompt mask ``[B, length]``: the first item whole, the second padded after ``length - 2`` tokens."""
+    return torch.tensor([[1] * length, [1] * (length - 2) + [0] * 2])
+
+
+def _cogview4(depth):
+    return diffusers.CogView4Transformer2DModel(
+        patch_size=2, in_channels=4, out_channels=4, num_layers=depth, attention_head_dim=8, num_attention_heads=2,
+        text_embed_dim=16, time_embed_dim=8, condition_dim=4, rope_axes_dim=(16, 16),
+    )  # fmt: skip
+
+
+def _cogview4_inputs(h, w, frames, g):
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), encoder_hidden_states=torch.randn(B, 5, 16, generator=g),
+        timestep=torch.randint(0, 1000, (B,), generator=g), original_size=torch.tensor([[16.0 * h, 16.0 * w]] * B),
+        target_size=torch.tensor([[16.0 * h, 16.0 * w]] * B), crop_coords=torch.zeros(B, 2), return_dict=False,
+    )  # fmt: skip
+
+
+def _glm(depth):
+    return diffusers.GlmImageTransformer2DModel(
+        patch_size=2, in_channels=4, out_channels=4, num_layers=depth, attention_head_dim=8, num_attention_heads=2,
+        text_embed_dim=16, time_embed_dim=8, condition_dim=4, prior_vq_quantizer_codebook_size=32,
+    )  # fmt: skip
+
+
+def _glm_inputs(h, w, frames, g):
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), encoder_hidden_states=torch.randn(B, 5, 16, generator=g),
+        prior_token_id=torch.randint(0, 32, (B, h * w), generator=g), prior_token_drop=torch.zeros(B, h * w, dtype=torch.bool),
+        timestep=torch.randint(0, 1000, (B,), generator=g), target_size=torch.tensor([[16.0 * h, 16.0 * w]] * B),
+        crop_coords=torch.zeros(B, 2), return_dict=False,
+    )  # fmt: skip
+
+
+ENTRIES: dict[str, dict] = {
+    "CogView4Transformer2DModel": dict(
+        model=_cogview4,
+        inputs=_cogview4_inputs,
+        grid=(1, 4, 6),
+        video=False,
+        mode="yarn",  # rows span L at any size
+    ),
+    "GlmImageTransformer2DModel": dict(model=_glm, inputs=_glm_inputs, grid=(1, 4, 6), video=False),
+}
