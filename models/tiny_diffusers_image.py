@@ -51,6 +51,39 @@ def _glm_inputs(h, w, frames, g):
     )  # fmt: skip
 
 
+def _qwen(depth):
+    return diffusers.QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=depth, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=16, axes_dims_rope=(4, 6, 6),
+    )  # fmt: skip
+
+
+def _qwen_inputs(h, w, frames, g):  # packed latents [B, h w, 16]; one image per sample
+    return dict(
+        hidden_states=torch.randn(B, h * w, 16, generator=g), encoder_hidden_states=torch.randn(B, 6, 16, generator=g),
+        encoder_hidden_states_mask=_mask(6), timestep=torch.rand(B, generator=g), img_shapes=[[(1, h, w)]] * B,
+        return_dict=False,
+    )  # fmt: skip
+
+
+def _qwen21(depth):
+    return diffusers.QwenImage21Transformer2DModel(
+        patch_size=1, in_channels=8, out_channels=8, num_layers=depth, attention_head_dim=16, num_attention_heads=2,
+        context_in_dim=16, mlp_ratio=2, axes_dims_rope=(4, 6, 6),
+    )  # fmt: skip
+
+
+def _qwen21_inputs(h, w, frames, g):
+    """Text, a 2 x 2 condition image, more text, then the target (``h w`` divisible by 4: one vision-language slot
+    per 2 x 2 latent tokens); the prompt mask pads the second sample."""
+    mask = torch.tensor([False] * 3 + [True] + [False] * 2 + [True] * (h * w // 4))
+    return dict(
+        hidden_states=torch.randn(B, 4 + h * w, 8, generator=g), encoder_hidden_states=torch.randn(B, 6, 16, generator=g),
+        timestep=torch.rand(B, generator=g), img_shapes=[[(1, 2, 2), (1, h, w)]] * B, img_mask=mask[None].expand(B, -1),
+        encoder_hidden_states_mask=torch.tensor([[True] * 6, [True] * 5 + [False]]), return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, dict] = {
     "CogView4Transformer2DModel": dict(
         model=_cogview4,
@@ -60,4 +93,12 @@ ENTRIES: dict[str, dict] = {
         mode="yarn",  # rows span L at any size
     ),
     "GlmImageTransformer2DModel": dict(model=_glm, inputs=_glm_inputs, grid=(1, 4, 6), video=False),
+    "QwenImageTransformer2DModel": dict(model=_qwen, inputs=_qwen_inputs, grid=(1, 4, 6), video=False),
+    "QwenImage21Transformer2DModel": dict(
+        model=_qwen21,
+        inputs=_qwen21_inputs,
+        grid=(1, 4, 6),
+        video=False,
+        no_fullgraph="QwenImage21Rope reads image_pad_mask on the host (tolist) to lay out the sequence",
+    ),
 }

@@ -63,12 +63,25 @@ def _latent(model, inputs):
     return (inputs["hidden_states"],), {}
 
 
+def _qwen(model, inputs):
+    text = inputs["encoder_hidden_states"].shape[1]
+    return (inputs["img_shapes"],), {"max_txt_seq_len": text, "device": torch.device("cpu")}
+
+
+def _qwen21(model, inputs):
+    img_mask = inputs["img_mask"]  # the forward expands each vision-language image slot to 2 x 2 latent tokens
+    image_pad_mask = torch.repeat_interleave(img_mask[0], torch.where(img_mask, 4, 1)[0])
+    return (inputs["img_shapes"][0], image_pad_mask), {"device": torch.device("cpu")}
+
+
 # the inputs the forward hands its tables module, from the tiny model's forward inputs
 TABLE_INPUTS = {
     "CogView4Transformer2DModel": _latent,
     "GlmImageTransformer2DModel": _latent,
+    "QwenImageTransformer2DModel": _qwen,
+    "QwenImage21Transformer2DModel": _qwen21,
 }
-OTHER: dict[str, tuple[int, int]] = {}  # another token grid (default (5, 3): odd extents on purpose)
+OTHER = {"QwenImage21Transformer2DModel": (2, 6)}  # another token grid (default (5, 3): odd extents on purpose)
 NAMES = sorted(TABLE_INPUTS)
 
 
@@ -103,3 +116,13 @@ def test_a_scaling_that_does_not_fit_the_axes_names_the_family_and_the_axis(name
     if family.time_axis is None:  # RIFLEx is temporal: refused on every axis of an image model
         with pytest.raises(ValueError, match=rf"{name} \({family.name}\) has no time axis: .* axis 0"):
             set_rope_processors(model, scaling=(scaling.RIFLEx(2, 8),) + (None,) * (n_axes - 1))
+
+
+@pytest.mark.parametrize("layered", [False, True])
+def test_qwen_image_with_references_and_layers_gives_the_stock_tables(layered):
+    # Qwen-Image-Edit's target and reference images of other sizes; the layered variant's layers and condition
+    model = diffusers.QwenImageTransformer2DModel(**dict(tiny.build("QwenImageTransformer2DModel")[0].config,
+                                                         use_layer3d_rope=layered))  # fmt: skip
+    shapes = [[(1, 4, 6), (1, 5, 3), (1, 2, 7)]] * 2
+    kwargs = {"max_txt_seq_len": 7, "device": torch.device("cpu")}
+    _same(_ours("QwenImageTransformer2DModel", model)(shapes, **kwargs), model.pos_embed(shapes, **kwargs))

@@ -216,8 +216,6 @@ DIFFUSERS_PENDING = frozenset(
         "OmniGenTransformer2DModel",
         "OvisImageTransformer2DModel",
         "PRXTransformer2DModel",
-        "QwenImage21Transformer2DModel",
-        "QwenImageTransformer2DModel",
         "SanaVideoTransformer3DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
         "SanaWMTransformer3DModel",
