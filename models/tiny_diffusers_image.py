@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import diffusers
 import torch
+from diffusers.models.embeddings import get_2d_rotary_pos_embed_lumina
 
 B = 2  # batch
 
@@ -84,6 +85,36 @@ def _qwen21_inputs(h, w, frames, g):
     )  # fmt: skip
 
 
+def _lumina2(depth):
+    return diffusers.Lumina2Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=depth, num_refiner_layers=depth,
+        num_attention_heads=2, num_kv_heads=1, multiple_of=16, axes_dim_rope=(4, 6, 6), axes_lens=(64, 64, 64),
+        cap_feat_dim=16,
+    )  # fmt: skip
+
+
+def _lumina2_inputs(h, w, frames, g):  # the second caption padded: its image ids start 2 earlier
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), timestep=torch.rand(B, generator=g),
+        encoder_hidden_states=torch.randn(B, 6, 16, generator=g), encoder_attention_mask=_mask(6), return_dict=False,
+    )  # fmt: skip
+
+
+def _lumina_next(depth):
+    return diffusers.LuminaNextDiT2DModel(
+        sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=depth, num_attention_heads=2,
+        num_kv_heads=1, multiple_of=16, learn_sigma=False, cross_attention_dim=16,
+    )  # fmt: skip
+
+
+def _lumina_next_inputs(h, w, frames, g):  # the pipeline's grid of tables (384 x 384 there), head dim 16
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), timestep=torch.rand(B, generator=g),
+        encoder_hidden_states=torch.randn(B, 6, 16, generator=g), encoder_mask=_mask(6),
+        image_rotary_emb=get_2d_rotary_pos_embed_lumina(16, 32, 32), cross_attention_kwargs={}, return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, dict] = {
     "CogView4Transformer2DModel": dict(
         model=_cogview4,
@@ -101,4 +132,12 @@ ENTRIES: dict[str, dict] = {
         video=False,
         no_fullgraph="QwenImage21Rope reads image_pad_mask on the host (tolist) to lay out the sequence",
     ),
+    "Lumina2Transformer2DModel": dict(
+        model=_lumina2,
+        inputs=_lumina2_inputs,
+        grid=(1, 4, 6),
+        video=False,
+        no_fullgraph="Lumina2RotaryPosEmbed reads the caption lengths on the host (tolist) to size the sequence",
+    ),  # fmt: skip
+    "LuminaNextDiT2DModel": dict(model=_lumina_next, inputs=_lumina_next_inputs, grid=(1, 4, 6), video=False),
 }

@@ -1,5 +1,5 @@
 """The records of CogView4, GLM-Image, Qwen-Image, Lumina, OmniGen, Hunyuan-DiT, Ideogram 4, Allegro and ConsisID
-reproduce their model's tables: :class:`RotaryTables` built from the record, unscaled, returns what the stock
+(and ``AxialRoPE(plane_order=...)``, which Hunyuan-DiT and Lumina-Next need to scale) reproduce their model's tables: :class:`RotaryTables` built from the record, unscaled, returns what the stock
 tables module returns (or the pipeline passes) at the tiny model's grid and at another one, structure by structure;
 the record's ``max_diff`` bounds the whole model with its tables replaced at the training size; a scaling that does
 not fit the axes is refused with the family and the axis named.
@@ -31,7 +31,8 @@ def _stock_tables(name: str, model, inputs: dict):
     family = DIFFUSERS[name]
     where, attr = family.tables
     if where == "argument":
-        return inputs[attr], (inputs["hidden_states"],), {}
+        used = USED.get(name, lambda model, table, inputs: table)
+        return used(model, inputs[attr], inputs), (inputs["hidden_states"],), {}
     args, kwargs = TABLE_INPUTS[name](model, inputs)
     return getattr(model, attr)(*args, **kwargs), args, kwargs
 
@@ -80,7 +81,21 @@ TABLE_INPUTS = {
     "GlmImageTransformer2DModel": _latent,
     "QwenImageTransformer2DModel": _qwen,
     "QwenImage21Transformer2DModel": _qwen21,
+    "Lumina2Transformer2DModel": lambda model, inputs: (
+        (inputs["hidden_states"], inputs["encoder_attention_mask"]),
+        {},
+    ),
+    "LuminaNextDiT2DModel": None,  # the pipeline's argument
 }
+
+
+def _lumina_next_used(model, table, inputs):  # the model slices the pipeline's grid to the latent's
+    h, w = (n // model.config.patch_size for n in inputs["hidden_states"].shape[2:])
+    return table[:h, :w]
+
+
+# of a pipeline's table argument, the part the model uses
+USED = {"LuminaNextDiT2DModel": _lumina_next_used}
 OTHER = {"QwenImage21Transformer2DModel": (2, 6)}  # another token grid (default (5, 3): odd extents on purpose)
 NAMES = sorted(TABLE_INPUTS)
 
@@ -126,3 +141,17 @@ def test_qwen_image_with_references_and_layers_gives_the_stock_tables(layered):
     shapes = [[(1, 4, 6), (1, 5, 3), (1, 2, 7)]] * 2
     kwargs = {"max_txt_seq_len": 7, "device": torch.device("cpu")}
     _same(_ours("QwenImageTransformer2DModel", model)(shapes, **kwargs), model.pos_embed(shapes, **kwargs))
+
+
+def test_plane_order_permutes_the_planes_and_scales_each_axis_in_spectrum_order():
+    import axial_rope as ar
+
+    plain = ar.AxialRoPE((4, 8), theta=100.0, scaling=(None, scaling.NTK(4.0)))
+    order = [2, 0, 3, 1, 4, 5]
+    ordered = ar.AxialRoPE((4, 8), theta=100.0, scaling=(None, scaling.NTK(4.0)), plane_order=order)
+    assert torch.equal(ordered.freqs, plain.freqs[:, order])
+    assert [plain.plane_axis[j] for j in order] == ordered.plane_axis
+    again = ordered.with_scaling((None, scaling.YaRN(2.0, 8)))  # a new scaling keeps the order
+    assert torch.equal(again.freqs, ar.AxialRoPE((4, 8), 100.0, (None, scaling.YaRN(2.0, 8))).freqs[:, order])
+    with pytest.raises(ValueError, match="plane_order must be a permutation of range\\(6\\)"):
+        ar.AxialRoPE((4, 8), plane_order=[0, 1, 2, 3, 4, 4])

@@ -206,8 +206,6 @@ DIFFUSERS_PENDING = frozenset(
         "Krea2Transformer2DModel",
         "LTX2VideoTransformer3DModel",
         "LongCatImageTransformer2DModel",
-        "Lumina2Transformer2DModel",
-        "LuminaNextDiT2DModel",
         "MiniMaxH3Transformer3DModel",
         "MiniMaxMusic3Transformer1DModel",
         "MochiTransformer3DModel",
