@@ -17,6 +17,8 @@ import torch
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
 import axial_rope as ar
+from models.tiny_diffusers_crop import ENTRIES as CROP
+from models.tiny_diffusers_image import ENTRIES as IMAGE
 
 __all__ = ["COGVIDEOX", "FAMILIES", "TINY", "Tiny", "WAN", "build", "flux", "inputs"]
 
@@ -33,12 +35,21 @@ class Tiny:
             latent frames; ignored by image models).
         grid: the default ``(frames, h, w)`` in tokens (images: ``frames`` 1).
         video: whether the model has a time axis (the tests then also double the frames).
+        train_size: the default grid in the record's grid axes where it is not ``(frames, h, w)`` (video) or
+            ``(h, w)``: OmniGen's one axis, its sequence of text, time and image tokens.
+        mode: the sizing mode the generic checks install at twice the grid: ``"yarn"`` for models whose own
+            positions already interpolate (CogView4's fixed range, crop grids), where ``"interpolate"`` is stock.
+        no_fullgraph: why the stock forward cannot be compiled whole (a host read of its inputs deciding the
+            shapes): the compile checks of whole forwards skip the model; its repeated blocks still compile.
     """
 
     model: Callable[[int], torch.nn.Module]
     inputs: Callable[..., dict]
     grid: tuple[int, int, int]
     video: bool = True
+    train_size: tuple[int, ...] | None = None
+    mode: str = "interpolate"
+    no_fullgraph: str = ""
 
 
 def flux(depth: int = 1, heads: int = 2, axes_dims_rope: tuple[int, int, int] = (4, 6, 6)):
@@ -289,6 +300,8 @@ TINY["wan_i2v"] = Tiny(
     (2, 2, 2),
 )
 FAMILIES = tuple(ALIASES)
+TINY.update({name: Tiny(**fields) for name, fields in IMAGE.items()})
+TINY.update({name: Tiny(**fields) for name, fields in CROP.items()})
 
 
 def _tiny(name: str) -> Tiny:

@@ -6,10 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..frequencies import Frequencies
 from ..positions import crop_grid
 from ..rope import AxialRoPE
-from ..scaling import base_inv_freq
 from ._fields import axes_sum, field, size
 from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
 from ._tables import latent_positions
@@ -49,14 +47,13 @@ def hunyuan_dit(attention_head_dim: int = 88, theta: float = 10000.0) -> AxialRo
     ``get_2d_rotary_pos_embed`` meshes ``(grid_w, grid_h)`` with ``indexing="xy"``, so its first
     half listens to the column coordinate; each half has its own spectrum ``theta ** (-2i / (D/2))``.
     The positions stay ``(y, x)`` (as :func:`hunyuan_dit_positions` and :func:`axial_rope.crop_grid`
-    give them); the frequency model sends the first planes to axis 1.
+    give them); the per-axis spectrum's x planes come first (``plane_order``), so it scales per axis.
     """
-    if attention_head_dim % 4:
+    if not isinstance(attention_head_dim, int) or attention_head_dim % 4:
         raise ValueError(f"hunyuan_dit: attention_head_dim must be divisible by 4, got {attention_head_dim!r}")
-    half = base_inv_freq(attention_head_dim // 2, theta)  # [D/4] per axis
-    n = half.shape[0]
-    model = Frequencies.axial([1] * n + [0] * n, torch.cat([half, half]), n_axes=2)
-    return AxialRoPE.from_frequencies(model, pairing="interleaved")
+    n = attention_head_dim // 4  # planes per axis
+    order = [*range(n, 2 * n), *range(n)]  # x's planes, then y's
+    return AxialRoPE((attention_head_dim // 2,) * 2, theta=theta, pairing="interleaved", plane_order=order)
 
 
 def hunyuan_dit_crop(height: int, width: int, base_size: int = 32) -> tuple[tuple[int, int], tuple[int, int]]:

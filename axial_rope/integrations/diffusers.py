@@ -134,8 +134,9 @@ def set_rope_processors(
         train_size: the training token grid, ``(t, y, x)`` (video) or ``(y, x)`` (Flux), with ``mode``.
         backend: axial_rope backend (``None`` automatic, ``"torch"``, ``"triton"``, ``"reference"``).
         noise_timestep: with a time-dependent scaling, the transformer's ``timestep`` at pure noise:
-            the sampling time is ``max(timestep) / noise_timestep``. Default: Flux 1, the others 1000
-            (the module docstring lists why).
+            the sampling time is ``max((timestep - clean) / (noise_timestep - clean))``, ``clean`` the family's
+            ``clean_timestep`` (0; 1 where time runs from noise at 0 to clean at 1: Lumina, MiniMax). Default:
+            the family's (Flux 1, the others 1000; Lumina 0; the module docstring lists why).
 
     Returns:
         A :class:`RopeProcessors` handle; ``handle.remove()`` (or

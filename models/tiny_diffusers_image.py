@@ -1,0 +1,143 @@
+"""Tiny random diffusers image transformers whose rotary tables are not a Flux-style id table: CogView4, GLM-Image,
+Qwen-Image (2.0 and 2.1), Lumina-Image 2.0, Lumina-Next, OmniGen, Hunyuan-DiT (and its ControlNet), Ideogram 4.
+
+:data:`ENTRIES` holds, per diffusers class name, the fields of a :class:`models.tiny_diffusers.Tiny` (that module
+builds them): ``model`` (``depth -> model``), ``inputs`` (``(h, w, frames, generator) -> forward kwargs`` at an
+``h x w`` token grid), ``grid`` (the default ``(1, h, w)``), ``video=False``. One layer of each kind, two heads,
+batch 2, with the attention masks (padded prompts) the models take.
+"""
+
+from __future__ import annotations
+
+import diffusers
+import torch
+from diffusers.models.embeddings import get_2d_rotary_pos_embed_lumina
+
+B = 2  # batch
+
+
+def _mask(length: int) -> torch.Tensor:
+    """A prompt mask ``[B, length]``: the first item whole, the second padded after ``length - 2`` tokens."""
+    return torch.tensor([[1] * length, [1] * (length - 2) + [0] * 2])
+
+
+def _cogview4(depth):
+    return diffusers.CogView4Transformer2DModel(
+        patch_size=2, in_channels=4, out_channels=4, num_layers=depth, attention_head_dim=8, num_attention_heads=2,
+        text_embed_dim=16, time_embed_dim=8, condition_dim=4, rope_axes_dim=(16, 16),
+    )  # fmt: skip
+
+
+def _cogview4_inputs(h, w, frames, g):
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), encoder_hidden_states=torch.randn(B, 5, 16, generator=g),
+        timestep=torch.randint(0, 1000, (B,), generator=g), original_size=torch.tensor([[16.0 * h, 16.0 * w]] * B),
+        target_size=torch.tensor([[16.0 * h, 16.0 * w]] * B), crop_coords=torch.zeros(B, 2), return_dict=False,
+    )  # fmt: skip
+
+
+def _glm(depth):
+    return diffusers.GlmImageTransformer2DModel(
+        patch_size=2, in_channels=4, out_channels=4, num_layers=depth, attention_head_dim=8, num_attention_heads=2,
+        text_embed_dim=16, time_embed_dim=8, condition_dim=4, prior_vq_quantizer_codebook_size=32,
+    )  # fmt: skip
+
+
+def _glm_inputs(h, w, frames, g):
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), encoder_hidden_states=torch.randn(B, 5, 16, generator=g),
+        prior_token_id=torch.randint(0, 32, (B, h * w), generator=g), prior_token_drop=torch.zeros(B, h * w, dtype=torch.bool),
+        timestep=torch.randint(0, 1000, (B,), generator=g), target_size=torch.tensor([[16.0 * h, 16.0 * w]] * B),
+        crop_coords=torch.zeros(B, 2), return_dict=False,
+    )  # fmt: skip
+
+
+def _qwen(depth):
+    return diffusers.QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=depth, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=16, axes_dims_rope=(4, 6, 6),
+    )  # fmt: skip
+
+
+def _qwen_inputs(h, w, frames, g):  # packed latents [B, h w, 16]; one image per sample
+    return dict(
+        hidden_states=torch.randn(B, h * w, 16, generator=g), encoder_hidden_states=torch.randn(B, 6, 16, generator=g),
+        encoder_hidden_states_mask=_mask(6), timestep=torch.rand(B, generator=g), img_shapes=[[(1, h, w)]] * B,
+        return_dict=False,
+    )  # fmt: skip
+
+
+def _qwen21(depth):
+    return diffusers.QwenImage21Transformer2DModel(
+        patch_size=1, in_channels=8, out_channels=8, num_layers=depth, attention_head_dim=16, num_attention_heads=2,
+        context_in_dim=16, mlp_ratio=2, axes_dims_rope=(4, 6, 6),
+    )  # fmt: skip
+
+
+def _qwen21_inputs(h, w, frames, g):
+    """Text, a 2 x 2 condition image, more text, then the target (``h w`` divisible by 4: one vision-language slot
+    per 2 x 2 latent tokens); the prompt mask pads the second sample."""
+    mask = torch.tensor([False] * 3 + [True] + [False] * 2 + [True] * (h * w // 4))
+    return dict(
+        hidden_states=torch.randn(B, 4 + h * w, 8, generator=g), encoder_hidden_states=torch.randn(B, 6, 16, generator=g),
+        timestep=torch.rand(B, generator=g), img_shapes=[[(1, 2, 2), (1, h, w)]] * B, img_mask=mask[None].expand(B, -1),
+        encoder_hidden_states_mask=torch.tensor([[True] * 6, [True] * 5 + [False]]), return_dict=False,
+    )  # fmt: skip
+
+
+def _lumina2(depth):
+    return diffusers.Lumina2Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=depth, num_refiner_layers=depth,
+        num_attention_heads=2, num_kv_heads=1, multiple_of=16, axes_dim_rope=(4, 6, 6), axes_lens=(64, 64, 64),
+        cap_feat_dim=16,
+    )  # fmt: skip
+
+
+def _lumina2_inputs(h, w, frames, g):  # the second caption padded: its image ids start 2 earlier
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), timestep=torch.rand(B, generator=g),
+        encoder_hidden_states=torch.randn(B, 6, 16, generator=g), encoder_attention_mask=_mask(6), return_dict=False,
+    )  # fmt: skip
+
+
+def _lumina_next(depth):
+    return diffusers.LuminaNextDiT2DModel(
+        sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=depth, num_attention_heads=2,
+        num_kv_heads=1, multiple_of=16, learn_sigma=False, cross_attention_dim=16,
+    )  # fmt: skip
+
+
+def _lumina_next_inputs(h, w, frames, g):  # the pipeline's grid of tables (384 x 384 there), head dim 16
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), timestep=torch.rand(B, generator=g),
+        encoder_hidden_states=torch.randn(B, 6, 16, generator=g), encoder_mask=_mask(6),
+        image_rotary_emb=get_2d_rotary_pos_embed_lumina(16, 32, 32), cross_attention_kwargs={}, return_dict=False,
+    )  # fmt: skip
+
+
+ENTRIES: dict[str, dict] = {
+    "CogView4Transformer2DModel": dict(
+        model=_cogview4,
+        inputs=_cogview4_inputs,
+        grid=(1, 4, 6),
+        video=False,
+        mode="yarn",  # rows span L at any size
+    ),
+    "GlmImageTransformer2DModel": dict(model=_glm, inputs=_glm_inputs, grid=(1, 4, 6), video=False),
+    "QwenImageTransformer2DModel": dict(model=_qwen, inputs=_qwen_inputs, grid=(1, 4, 6), video=False),
+    "QwenImage21Transformer2DModel": dict(
+        model=_qwen21,
+        inputs=_qwen21_inputs,
+        grid=(1, 4, 6),
+        video=False,
+        no_fullgraph="QwenImage21Rope reads image_pad_mask on the host (tolist) to lay out the sequence",
+    ),
+    "Lumina2Transformer2DModel": dict(
+        model=_lumina2,
+        inputs=_lumina2_inputs,
+        grid=(1, 4, 6),
+        video=False,
+        no_fullgraph="Lumina2RotaryPosEmbed reads the caption lengths on the host (tolist) to size the sequence",
+    ),  # fmt: skip
+    "LuminaNextDiT2DModel": dict(model=_lumina_next, inputs=_lumina_next_inputs, grid=(1, 4, 6), video=False),
+}
