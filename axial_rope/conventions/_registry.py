@@ -124,18 +124,31 @@ class DiffusersFamily:
             them in the forward (the adapter replaces it when scaling); ``("argument", name)``: a forward
             argument the pipeline passes (a forward pre-hook replaces it); ``("fixed", attr)``: the model's
             own only (no spectrum to scale: unscaled processors alone).
-        positions: ``config -> (rope, sizing, *inputs) -> (pos [S, A], scaling per axis)``, from the
+        positions: ``config -> (rope, sizing, *inputs, **kwargs) -> (pos [S, A], scaling per axis)``, from the
             tables module's inputs (the argument case: the transformer's ``hidden_states``); ``None`` for
-            ``"fixed"``.
-        layout: ``(cos, sin) [S, D]`` channel tables (the rope's pairing) -> what the tables module returns.
-        grid_axes: the rope axes that ``mode`` sizes (video ``(0, 1, 2)``; Flux's image ids ``(1, 2)``).
-        time_axis: the rope axis of time (frames), or ``None`` for images.
+            ``"fixed"``. A model whose frequencies are a weight it passes to its tables module (Mochi's
+            ``pos_frequencies``) returns ``(pos, scaling, F)``: the tables turn by that ``F`` (``[A, n]``, per
+            head ``[H, A, n]``), gradient included.
+        layout: ``(cos, sin) [S, D]`` channel tables (the rope's pairing) -> what the tables module returns;
+            marked with :func:`~axial_rope.conventions._tables.reads_inputs`, it also gets the module's inputs
+            (``layout(cos, sin, *inputs, **kwargs)``: a grid shape the stock output is laid out in).
+        grid_axes: the rope axes that ``mode`` sizes (video ``(0, 1, 2)``; Flux's image ids ``(1, 2)``; Mochi's
+            time ``(0,)``; ``()``: the positions are coordinates the pipeline computes, not a token grid, and
+            ``mode`` is refused).
+        time_axis: the rope axis of time (frames, audio samples), or ``None`` for images.
+        spectrum: whether the rope has per-axis spectra that the scaling methods act on; ``False`` (learned or
+            per-head frequencies): no ``scaling``, and of ``mode`` only the position modes (``"none"``,
+            ``"interpolate"``, ``"normalize"``), which move positions and work with any ``F``.
+        amplitude: whether the stock tables carry an amplitude (cos/sin tables do); ``False`` (a table of
+            angles): scalings with an attention factor (YaRN's) are refused, the angles cannot carry it.
         stock: the stock attention processor classes (names) that :attr:`processor` replaces.
         processor: axial_rope's processor class (``axial_rope.integrations.diffusers_processors``), or
             ``None``: the stock processors stay and rotate by the adapter's tables.
         blocks: the processor name prefixes of the rotary blocks.
         noise_timestep: the transformer's ``timestep`` at pure noise (time-dependent scaling reads ``t =
             max(timestep) / noise_timestep``).
+        data_timestep: the transformer's ``timestep`` on clean data (0; 1 where time runs from noise at 0 to data
+            at 1): ``t = max((timestep - data_timestep) / (noise_timestep - data_timestep))``.
         max_diff: the largest output difference from the stock model at the training size, unscaled, with
             float64 models and inputs (so what remains is the float32 rounding of the model's tables), for
             the docs table; the tests hold it to their bound.
@@ -151,10 +164,13 @@ class DiffusersFamily:
     layout: Callable = lambda cos, sin: (cos, sin)
     grid_axes: tuple[int, ...] = (0, 1, 2)
     time_axis: int | None = 0
+    spectrum: bool = True
+    amplitude: bool = True
     stock: tuple[str, ...] = ()
     processor: str | None = None
     blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
     noise_timestep: float = 1000.0
+    data_timestep: float = 0.0
     max_diff: float = 0.0
     source: str = ""
     axes: str = ""
@@ -254,6 +270,15 @@ def diffusers_family(model) -> DiffusersFamily:
     )
 
 
+def _scaling_words(f: DiffusersFamily) -> str:
+    if not f.scalable:
+        return "none"
+    if not f.spectrum:
+        return "position modes (none, interpolate, normalize)"
+    methods = "every method" if f.amplitude else "every method without an attention factor"
+    return f"{methods} and mode, DyPE" if f.grid_axes else f"{methods}, DyPE; no mode (pipeline coordinates)"
+
+
 def diffusers_table() -> str:
     """The markdown table of every diffusers class served (``docs/integrations.md``), from the records."""
     rows = [
@@ -265,9 +290,10 @@ def diffusers_table() -> str:
         where = {"module": f"`{f.tables[1]}` replaced", "argument": f"`{f.tables[1]}` argument replaced",
                  "fixed": "the model's own (unscaled only)"}[f.tables[0]]  # fmt: skip
         time = (
-            "-" if f.time_axis is None else ("t", "y", "x")[f.time_axis] if len(f.grid_axes) == 3 else str(f.time_axis)
-        )
-        scaling = "every method and mode, DyPE" if f.scalable else "none"
+            "-" if f.time_axis is None
+            else ("t", "y", "x")[f.time_axis] if f.time_axis == 0 or len(f.grid_axes) == 3 else str(f.time_axis)
+        )  # fmt: skip
+        scaling = _scaling_words(f)
         rows.append(
             f"| `{name}` | {f.name} | {where} | {f.axes} | {time} | {scaling} | {f.processor or '-'} | "
             f"{_diff(f.max_diff)} |"

@@ -15,7 +15,7 @@ import torch
 from ..positions import grid, positions_for_size
 from ..rope import AxialRoPE
 
-__all__ = ["Sizing", "ids_positions", "grid_positions", "latent_grid", "latent_positions"]
+__all__ = ["Sizing", "ids_positions", "grid_positions", "latent_grid", "latent_positions", "reads_inputs"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,13 @@ class Sizing:
 
     train_size: tuple[int, ...]
     mode: tuple[str, ...]
+
+
+def reads_inputs(layout):
+    """Mark a record's ``layout`` as taking the tables module's inputs after the tables: ``layout(cos, sin, *inputs,
+    **kwargs)``, for stock outputs laid out in a grid shape only the inputs give (Kandinsky's ``[T, H, W, ...]``)."""
+    layout.reads_inputs = True
+    return layout
 
 
 def latent_grid(latent_shape, patch: tuple[int, int, int], *, channels_first: bool = True) -> tuple:

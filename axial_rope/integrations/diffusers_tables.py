@@ -37,8 +37,11 @@ class RotaryTables(nn.Module):
 
     Args:
         rope: the rotary layout (axes, theta, scaling) of the model, interleaved as diffusers' tables.
-        positions: ``(rope, sizing, *inputs) -> (pos [S, 3], scaling per axis)`` from the replaced module's inputs.
-        layout: ``(cos, sin) [S, D] -> what the replaced module returns`` (e.g. Wan's ``[1, S, 1, D]``).
+        positions: ``(rope, sizing, *inputs, **kwargs) -> (pos [S, A], scaling per axis)`` from the replaced module's
+            inputs, or ``(pos, scaling, F)`` where the model passes its own frequency matrix in (a weight: the
+            tables turn by it, ``F`` ``[A, n]`` or per head ``[H, A, n]``).
+        layout: ``(cos, sin) [S, D] -> what the replaced module returns`` (e.g. Wan's ``[1, S, 1, D]``); one marked
+            with :func:`~axial_rope.conventions._tables.reads_inputs` also gets the module's inputs.
         sizing: per-forward sizing (``mode``, ``train_size``), or ``None``.
         time_dependent: hold the sampling time in the ``time`` buffer (set by :func:`time_hook`).
         stock: the module replaced (kept to be put back, not a submodule: the state dict is unchanged);
@@ -54,14 +57,20 @@ class RotaryTables(nn.Module):
         if time_dependent:  # the noise level of this forward, 0-d float64 (written by the transformer's pre-hook)
             self.register_buffer("time", torch.ones((), dtype=torch.float64), persistent=False)
 
-    def tables(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos and sin ``[S, D]``, interleaved, attention factor included."""
-        pos, scaling = self.positions(self.rope, self.sizing, *inputs)
+    def tables(self, *inputs, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos and sin ``[S, D]`` (per-head ``F``: ``[S, H, D]``) in the rope's pairing, attention factor
+        included."""
+        pos, scaling, *freqs = self.positions(self.rope, self.sizing, *inputs, **kwargs)
         rotation = self.rope.rotation(pos, scaling=scaling, t=self.time if self.time_dependent else None)
+        if freqs:  # the model's own F (a weight), as a learned rope turns: float32 F, float64 angles, its gradient
+            rotation = rotation._replace(freqs=freqs[0], turns=None)
         return rotation_channel_tables(rotation)
 
-    def forward(self, *inputs):
-        return self.layout(*self.tables(*inputs))
+    def forward(self, *inputs, **kwargs):
+        cos, sin = self.tables(*inputs, **kwargs)
+        if getattr(self.layout, "reads_inputs", False):
+            return self.layout(cos, sin, *inputs, **kwargs)
+        return self.layout(cos, sin)
 
     def __getattr__(self, name: str):
         try:
@@ -99,8 +108,10 @@ def _get(args, kwargs, name: str, slot: int | None):
     return args[slot] if slot is not None and slot < len(args) else None
 
 
-def time_hook(transformer: nn.Module, tables: RotaryTables, noise_timestep: float):
-    """A forward pre-hook writing ``max(timestep) / noise_timestep`` into ``tables.time`` (torch ops: no host sync).
+def time_hook(transformer: nn.Module, tables: RotaryTables, noise_timestep: float, data_timestep: float = 0.0):
+    """A forward pre-hook writing the noise level ``max((timestep - data_timestep) / (noise_timestep - data_timestep))``
+    into ``tables.time`` (torch ops: no host sync); ``data_timestep`` is the timestep of clean data (0, or 1 for the
+    models whose time runs from noise at 0 to data at 1).
 
     The batch (both halves of guidance) shares the step's time; per-token timesteps (Wan 2.2) give their
     maximum, the noised tokens'. A forward without ``timestep`` is refused: the scaling would have no time.
@@ -111,7 +122,8 @@ def time_hook(transformer: nn.Module, tables: RotaryTables, noise_timestep: floa
         timestep = _get(args, kwargs, "timestep", slot)
         if timestep is None:
             raise ValueError("a time-dependent scaling reads each forward's `timestep`; this forward got none")
-        level = torch.as_tensor(timestep).detach().to(torch.float64).amax() / noise_timestep
+        span = noise_timestep - data_timestep
+        level = ((torch.as_tensor(timestep).detach().to(torch.float64) - data_timestep) / span).amax()
         tables.time.copy_(level.to(tables.time.device))
 
     return transformer.register_forward_pre_hook(hook, with_kwargs=True)
