@@ -141,6 +141,11 @@ TINY["wan_i2v"] = Tiny(
 )
 FAMILIES = tuple(ALIASES)
 
+# the video and audio families (after Tiny, B and TINY exist: that module imports them)
+from models.tiny_diffusers_videoaudio import TINY_VIDEOAUDIO  # noqa: E402
+
+TINY.update(TINY_VIDEOAUDIO)
+
 
 def _tiny(name: str) -> Tiny:
     key = ALIASES.get(name, name)
