@@ -98,9 +98,50 @@ def _minimax_h3_inputs(h, w, frames, g):
     )  # fmt: skip
 
 
+def _anyflow(depth):
+    return diffusers.AnyFlowTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=16,
+        freq_dim=32, ffn_dim=32, num_layers=depth,
+    )  # fmt: skip
+
+
+def _anyflow_inputs(h, w, frames, g):  # per-frame latents [B, F, C, H, W], per-frame source and target timesteps
+    t = torch.rand(B, 1, generator=g) * 1000
+    return dict(
+        hidden_states=torch.randn(B, frames, 4, 2 * h, 2 * w, generator=g), timestep=t.repeat(1, frames),
+        r_timestep=(t / 2).repeat(1, frames), encoder_hidden_states=torch.randn(B, 5, 16, generator=g),
+        return_dict=False,
+    )  # fmt: skip
+
+
+def _sana_wm(depth):
+    """GDN (linear-attention) blocks only (``softmax_every_n=0``: a softmax block is another code path, which
+    compile_repeated_blocks would compile again); the zero-initialised key convolutions drawn small, or the keys the
+    delta rule rotates would be zero and no rotation would reach the output."""
+    model = diffusers.SanaWMTransformer3DModel(
+        in_channels=4, num_layers=depth, hidden_size=32, num_attention_heads=2, patch_size=(1, 2, 2),
+        softmax_every_n=0, linear_head_dim=16, caption_channels=16, mlp_ratio=2.0, use_chunk_plucker_post_attn=False,
+        chunk_plucker_channels=4, image_size=16,
+    )  # fmt: skip
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.conv_k.weight.normal_(0.0, 0.2)
+    return model
+
+
+def _sana_wm_inputs(h, w, frames, g):  # per-frame timesteps [B, 1, F]; the text mask is required
+    return dict(
+        hidden_states=torch.randn(B, 4, frames, 2 * h, 2 * w, generator=g),
+        timestep=(torch.rand(B, 1, frames, generator=g) * 1000), encoder_hidden_states=torch.randn(B, 1, 5, 16, generator=g),
+        encoder_attention_mask=torch.tensor([[1] * 5, [1] * 3 + [0] * 2]), return_dict=False,
+    )  # fmt: skip
+
+
 TINY_VIDEOAUDIO: dict[str, Tiny] = {
     "StableAudioDiTModel": Tiny(_stable_audio, _stable_audio_inputs, (1, 3, 4), video=False),
     "StableAudio3DiTModel": Tiny(_stable_audio_3, _stable_audio_3_inputs, (1, 3, 4), video=False),
     "MiniMaxMusic3Transformer1DModel": Tiny(_music3, _music3_inputs, (1, 3, 4), video=False),
     "MiniMaxH3Transformer3DModel": Tiny(_minimax_h3, _minimax_h3_inputs, (2, 2, 3)),
+    "AnyFlowTransformer3DModel": Tiny(_anyflow, _anyflow_inputs, (3, 2, 3)),
+    "SanaWMTransformer3DModel": Tiny(_sana_wm, _sana_wm_inputs, (3, 2, 3)),
 }
