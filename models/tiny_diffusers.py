@@ -17,8 +17,8 @@ import torch
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
 import axial_rope as ar
-from models.tiny_diffusers_crop import ENTRIES as CROP
 from models.tiny_diffusers_image import ENTRIES as IMAGE
+from models.tiny_diffusers_videoaudio import ENTRIES as VIDEOAUDIO
 
 __all__ = ["COGVIDEOX", "FAMILIES", "TINY", "Tiny", "WAN", "build", "flux", "inputs"]
 
@@ -41,6 +41,8 @@ class Tiny:
             positions already interpolate (CogView4's fixed range, crop grids), where ``"interpolate"`` is stock.
         no_fullgraph: why the stock forward cannot be compiled whole (a host read of its inputs deciding the
             shapes): the compile checks of whole forwards skip the model; its repeated blocks still compile.
+        no_dynamic: why the stock model recompiles per size itself (nothing the adapter adds): the dynamic-size
+            compile check skips it.
     """
 
     model: Callable[[int], torch.nn.Module]
@@ -50,6 +52,7 @@ class Tiny:
     train_size: tuple[int, ...] | None = None
     mode: str = "interpolate"
     no_fullgraph: str = ""
+    no_dynamic: str = ""
 
 
 def flux(depth: int = 1, heads: int = 2, axes_dims_rope: tuple[int, int, int] = (4, 6, 6)):
@@ -300,8 +303,8 @@ TINY["wan_i2v"] = Tiny(
     (2, 2, 2),
 )
 FAMILIES = tuple(ALIASES)
-TINY.update({name: Tiny(**fields) for name, fields in IMAGE.items()})
-TINY.update({name: Tiny(**fields) for name, fields in CROP.items()})
+# the families kept in modules of their own, as Tiny fields per class name
+TINY.update({name: Tiny(**fields) for entries in (IMAGE, VIDEOAUDIO) for name, fields in entries.items()})
 
 
 def _tiny(name: str) -> Tiny:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import axial_rope as ar
 from axial_rope.conventions._registry import DIFFUSERS
 
 diffusers = pytest.importorskip("diffusers")
@@ -54,10 +55,23 @@ def _twice(name: str) -> dict:
 
 
 def _train_size(name: str) -> tuple[int, ...]:
+    """The default grid on the family's grid axes (a tiny model's own ``train_size`` first): video (t, y, x),
+    images (y, x); one axis: time (frames) for video (Mochi), the sequence of ``h * w`` tokens of a 1-D model
+    (audio)."""
     if tiny.TINY[name].train_size is not None:
         return tiny.TINY[name].train_size
     frames, h, w = tiny.TINY[name].grid
-    return (frames, h, w) if len(DIFFUSERS[name].grid_axes) == 3 else (h, w)
+    n_axes = len(DIFFUSERS[name].grid_axes)
+    return {3: (frames, h, w), 2: (h, w), 1: (frames,) if tiny.TINY[name].video else (h * w,)}[n_axes]
+
+
+def _sized(name: str) -> dict:
+    """Resolution scaling for the twice-as-large inputs: the tiny model's ``mode`` (``"interpolate"``; ``"yarn"``
+    where the model's own positions interpolate already) against the default grid, or (positions the pipeline
+    computes, no grid: ``grid_axes=()``) linear interpolation by 2 on every axis."""
+    if not DIFFUSERS[name].grid_axes:
+        return dict(scaling=ar.scaling.Linear(2.0))
+    return dict(mode=tiny.TINY[name].mode, train_size=_train_size(name))
 
 
 @pytest.mark.parametrize("name", CLASSES)
@@ -73,7 +87,7 @@ def test_scaling_at_twice_the_size_changes_the_output_and_stays_finite(name):
     model, _ = _model(name)
     inputs = _twice(name)
     stock = _run(model, inputs)
-    handle = set_rope_processors(model, mode=tiny.TINY[name].mode, train_size=_train_size(name))
+    handle = set_rope_processors(model, **_sized(name))
     scaled = _run(model, inputs)
     assert torch.isfinite(scaled).all()
     assert (scaled - stock).abs().max() > 1e-4  # the positions were squeezed into the trained range (or, for
@@ -89,7 +103,7 @@ def test_activation_checkpointing_gives_the_same_gradients(name):
 
     def grads(checkpointing: bool):
         model, inputs = _model(name)
-        set_rope_processors(model, mode="interpolate", train_size=_train_size(name))
+        set_rope_processors(model, **_sized(name))
         if checkpointing:
             model.enable_gradient_checkpointing()
         model.train()

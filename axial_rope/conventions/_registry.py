@@ -131,8 +131,15 @@ class DiffusersFamily:
             ``"fixed"``.
         layout: ``(cos, sin, *context)``: the ``[S, D]`` (``[B, S, D]``) channel tables (the rope's pairing) and
             the positions' context -> what the tables module returns.
-        grid_axes: the rope axes that ``mode`` sizes (video ``(0, 1, 2)``; Flux's image ids ``(1, 2)``).
-        time_axis: the rope axis of time (frames), or ``None`` for images.
+        grid_axes: the rope axes that ``mode`` sizes (video ``(0, 1, 2)``; Flux's image ids ``(1, 2)``; Mochi's
+            time ``(0,)``; ``()``: the positions are coordinates the pipeline computes, not a token grid, and
+            ``mode`` is refused).
+        time_axis: the rope axis of time (frames, audio samples), or ``None`` for images.
+        spectrum: whether the rope has per-axis spectra that the scaling methods act on; ``False`` (learned or
+            per-head frequencies): no ``scaling``, and of ``mode`` only the position modes (``"none"``,
+            ``"interpolate"``, ``"normalize"``), which move positions and work with any ``F``.
+        amplitude: whether the stock tables carry an amplitude (cos/sin tables do); ``False`` (a table of
+            angles): scalings with an attention factor (YaRN's) are refused, the angles cannot carry it.
         stock: the stock attention processor classes (names) that :attr:`processor` replaces.
         processor: axial_rope's processor class (``axial_rope.integrations.diffusers_processors``), or
             ``None``: the stock processors stay and rotate by the adapter's tables.
@@ -160,6 +167,8 @@ class DiffusersFamily:
     layout: Callable = lambda cos, sin: (cos, sin)
     grid_axes: tuple[int, ...] = (0, 1, 2)
     time_axis: int | None = 0
+    spectrum: bool = True
+    amplitude: bool = True
     stock: tuple[str, ...] = ()
     processor: str | None = None
     blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
@@ -186,7 +195,6 @@ DIFFUSERS_PENDING = frozenset(
         "AceStepTransformer1DModel",
         "AllegroTransformer3DModel",
         "AnyFlowFARTransformer3DModel",
-        "AnyFlowTransformer3DModel",
         "BriaFibo2Transformer2DModel",
         "ChronoEditTransformer3DModel",
         "ConsisIDTransformer3DModel",
@@ -208,8 +216,6 @@ DIFFUSERS_PENDING = frozenset(
         "Kandinsky6SRTransformer3DModel",
         "Kandinsky6Transformer3DModel",
         "LTX2VideoTransformer3DModel",
-        "MiniMaxH3Transformer3DModel",
-        "MiniMaxMusic3Transformer1DModel",
         "MochiTransformer3DModel",
         "MotifVideoTransformer3DModel",
         "NucleusMoEImageTransformer2DModel",
@@ -217,10 +223,7 @@ DIFFUSERS_PENDING = frozenset(
         "PRXTransformer2DModel",
         "SanaVideoTransformer3DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
-        "SanaWMTransformer3DModel",
         "SkyReelsV2Transformer3DModel",
-        "StableAudio3DiTModel",
-        "StableAudioDiTModel",
         "WanAnimate2Transformer3DModel",
         "WanAnimateTransformer3DModel",
         "WanVACETransformer3DModel",
@@ -252,6 +255,15 @@ def diffusers_family(model) -> DiffusersFamily:
     )
 
 
+def _scaling_words(f: DiffusersFamily) -> str:
+    if not f.scalable:
+        return "none"
+    if not f.spectrum:
+        return "position modes (none, interpolate, normalize)"
+    methods = "every method" if f.amplitude else "every method without an attention factor"
+    return f"{methods} and mode, DyPE" if f.grid_axes else f"{methods}, DyPE; no mode (pipeline coordinates)"
+
+
 def diffusers_table() -> str:
     """The markdown table of every diffusers class served (``docs/integrations.md``), from the records."""
     rows = [
@@ -263,9 +275,10 @@ def diffusers_table() -> str:
         where = {"module": f"`{f.tables[1]}` replaced", "argument": f"`{f.tables[1]}` argument replaced",
                  "fixed": "the model's own (unscaled only)"}[f.tables[0]]  # fmt: skip
         time = (
-            "-" if f.time_axis is None else ("t", "y", "x")[f.time_axis] if len(f.grid_axes) == 3 else str(f.time_axis)
-        )
-        scaling = "every method and mode, DyPE" if f.scalable else "none"
+            "-" if f.time_axis is None
+            else ("t", "y", "x")[f.time_axis] if f.time_axis == 0 or len(f.grid_axes) == 3 else str(f.time_axis)
+        )  # fmt: skip
+        scaling = _scaling_words(f)
         rows.append(
             f"| `{name}` | {f.name} | {where} | {f.axes} | {time} | {scaling} | {f.processor or '-'} | "
             f"{_diff(f.max_diff)} |"

@@ -71,7 +71,7 @@ class RopeProcessors:
 
     def __init__(self, transformer, rope, tables, originals: dict, names: list[str], hooks: list, replaced=None):
         self.transformer, self.rope, self.tables, self.hooks = transformer, rope, tables, hooks
-        self.originals = originals  # every processor before installation, by name
+        self.originals = originals  # every processor before installation, by name ({}: none replaced)
         self.names = names
         self._replaced = replaced  # (attribute, the stock tables module) when the tables module was replaced
 
@@ -131,7 +131,9 @@ def set_rope_processors(
             training resolution gets, e.g., interpolated positions or per-axis YaRN. Grid axes:
             video ``(t, y, x)``; Flux ``(y, x)`` of the image ids (``"normalize"`` is refused for Flux:
             it would move the text ids off 0).
-        train_size: the training token grid, ``(t, y, x)`` (video) or ``(y, x)`` (Flux), with ``mode``.
+        train_size: the training token grid, ``(t, y, x)`` (video) or ``(y, x)`` (Flux), with ``mode``; a
+            family with one grid axis (Mochi's time, the audio models' sequence) gives ``(n,)``, the tokens its
+            rope counts (a prepended global, memory or timestep token included).
         backend: axial_rope backend (``None`` automatic, ``"torch"``, ``"triton"``, ``"reference"``).
         noise_timestep: with a time-dependent scaling, the transformer's ``timestep`` at pure noise:
             the sampling time is ``max((timestep - clean) / (noise_timestep - clean))``, ``clean`` the family's
@@ -144,8 +146,9 @@ def set_rope_processors(
 
     Raises:
         TypeError: for any other model (the message lists the supported classes).
-        ValueError: for an unknown ``backend``, a ``scaling`` that does not fit the model's axes, a bad
-            ``mode`` or ``train_size``.
+        ValueError: for an unknown ``backend``, a ``scaling`` that does not fit the model's axes (or any
+            ``scaling`` of a family without per-axis spectra, an attention factor where the tables are angles),
+            a bad ``mode`` (one the family cannot take) or ``train_size``.
     """
     family = diffusers_family(transformer)
     if backend not in (None, *BACKENDS):
@@ -157,9 +160,19 @@ def set_rope_processors(
             f"{name}'s RoPE is a fixed per-head frequency model (axial_rope.conventions); "
             "the scaling methods and modes need a spectrum per axis: leave scaling and mode unset"
         )
+    if not family.spectrum and scaling is not None:
+        raise ValueError(
+            f"{name} ({family.name}) turns by learned or per-head frequencies, no per-axis spectrum: the scaling "
+            "methods do not apply; size positions with mode='interpolate' (or 'none', 'normalize') instead"
+        )
     rope = family.rope(transformer.config)
     if scaling is not None:
         rope = _scaled(family, rope, scaling, name)
+    if not family.amplitude and rope.scaled:
+        raise ValueError(
+            f"{name} ({family.name}) takes its tables as angles, which carry no amplitude: a scaling with an "
+            f"attention factor ({rope.scaling}) cannot be served; use one without (Linear, NTK, ...)"
+        )
     rope.backend = backend
     clean = family.clean_timestep
     if noise_timestep is not None and (
@@ -210,6 +223,8 @@ def set_rope_processors(
 
 
 def _axis_names(family: DiffusersFamily, n_axes: int) -> tuple[str, ...]:
+    if n_axes == 1 and family.time_axis == 0:
+        return ("t",)
     if n_axes == 3 and family.time_axis == 0:
         return ("t", "y", "x")
     if n_axes == 3 and family.grid_axes == (1, 2):
@@ -245,12 +260,21 @@ def _sizing(family: DiffusersFamily, mode, train_size, scaling) -> Sizing | None
     if scaling is not None:
         raise ValueError("pass either scaling (fixed per-axis methods) or mode (sized per forward), not both")
     n_axes = len(family.grid_axes)
+    if not n_axes:
+        raise ValueError(
+            f"{family.name}'s positions are coordinates its pipeline computes, not a token grid that mode could size: "
+            "pass scaling (per-axis methods) instead"
+        )
     modes = (mode,) * n_axes if isinstance(mode, str) else tuple(mode)
     if len(modes) != n_axes or any(m not in POSITION_MODES for m in modes):
         raise ValueError(f"mode must be one of {POSITION_MODES} or one per grid axis ({n_axes}), got {mode!r}")
     if family.grid_axes != tuple(range(n_axes)) and "normalize" in modes:  # an id axis (text) stays at 0
         raise ValueError("mode 'normalize' moves Flux's text ids off 0; use 'interpolate', 'ntk' or 'yarn'")
-    axes = "(y, x)" if n_axes == 2 else "(t, y, x)"
+    refused = ("ntk", "yarn") if not family.spectrum else ("yarn",) if not family.amplitude else ()
+    if set(modes) & set(refused):
+        why = "has no per-axis spectrum to scale" if not family.spectrum else "takes angles (no attention factor)"
+        raise ValueError(f"{family.name} {why}: mode {mode!r} is refused; use 'interpolate', 'none' or 'normalize'")
+    axes = {3: "(t, y, x)", 2: "(y, x)"}.get(n_axes, "(t)" if family.time_axis in family.grid_axes else "(axis)")
     sizes = None if train_size is None or isinstance(train_size, (str, bytes)) else tuple(train_size)
     if (
         sizes is None
