@@ -1,5 +1,6 @@
 """Tiny random diffusers image transformers whose rotary tables are not a Flux-style id table: CogView4, GLM-Image,
-Qwen-Image (2.0 and 2.1), Lumina-Image 2.0, Lumina-Next, OmniGen, Hunyuan-DiT (and its ControlNet), Ideogram 4.
+Qwen-Image (2.0 and 2.1), Lumina-Image 2.0, Lumina-Next, OmniGen, Hunyuan-DiT (and its ControlNet), Ideogram 4;
+and HiDream-I1 and PRX (Flux-style ids, their tables as 2x2 rotation matrices).
 
 :data:`ENTRIES` holds, per diffusers class name, the fields of a :class:`models.tiny_diffusers.Tiny` (that module
 builds them): ``model`` (``depth -> model``), ``inputs`` (``(h, w, frames, generator) -> forward kwargs`` at an
@@ -115,6 +116,24 @@ def _lumina_next_inputs(h, w, frames, g):  # the pipeline's grid of tables (384 
     )  # fmt: skip
 
 
+def _hidream(depth):  # after diffusers' own test, without the MoE (num_routed_experts=0: a plain feed-forward),
+    # whose expert routing reads token counts on the host (.cpu().numpy()), which no compiled graph can hold
+    return diffusers.HiDreamImageTransformer2DModel(
+        patch_size=2, in_channels=4, out_channels=4, num_layers=depth, num_single_layers=depth, attention_head_dim=16,
+        num_attention_heads=2, caption_channels=[8, 4], text_emb_dim=8, num_routed_experts=0, num_activated_experts=2,
+        axes_dims_rope=(4, 6, 6), max_resolution=(32, 32), llama_layers=(0, 1), force_inference_output=True,
+    )  # fmt: skip
+
+
+def _hidream_inputs(h, w, frames, g):  # a non-square grid is padded to max_seq tokens with zero ids, as stock does
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), timesteps=torch.rand(B, generator=g) * 1000,
+        encoder_hidden_states_t5=torch.randn(B, 5, 8, generator=g),
+        encoder_hidden_states_llama3=torch.randn(2, B, 5, 4, generator=g), pooled_embeds=torch.randn(B, 8, generator=g),
+        return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, dict] = {
     "CogView4Transformer2DModel": dict(
         model=_cogview4,
@@ -140,4 +159,11 @@ ENTRIES: dict[str, dict] = {
         no_fullgraph="Lumina2RotaryPosEmbed reads the caption lengths on the host (tolist) to size the sequence",
     ),  # fmt: skip
     "LuminaNextDiT2DModel": dict(model=_lumina_next, inputs=_lumina_next_inputs, grid=(1, 4, 6), video=False),
+    "HiDreamImageTransformer2DModel": dict(
+        model=_hidream,
+        inputs=_hidream_inputs,
+        grid=(1, 4, 6),
+        video=False,
+        no_dynamic="its patchify branches on whether the latent is square (else padded to max_seq tokens)",
+    ),
 }

@@ -68,10 +68,10 @@ def _model(family: str, variant: str):
     return model, inputs
 
 
-def _later_step(inputs: dict) -> dict:
-    """The next sampling step: another timestep, same shapes and dtypes."""
-    t = inputs["timestep"]
-    return dict(inputs, timestep=(t * 0.5).to(t.dtype))
+def _later_step(family: str, inputs: dict) -> dict:
+    """The next sampling step: another timestep (the forward argument the record names), same shapes and dtypes."""
+    name = DIFFUSERS[family].timestep
+    return dict(inputs, **{name: (inputs[name] * 0.5).to(inputs[name].dtype)})
 
 
 def _graphs(model) -> int:
@@ -100,7 +100,7 @@ def test_fullgraph_without_recompiling(family, variant):
     counter = CompileCounter()
     compiled = torch.compile(model, fullgraph=True, backend=counter)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        for step in (inputs, _later_step(inputs)):
+        for step in (inputs, _later_step(family, inputs)):
             _close(_run(compiled, step), _run(model, step))
     assert counter.frame_count == _graphs(model)  # none added by the second step
 
@@ -111,10 +111,10 @@ def test_repeated_blocks_compile_once(family, variant):
     if not model._repeated_blocks:
         pytest.skip(f"{type(model).__name__} declares no _repeated_blocks")
     torch._dynamo.reset()
-    expected = [_run(model, step) for step in (inputs, _later_step(inputs))]
+    expected = [_run(model, step) for step in (inputs, _later_step(family, inputs))]
     model.compile_repeated_blocks(fullgraph=True, backend="eager")
     with torch._dynamo.config.patch(recompile_limit=1):
-        for step, want in zip((inputs, _later_step(inputs)), expected):
+        for step, want in zip((inputs, _later_step(family, inputs)), expected):
             _close(_run(model, step), want)
 
 
@@ -140,7 +140,7 @@ def test_ltx_video_fullgraph_without_recompiling():
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     with torch._dynamo.config.patch(error_on_recompile=True):
-        for step in (inputs, _later_step(inputs)):
+        for step in (inputs, _later_step("LTXVideoTransformer3DModel", inputs)):
             _close(_run(compiled, step), _run(model, step))
 
 
@@ -151,7 +151,7 @@ def test_export_and_aot_inductor_package_equal_eager(tmp_path):
 
     model, inputs = _model("FluxTransformer2DModel", "timed")
     exported = torch.export.export(model, args=(), kwargs=inputs)
-    later = _later_step(inputs)
+    later = _later_step("FluxTransformer2DModel", inputs)
     _close(exported.module()(**later)[0], _run(model, later))
     path = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "flux.pt2"))
     loaded = load_package(path, run_single_threaded=True)

@@ -36,6 +36,7 @@ BATCH = (
     "OvisImageTransformer2DModel",
     "Flux2Transformer2DModel",
     "Flux3Transformer2DModel",
+    "HiDreamImageTransformer2DModel",
 )
 
 

@@ -9,7 +9,7 @@ version its tests compare against (``tests/test_conventions_*.py``); :func:`tabl
 (pairing, sign, M-RoPE layout) a test checked against their modeling code, for :func:`axial_rope.rope_from_config`.
 """
 
-from . import anyflow, bria, cogview, flux2, krea2, longcat, minimax, ovis, qwen_image, stable_audio  # noqa: F401  (diffusers family records)
+from . import anyflow, bria, cogview, flux2, hidream, krea2, longcat, minimax, ovis, qwen_image, stable_audio  # noqa: F401  (diffusers family records)
 from ._registry import FAMILIES, REGISTRY, Convention, table
 from .cogvideox import cogvideox, cogvideox_positions
 from .dinov3 import dinov3

@@ -202,7 +202,6 @@ DIFFUSERS_PENDING = frozenset(
         "EasyAnimateTransformer3DModel",
         "ErnieImageTransformer2DModel",
         "HeliosTransformer3DModel",
-        "HiDreamImageTransformer2DModel",
         "HunyuanDiT2DControlNetModel",
         "HunyuanDiT2DModel",
         "HunyuanDiT2DMultiControlNetModel",
