@@ -18,6 +18,7 @@ from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
 import axial_rope as ar
 from models.tiny_diffusers_image import ENTRIES as IMAGE
+from models.tiny_diffusers_video import ENTRIES as VIDEO
 from models.tiny_diffusers_videoaudio import ENTRIES as VIDEOAUDIO
 
 __all__ = ["COGVIDEOX", "FAMILIES", "TINY", "Tiny", "WAN", "build", "flux", "inputs"]
@@ -304,7 +305,7 @@ TINY["wan_i2v"] = Tiny(
 )
 FAMILIES = tuple(ALIASES)
 # the families kept in modules of their own, as Tiny fields per class name
-TINY.update({name: Tiny(**fields) for entries in (IMAGE, VIDEOAUDIO) for name, fields in entries.items()})
+TINY.update({name: Tiny(**fields) for entries in (IMAGE, VIDEO, VIDEOAUDIO) for name, fields in entries.items()})
 
 
 def _tiny(name: str) -> Tiny:

@@ -9,9 +9,22 @@ version its tests compare against (``tests/test_conventions_*.py``); :func:`tabl
 (pairing, sign, M-RoPE layout) a test checked against their modeling code, for :func:`axial_rope.rope_from_config`.
 """
 
-from . import anyflow, bria, cogview, flux2, hidream, krea2, longcat, minimax, ovis, qwen_image, stable_audio  # noqa: F401  (diffusers family records)
+from . import (  # noqa: F401  (diffusers family records: they register on import)
+    anyflow,
+    bria,
+    cogview,
+    flux2,
+    hidream,
+    krea2,
+    longcat,
+    minimax,
+    ovis,
+    qwen_image,
+    stable_audio,
+)
 from ._registry import FAMILIES, REGISTRY, Convention, table
 from .cogvideox import cogvideox, cogvideox_positions
+from .cosmos import cosmos
 from .dinov3 import dinov3
 from .flux import flux, flux_positions
 from .hunyuan import hunyuan_dit, hunyuan_dit_crop, hunyuan_dit_positions, hunyuan_image, hunyuan_video
@@ -31,6 +44,7 @@ __all__ = [
     "rope_for_parameters",
     "flux", "flux_positions", "hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions",
     "hunyuan_dit_crop", "wan", "wan_axes_dim", "video_grid_positions", "cogvideox", "cogvideox_positions",
+    "cosmos",
     "ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions",
     "lumina2", "lumina2_positions", "mochi", "mochi_positions",
     "timm_cat", "timm_positions", "eva02", "timm_mixed", "dinov3",

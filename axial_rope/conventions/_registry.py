@@ -198,7 +198,6 @@ DIFFUSERS_PENDING = frozenset(
         "BriaFibo2Transformer2DModel",
         "ChronoEditTransformer3DModel",
         "ConsisIDTransformer3DModel",
-        "CosmosTransformer3DModel",
         "EasyAnimateTransformer3DModel",
         "ErnieImageTransformer2DModel",
         "HeliosTransformer3DModel",

@@ -1,0 +1,32 @@
+"""Tiny random diffusers video transformers whose tables come from the latent's shape and the pipeline's extra
+inputs (Cosmos's frame rate). :data:`ENTRIES` holds, per diffusers class name, the fields of a
+:class:`models.tiny_diffusers.Tiny` (that module builds them). One layer of each kind, two heads, batch 2.
+"""
+
+from __future__ import annotations
+
+import diffusers
+import torch
+
+B = 2  # batch
+
+
+def _cosmos(depth):  # without the learned absolute embedding: not RoPE, and float32 only (its norm refuses float64)
+    return diffusers.CosmosTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12, num_layers=depth, mlp_ratio=2.0,
+        text_embed_dim=16, adaln_lora_dim=4, max_size=(16, 32, 32), concat_padding_mask=False,
+        extra_pos_embed_type=None,
+    )  # fmt: skip
+
+
+def _cosmos_inputs(h, w, frames, g):  # patch (1, 2, 2); a 30 fps video: frames 24 / 30 of a base frame apart
+    return dict(
+        hidden_states=torch.randn(B, 4, frames, 2 * h, 2 * w, generator=g),
+        timestep=torch.rand(B, generator=g),  # sigma (Cosmos Predict 2.5): 1 at pure noise
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g), fps=30, return_dict=False,
+    )  # fmt: skip
+
+
+ENTRIES: dict[str, dict] = {
+    "CosmosTransformer3DModel": dict(model=_cosmos, inputs=_cosmos_inputs, grid=(3, 4, 4)),
+}

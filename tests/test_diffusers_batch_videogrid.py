@@ -1,0 +1,116 @@
+"""The video families of diffusers that compute their tables from the latent's shape and the pipeline's extra
+inputs (Cosmos's frame rate): the records' tables equal the stock ones, structure by structure, at two sizes.
+
+The shared checks of every record (stock equality, scaling, removal, checkpointing, compile) are in
+``tests/test_diffusers_families.py`` and ``tests/test_compile_diffusers.py``; here: the tables themselves, the
+``max_diff`` the docs show, bad scalings and the cases the tiny inputs do not reach.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from axial_rope.conventions._registry import DIFFUSERS
+
+diffusers = pytest.importorskip("diffusers")
+
+from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
+from axial_rope.integrations.diffusers_tables import RotaryTables  # noqa: E402
+from axial_rope.scaling import RIFLEx  # noqa: E402
+from models import tiny_diffusers as tiny  # noqa: E402
+from models.tiny_diffusers_video import ENTRIES  # noqa: E402
+
+BATCH = sorted(ENTRIES)
+U = 2.0**-24  # float32's unit roundoff
+
+
+def _stock_calls(model, inputs: dict) -> list:
+    """Every call of the model's tables module in one forward: ``(args, kwargs, output)``."""
+    attr = DIFFUSERS[type(model).__name__].tables[1]
+    calls = []
+    hook = getattr(model, attr).register_forward_hook(
+        lambda module, args, kwargs, out: calls.append((args, kwargs, out)), with_kwargs=True
+    )
+    with torch.no_grad():
+        model(**inputs)
+    hook.remove()
+    assert calls
+    return calls
+
+
+def _ours(model) -> RotaryTables:
+    family = DIFFUSERS[type(model).__name__]
+    return RotaryTables(family.rope(model.config), family.positions(model.config), family.layout, None)
+
+
+def _bound(ours: RotaryTables, args, kwargs) -> float:
+    # upstream rounds its frequencies (u relative), the float32 product (u) and takes cos/sin of a float32 angle
+    # (u); ours rounds float64 cos/sin once (u / 2): |difference| <= 4 u |angle| + 2 u
+    pos, _ = ours.positions(ours.rope, None, *args, **kwargs)
+    angle = float((pos.reshape(-1, pos.shape[-1]).double().abs() @ ours.rope.freqs.abs()).max())
+    return 4 * U * angle + 2 * U
+
+
+def _assert_same_structure(got, want, atol: float, where: str = "tables") -> None:
+    if isinstance(want, (tuple, list)):
+        assert type(got) is type(want) and len(got) == len(want), f"{where}: {type(got)} vs {type(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_same_structure(g, w, atol, f"{where}[{i}]")
+        return
+    assert got.shape == want.shape and got.dtype == want.dtype, f"{where}: {got.shape, got.dtype} vs {want.shape}"
+    torch.testing.assert_close(got.to(want.device), want, atol=atol, rtol=0, msg=where)
+
+
+@pytest.mark.parametrize("name", BATCH)
+@pytest.mark.parametrize("scale", (1, 2), ids=("default", "twice"))
+def test_tables_without_scaling_equal_the_stock_module(name, scale):
+    model, inputs = tiny.build(name)
+    if scale == 2:
+        frames, h, w = tiny.TINY[name].grid
+        inputs = tiny.inputs(name, 2 * h, 2 * w, frames=2 * frames)
+    ours = _ours(model)
+    for args, kwargs, stock in _stock_calls(model, inputs):
+        _assert_same_structure(ours(*args, **kwargs), stock, _bound(ours, args, kwargs))
+
+
+@pytest.mark.parametrize("name", BATCH)
+def test_tables_replaced_at_the_training_size_stay_within_the_records_max_diff(name):
+    # mode="interpolate" at the training size: the tables module replaced, positions unscaled; what remains is
+    # the rounding of upstream's tables (float64 models, so the docs' "max diff" is that rounding alone)
+    model, inputs = tiny.build(name)
+    model = model.double()
+    inputs = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
+    with torch.no_grad():
+        stock = model(**inputs)[0]
+        handle = set_rope_processors(model, mode="interpolate", train_size=tiny.TINY[name].grid)
+        assert handle.tables is not None
+        diff = float((model(**inputs)[0] - stock).abs().max())
+    assert diff <= DIFFUSERS[name].max_diff, f"{name}: measured {diff:.1e} > max_diff {DIFFUSERS[name].max_diff}"
+
+
+@pytest.mark.parametrize("name", BATCH)
+def test_a_scaling_that_does_not_fit_names_the_family_and_the_axis(name):
+    model, _ = tiny.build(name)
+    family = DIFFUSERS[name]
+    with pytest.raises(ValueError, match=rf"{family.name}.*axis 1 .y."):
+        set_rope_processors(model, scaling=(None, RIFLEx(k=2, test_length=20), None))
+    with pytest.raises(ValueError, match=family.name):
+        set_rope_processors(model, scaling=(None,) * 5)  # one method per axis, and there are not 5
+
+
+def test_cosmos_image_without_fps_keeps_integer_frames():
+    model, inputs = tiny.build("CosmosTransformer3DModel")
+    ours = _ours(model)
+    for args, kwargs, stock in _stock_calls(model, dict(inputs, fps=None)):
+        _assert_same_structure(ours(*args, **kwargs), stock, _bound(ours, args, kwargs))
+        pos, _ = ours.positions(ours.rope, None, *args, **kwargs)
+        assert torch.equal(pos[:, 0], pos[:, 0].round())  # frames at their index
+
+
+def test_cosmos_places_frames_on_the_base_frame_rate():
+    model, inputs = tiny.build("CosmosTransformer3DModel")
+    ours = _ours(model)
+    (args, kwargs, _), *_ = _stock_calls(model, inputs)  # fps 30: 24 / 30 of a base frame apart
+    pos, _ = ours.positions(ours.rope, None, *args, **kwargs)
+    assert pos[:, 0].unique().tolist() == pytest.approx([0.0, 0.8, 1.6])
