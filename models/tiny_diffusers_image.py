@@ -134,6 +134,26 @@ def _hidream_inputs(h, w, frames, g):  # a non-square grid is padded to max_seq 
     )  # fmt: skip
 
 
+def _prx(depth):
+    model = diffusers.PRXTransformer2DModel(
+        in_channels=4, patch_size=2, context_in_dim=8, hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=depth,
+        axes_dim=[8, 8],
+    )  # fmt: skip
+    with torch.no_grad():  # its adaLN modulation starts at zero (every block's gate 0): drawn, so attention counts
+        for block in model.blocks:
+            torch.nn.init.normal_(block.modulation.lin.weight, std=0.1)
+            torch.nn.init.normal_(block.modulation.lin.bias, std=0.1)
+    return model
+
+
+def _prx_inputs(h, w, frames, g):  # the second prompt padded after 3 tokens
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), timestep=torch.rand(B, generator=g),
+        encoder_hidden_states=torch.randn(B, 5, 8, generator=g),
+        attention_mask=torch.tensor([[True] * 5, [True] * 3 + [False] * 2]), return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, dict] = {
     "CogView4Transformer2DModel": dict(
         model=_cogview4,
@@ -166,4 +186,5 @@ ENTRIES: dict[str, dict] = {
         video=False,
         no_dynamic="its patchify branches on whether the latent is square (else padded to max_seq tokens)",
     ),
+    "PRXTransformer2DModel": dict(model=_prx, inputs=_prx_inputs, grid=(1, 4, 6), video=False),
 }

@@ -37,6 +37,7 @@ BATCH = (
     "Flux2Transformer2DModel",
     "Flux3Transformer2DModel",
     "HiDreamImageTransformer2DModel",
+    "PRXTransformer2DModel",
 )
 
 

@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     longcat,
     minimax,
     ovis,
+    prx,
     qwen_image,
     stable_audio,
 )

@@ -218,7 +218,6 @@ DIFFUSERS_PENDING = frozenset(
         "MotifVideoTransformer3DModel",
         "NucleusMoEImageTransformer2DModel",
         "OmniGenTransformer2DModel",
-        "PRXTransformer2DModel",
         "SanaVideoTransformer3DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
         "SkyReelsV2Transformer3DModel",
