@@ -36,7 +36,6 @@ def _ropes_of_records() -> dict[str, Callable]:
         ),
         "LTX2VideoTransformer3DModel": lambda c: _ltx2(c, "video"),
         "MochiTransformer3DModel": lambda c: conv.mochi(_size(c, "num_attention_heads"), _size(c, "attention_head_dim")),
-        "HunyuanDiT2DModel": lambda c: conv.hunyuan_dit(_size(c, "attention_head_dim")),
     })  # fmt: skip
     return ropes
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import diffusers
 import torch
-from diffusers.models.embeddings import get_2d_rotary_pos_embed_lumina
+from diffusers.models.embeddings import get_2d_rotary_pos_embed, get_2d_rotary_pos_embed_lumina
+
+from axial_rope.conventions.hunyuan import hunyuan_dit_crop
 
 B = 2  # batch
 
@@ -154,6 +156,28 @@ def _prx_inputs(h, w, frames, g):  # the second prompt padded after 3 tokens
     )  # fmt: skip
 
 
+HUNYUAN_DIT = dict(
+    num_attention_heads=2, attention_head_dim=8, in_channels=4, patch_size=2, sample_size=8, hidden_size=16,
+    cross_attention_dim=16, cross_attention_dim_t5=16, pooled_projection_dim=8, text_len=5, text_len_t5=4,
+)  # fmt: skip
+
+
+def _hunyuan_dit(depth):  # 2 depth blocks: the second half takes the skip connections
+    return diffusers.HunyuanDiT2DModel(**HUNYUAN_DIT, num_layers=2 * depth, learn_sigma=False)
+
+
+def hunyuan_dit_inputs(h, w, frames, g):
+    """Hunyuan-DiT's inputs, the pipeline's crop-grid tables included (its base square: 512 // 8 // 2 tokens)."""
+    crop = hunyuan_dit_crop(h, w, 32)
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), timestep=torch.randint(0, 1000, (B,), generator=g).float(),
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g), text_embedding_mask=_mask(5),
+        encoder_hidden_states_t5=torch.randn(B, 4, 16, generator=g), text_embedding_mask_t5=_mask(4),
+        image_meta_size=torch.tensor([[16.0 * h, 16.0 * w, 16.0 * h, 16.0 * w, 0, 0]] * B), style=torch.zeros(B, dtype=torch.long),
+        image_rotary_emb=get_2d_rotary_pos_embed(8, crop, (h, w)), return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, dict] = {
     "CogView4Transformer2DModel": dict(
         model=_cogview4,
@@ -187,4 +211,11 @@ ENTRIES: dict[str, dict] = {
         no_dynamic="its patchify branches on whether the latent is square (else padded to max_seq tokens)",
     ),
     "PRXTransformer2DModel": dict(model=_prx, inputs=_prx_inputs, grid=(1, 4, 6), video=False),
+    "HunyuanDiT2DModel": dict(
+        model=_hunyuan_dit,
+        inputs=hunyuan_dit_inputs,
+        grid=(1, 4, 6),
+        video=False,
+        mode="yarn",  # the crop grid spreads every size over the base square: "interpolate" is near stock
+    ),
 }

@@ -19,6 +19,7 @@ from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_tables import RotaryTables  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
+from models.tiny_diffusers_image import HUNYUAN_DIT, hunyuan_dit_inputs  # noqa: E402
 
 # upstream computes its tables in float32 (positions, inverse frequencies and their products rounded: |angle|
 # (2 u + u) with u = 2**-24, cos/sin rounded once more): at the tiny grids' angles (< 100 rad) 3e-5 bounds cos and
@@ -86,6 +87,7 @@ TABLE_INPUTS = {
         {},
     ),
     "LuminaNextDiT2DModel": None,  # the pipeline's argument
+    "HunyuanDiT2DModel": None,
 }
 
 
@@ -155,3 +157,28 @@ def test_plane_order_permutes_the_planes_and_scales_each_axis_in_spectrum_order(
     assert torch.equal(again.freqs, ar.AxialRoPE((4, 8), 100.0, (None, scaling.YaRN(2.0, 8))).freqs[:, order])
     with pytest.raises(ValueError, match="plane_order must be a permutation of range\\(6\\)"):
         ar.AxialRoPE((4, 8), plane_order=[0, 1, 2, 3, 4, 4])
+
+
+def test_hunyuan_dit_controlnet_takes_the_transformers_record():
+    # the ControlNet reads the same pipeline tables: unscaled it is stock, sized it changes, removal restores it
+    torch.manual_seed(0)
+    model = diffusers.HunyuanDiT2DControlNetModel(**HUNYUAN_DIT, transformer_num_layers=4).double().eval()
+    for zeroed in (*model.controlnet_blocks, model.input_block):  # zero-initialised: give them weights
+        torch.nn.init.normal_(zeroed.weight, std=0.5)
+    inputs = _double(hunyuan_dit_inputs(8, 12, 1, torch.Generator().manual_seed(0)))
+    inputs.update(controlnet_cond=torch.randn(2, 4, 16, 24, dtype=torch.float64), conditioning_scale=1.0)
+
+    def run():
+        with torch.no_grad():
+            return torch.stack(model(**inputs)[0])
+
+    stock = run()
+    handle = set_rope_processors(model)
+    assert torch.equal(run(), stock)
+    handle = set_rope_processors(model, mode="interpolate", train_size=(8, 12))  # the training size: tables ours
+    bound = DIFFUSERS["HunyuanDiT2DControlNetModel"].max_diff * stock.abs().max()  # its samples are O(4), not O(1)
+    assert (run() - stock).abs().max() <= bound
+    handle = set_rope_processors(model, mode="yarn", train_size=(4, 6))
+    assert (run() - stock).abs().max() > 1e-4
+    handle.remove()
+    assert torch.equal(run(), stock)

@@ -10,7 +10,7 @@ from ..positions import crop_grid
 from ..rope import AxialRoPE
 from ._fields import axes_sum, field, size
 from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
-from ._tables import latent_positions
+from ._tables import grid_coordinates, latent_positions
 
 __all__ = ["hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions", "hunyuan_dit_crop"]
 
@@ -132,5 +132,62 @@ register_diffusers(
         max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=VIDEO_SOURCE,
         axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
+    )
+)
+
+
+def _crop(height, width, base: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`hunyuan_dit_crop` in tensor ops (``(top, left)``, ``(bottom, right)`` float64 ``[2]``), so symbolic
+    sizes stay symbolic: the same float64 arithmetic and round-half-even as Python's ``round``."""
+    h, w = (torch.tensor(float(n), dtype=torch.float64, device=device) for n in (height, width))
+    tall = h > w
+    resize_h = torch.where(tall, torch.full_like(h, base), torch.round(base / w * h))
+    resize_w = torch.where(tall, torch.round(base / h * w), torch.full_like(w, base))
+    start = torch.round((base - torch.stack([resize_h, resize_w])) / 2.0)
+    return start, start + torch.stack([resize_h, resize_w])
+
+
+def _crop_axis(coords: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, n) -> torch.Tensor:
+    """Token coordinates ``c`` of an axis of ``n`` tokens cropped to ``[start, stop)`` -> positions, as the torch
+    port lays them: ``linspace(start, stop (n - 1) / n, n)`` at ``c`` (one token: ``stop - start`` per token)."""
+    step = (stop * ((n - 1) / n) - start) / (n - 1) if n > 1 else (stop - start) / n
+    return start + coords * step
+
+
+def _hunyuan_dit_positions(config):
+    """``(rope, sizing, latent [B, C, H, W])``: unsized, the pipeline's crop grid of the latent's token grid in the
+    ``512 // 8 // patch`` square; sized, the crop grid of the training grid at the sized coordinates (the crop
+    already spreads every size over the square, so ``"interpolate"`` stays close to stock)."""
+    p = size(config, "patch_size")
+    base = 512 // 8 // p  # the pipeline's base_size
+
+    def positions(rope, sizing, latent):
+        sizes = (latent.shape[2] // p, latent.shape[3] // p)
+        axes, scaling = grid_coordinates(sizes, sizing, dtype=torch.float64, device=latent.device)
+        grid = sizes if sizing is None else sizing.train_size
+        start, stop = _crop(*grid, base, latent.device)
+        ys, xs = (_crop_axis(axes[a], start[a], stop[a], grid[a]) for a in range(2))
+        pos = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).reshape(-1, 2).float()
+        return pos, rope.scaling if sizing is None else scaling
+
+    return positions
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="hunyuan_dit",
+        classes=("HunyuanDiT2DModel", "HunyuanDiT2DControlNetModel"),
+        rope=lambda c: hunyuan_dit(size(c, "attention_head_dim")),  # theta 10000 in get_2d_rotary_pos_embed
+        # the pipeline's (cos, sin) [S, D] of the crop grid, passed to the transformer and its ControlNets alike
+        tables=("argument", "image_rotary_emb"),
+        positions=_hunyuan_dit_positions,
+        grid_axes=(0, 1),
+        time_axis=None,
+        stock=("HunyuanAttnProcessor2_0",),
+        blocks=("blocks.",),
+        noise_timestep=1000.0,  # DDPM timesteps
+        max_diff=5e-7,  # float64 models: the pipeline's positions are float32 linspace values (1 ulp at 32)
+        source=DIT_SOURCE,
+        axes="(y, x): D/2 each, x's planes first, theta 10000; the pipeline's crop grid",
     )
 )
