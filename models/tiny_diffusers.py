@@ -304,6 +304,14 @@ TINY["wan_i2v"] = Tiny(
     (2, 2, 2),
 )
 FAMILIES = tuple(ALIASES)
+
+# Wan's tables in other models (configs after diffusers' model tests)
+WAN_BLOCK = dict(WAN, cross_attn_norm=True, rope_max_seq_len=32)
+TINY["SkyReelsV2Transformer3DModel"] = Tiny(
+    lambda depth: diffusers.SkyReelsV2Transformer3DModel(**dict(WAN_BLOCK, num_layers=depth)),
+    _video_inputs(2),
+    (3, 2, 3),
+)
 # the families kept in modules of their own, as Tiny fields per class name
 TINY.update({name: Tiny(**fields) for entries in (IMAGE, VIDEO, VIDEOAUDIO) for name, fields in entries.items()})
 

@@ -1,5 +1,6 @@
 """The video families of diffusers that compute their tables from the latent's shape and the pipeline's extra
-inputs (Cosmos's frame rate): the records' tables equal the stock ones, structure by structure, at two sizes.
+inputs (Wan's tables in other models, Cosmos's frame rate): the records' tables equal the stock ones, structure
+by structure, at two sizes.
 
 The shared checks of every record (stock equality, scaling, removal, checkpointing, compile) are in
 ``tests/test_diffusers_families.py`` and ``tests/test_compile_diffusers.py``; here: the tables themselves, the
@@ -21,7 +22,7 @@ from axial_rope.scaling import RIFLEx  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 from models.tiny_diffusers_video import ENTRIES  # noqa: E402
 
-BATCH = sorted(ENTRIES)
+BATCH = sorted({*ENTRIES, "SkyReelsV2Transformer3DModel"})
 U = 2.0**-24  # float32's unit roundoff
 
 

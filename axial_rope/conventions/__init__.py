@@ -22,6 +22,7 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     prx,
     qwen_image,
     stable_audio,
+    wan_variants,
 )
 from ._registry import FAMILIES, REGISTRY, Convention, table
 from .cogvideox import cogvideox, cogvideox_positions

@@ -220,7 +220,6 @@ DIFFUSERS_PENDING = frozenset(
         "OmniGenTransformer2DModel",
         "SanaVideoTransformer3DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
-        "SkyReelsV2Transformer3DModel",
         "WanAnimate2Transformer3DModel",
         "WanAnimateTransformer3DModel",
         "WanVACETransformer3DModel",

@@ -1,0 +1,38 @@
+"""Wan's rotary tables in other diffusers models: ``rope(hidden_states)`` returning ``[1, S, 1, D]`` cos and sin
+over the latent video's ``(t, y, x)`` grid (copies of ``WanRotaryPosEmbed``), rotated by the models' own
+processors (no fused processor: ``processor=None``)."""
+
+from __future__ import annotations
+
+from ._fields import field, size
+from ._registry import DiffusersFamily, register_diffusers
+from ._tables import latent_positions
+from .wan import wan
+
+__all__: list[str] = []
+
+_DIFFUSERS = "diffusers 0.42.1 `models/transformers/"
+AXES = "(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000"
+
+
+def _wan_copy(name: str, classes: tuple[str, ...], stock: tuple[str, ...], source: str, max_diff: float,
+              blocks: tuple[str, ...] = ("blocks.",)) -> DiffusersFamily:  # fmt: skip
+    return register_diffusers(
+        DiffusersFamily(
+            name=name,
+            classes=classes,
+            rope=lambda c: wan(size(c, "attention_head_dim")),  # theta fixed at 10000, as WanRotaryPosEmbed's
+            tables=("module", "rope"),  # a copy of WanRotaryPosEmbed(hidden_states): the latent video
+            positions=latent_positions(lambda c: tuple(field(c, "patch_size"))),
+            layout=lambda cos, sin: (cos[None, :, None], sin[None, :, None]),  # [1, S, 1, D]
+            stock=stock,
+            blocks=blocks,
+            max_diff=max_diff,  # float64 models, tables replaced at the training size
+            source=source,
+            axes=AXES,
+        )
+    )
+
+
+_wan_copy("skyreels_v2", ("SkyReelsV2Transformer3DModel",), ("SkyReelsV2AttnProcessor",),
+          _DIFFUSERS + "transformer_skyreels_v2.py` `SkyReelsV2RotaryPosEmbed`", 0.0)  # fmt: skip
