@@ -338,3 +338,14 @@ def build(name: str, *, depth: int = 1, seed: int = 0) -> tuple[torch.nn.Module,
     model = tiny.model(depth).eval()
     frames, h, w = tiny.grid
     return model, inputs(name, h, w, frames=frames)
+
+
+TINY["WanVACETransformer3DModel"] = Tiny(
+    lambda depth: diffusers.WanVACETransformer3DModel(
+        **dict(WAN_BLOCK, num_layers=depth), vace_layers=[0], vace_in_channels=4
+    ),
+    lambda h, w, frames, g: dict(
+        _video_inputs(2)(h, w, frames, g), control_hidden_states=torch.randn(B, 4, frames, 2 * h, 2 * w, generator=g)
+    ),
+    (3, 2, 3),
+)

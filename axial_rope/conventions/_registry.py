@@ -222,7 +222,6 @@ DIFFUSERS_PENDING = frozenset(
         "SanaWMLTX2RefinerTransformer3DModel",
         "WanAnimate2Transformer3DModel",
         "WanAnimateTransformer3DModel",
-        "WanVACETransformer3DModel",
         "ZImageTransformer2DModel",
     }
 )

@@ -36,3 +36,5 @@ def _wan_copy(name: str, classes: tuple[str, ...], stock: tuple[str, ...], sourc
 
 _wan_copy("skyreels_v2", ("SkyReelsV2Transformer3DModel",), ("SkyReelsV2AttnProcessor",),
           _DIFFUSERS + "transformer_skyreels_v2.py` `SkyReelsV2RotaryPosEmbed`", 0.0)  # fmt: skip
+_wan_copy("wan_vace", ("WanVACETransformer3DModel",), ("WanAttnProcessor",),
+          _DIFFUSERS + "transformer_wan_vace.py` (`WanRotaryPosEmbed`)", 0.0, ("blocks.", "vace_blocks."))  # fmt: skip
