@@ -349,3 +349,20 @@ TINY["WanVACETransformer3DModel"] = Tiny(
     ),
     (3, 2, 3),
 )
+TINY["SanaVideoTransformer3DModel"] = Tiny(
+    lambda depth: diffusers.SanaVideoTransformer3DModel(
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=12,
+        num_layers=depth,
+        num_cross_attention_heads=2,
+        cross_attention_head_dim=12,
+        cross_attention_dim=24,
+        caption_channels=16,
+        sample_size=8,
+        rope_max_seq_len=32,
+    ),  # fmt: skip
+    _video_inputs(2, encoder_attention_mask=lambda g: torch.tensor([[1] * 5, [1] * 3 + [0] * 2])),
+    (3, 2, 3),
+)

@@ -218,7 +218,6 @@ DIFFUSERS_PENDING = frozenset(
         "MotifVideoTransformer3DModel",
         "NucleusMoEImageTransformer2DModel",
         "OmniGenTransformer2DModel",
-        "SanaVideoTransformer3DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
         "WanAnimate2Transformer3DModel",
         "WanAnimateTransformer3DModel",

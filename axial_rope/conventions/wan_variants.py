@@ -38,3 +38,6 @@ _wan_copy("skyreels_v2", ("SkyReelsV2Transformer3DModel",), ("SkyReelsV2AttnProc
           _DIFFUSERS + "transformer_skyreels_v2.py` `SkyReelsV2RotaryPosEmbed`", 0.0)  # fmt: skip
 _wan_copy("wan_vace", ("WanVACETransformer3DModel",), ("WanAttnProcessor",),
           _DIFFUSERS + "transformer_wan_vace.py` (`WanRotaryPosEmbed`)", 0.0, ("blocks.", "vace_blocks."))  # fmt: skip
+# Sana-Video: linear attention that rotates the ReLU'd q and k of its numerator by Wan's tables
+_wan_copy("sana_video", ("SanaVideoTransformer3DModel",), ("SanaLinearAttnProcessor3_0",),
+          _DIFFUSERS + "transformer_sana_video.py` `WanRotaryPosEmbed`", 0.0, ("transformer_blocks.",))  # fmt: skip
