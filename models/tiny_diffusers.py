@@ -366,3 +366,31 @@ TINY["SanaVideoTransformer3DModel"] = Tiny(
     _video_inputs(2, encoder_attention_mask=lambda g: torch.tensor([[1] * 5, [1] * 3 + [0] * 2])),
     (3, 2, 3),
 )
+
+
+def _wan_animate_inputs(h, w, frames, g):  # 2 C + 4 channels; a face video of 4 (frames - 1) frames
+    return dict(
+        _video_inputs(2)(h, w, frames, g), hidden_states=torch.randn(B, 12, frames, 2 * h, 2 * w, generator=g),
+        encoder_hidden_states_image=torch.randn(B, 3, 16, generator=g),
+        pose_hidden_states=torch.randn(B, 4, frames - 1, 2 * h, 2 * w, generator=g),
+        face_pixel_values=torch.randn(B, 3, 4 * (frames - 1), 16, 16, generator=g),
+    )  # fmt: skip
+
+
+TINY["WanAnimateTransformer3DModel"] = Tiny(
+    lambda depth: diffusers.WanAnimateTransformer3DModel(
+        **dict(WAN_BLOCK, num_layers=depth, in_channels=12),
+        latent_channels=4,
+        image_dim=16,
+        motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+        motion_encoder_size=16,
+        motion_style_dim=8,
+        motion_dim=4,
+        motion_encoder_dim=16,
+        face_encoder_hidden_dim=16,
+        face_encoder_num_heads=2,
+        inject_face_latents_blocks=1,
+    ),  # fmt: skip
+    _wan_animate_inputs,
+    (3, 2, 3),
+)

@@ -22,7 +22,15 @@ from axial_rope.scaling import RIFLEx  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 from models.tiny_diffusers_video import ENTRIES  # noqa: E402
 
-BATCH = sorted({*ENTRIES, "SanaVideoTransformer3DModel", "WanVACETransformer3DModel", "SkyReelsV2Transformer3DModel"})
+BATCH = sorted(
+    {
+        *ENTRIES,
+        "WanAnimateTransformer3DModel",
+        "SanaVideoTransformer3DModel",
+        "WanVACETransformer3DModel",
+        "SkyReelsV2Transformer3DModel",
+    }
+)
 U = 2.0**-24  # float32's unit roundoff
 
 

@@ -220,7 +220,6 @@ DIFFUSERS_PENDING = frozenset(
         "OmniGenTransformer2DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
         "WanAnimate2Transformer3DModel",
-        "WanAnimateTransformer3DModel",
         "ZImageTransformer2DModel",
     }
 )

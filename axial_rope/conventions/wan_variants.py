@@ -41,3 +41,5 @@ _wan_copy("wan_vace", ("WanVACETransformer3DModel",), ("WanAttnProcessor",),
 # Sana-Video: linear attention that rotates the ReLU'd q and k of its numerator by Wan's tables
 _wan_copy("sana_video", ("SanaVideoTransformer3DModel",), ("SanaLinearAttnProcessor3_0",),
           _DIFFUSERS + "transformer_sana_video.py` `WanRotaryPosEmbed`", 0.0, ("transformer_blocks.",))  # fmt: skip
+_wan_copy("wan_animate", ("WanAnimateTransformer3DModel",), ("WanAttnProcessor",),
+          _DIFFUSERS + "transformer_wan_animate.py` `WanRotaryPosEmbed`", 0.0)  # fmt: skip
