@@ -394,3 +394,8 @@ TINY["WanAnimateTransformer3DModel"] = Tiny(
     _wan_animate_inputs,
     (3, 2, 3),
 )
+TINY["ChronoEditTransformer3DModel"] = Tiny(  # 2 frames: the input image and the edit, at 0 and skip - 1
+    lambda depth: diffusers.ChronoEditTransformer3DModel(**dict(WAN_BLOCK, num_layers=depth)),
+    _video_inputs(2),
+    (2, 2, 3),
+)

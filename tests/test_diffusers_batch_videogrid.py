@@ -25,6 +25,7 @@ from models.tiny_diffusers_video import ENTRIES  # noqa: E402
 BATCH = sorted(
     {
         *ENTRIES,
+        "ChronoEditTransformer3DModel",
         "WanAnimateTransformer3DModel",
         "SanaVideoTransformer3DModel",
         "WanVACETransformer3DModel",
@@ -123,3 +124,19 @@ def test_cosmos_places_frames_on_the_base_frame_rate():
     (args, kwargs, _), *_ = _stock_calls(model, inputs)  # fps 30: 24 / 30 of a base frame apart
     pos, _ = ours.positions(ours.rope, None, *args, **kwargs)
     assert pos[:, 0].unique().tolist() == pytest.approx([0.0, 0.8, 1.6])
+
+
+def test_chronoedit_refuses_a_head_its_forward_splits_into_no_rotation():
+    config = dict(tiny.WAN, attention_head_dim=16, _class_name="ChronoEditTransformer3DModel")
+    with pytest.raises(ValueError, match="attention_head_dim 16.*6, 5, 5"):
+        DIFFUSERS["ChronoEditTransformer3DModel"].rope(config)
+
+
+def test_chronoedit_puts_two_frames_skip_apart_and_more_frames_at_their_index():
+    model, _ = tiny.build("ChronoEditTransformer3DModel")
+    positions = DIFFUSERS["ChronoEditTransformer3DModel"].positions(model.config)
+    rope = _ours(model).rope
+    two, _ = positions(rope, None, torch.zeros(1, 4, 2, 4, 6))
+    three, _ = positions(rope, None, torch.zeros(1, 4, 3, 4, 6))
+    assert two[:, 0].unique().tolist() == [0.0, 7.0]  # rope_temporal_skip_len 8
+    assert three[:, 0].unique().tolist() == [0.0, 1.0, 2.0]

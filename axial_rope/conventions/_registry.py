@@ -199,7 +199,6 @@ DIFFUSERS_PENDING = frozenset(
         "AllegroTransformer3DModel",
         "AnyFlowFARTransformer3DModel",
         "BriaFibo2Transformer2DModel",
-        "ChronoEditTransformer3DModel",
         "ConsisIDTransformer3DModel",
         "EasyAnimateTransformer3DModel",
         "ErnieImageTransformer2DModel",
