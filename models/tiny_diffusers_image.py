@@ -2,9 +2,9 @@
 Qwen-Image (2.0 and 2.1), Lumina-Image 2.0, Lumina-Next, OmniGen, Hunyuan-DiT (and its ControlNet), Ideogram 4;
 and HiDream-I1 and PRX (Flux-style ids, their tables as 2x2 rotation matrices).
 
-:data:`ENTRIES` holds, per diffusers class name, the fields of a :class:`models.tiny_diffusers.Tiny` (that module
-builds them): ``model`` (``depth -> model``), ``inputs`` (``(h, w, frames, generator) -> forward kwargs`` at an
-``h x w`` token grid), ``grid`` (the default ``(1, h, w)``), ``video=False``. One layer of each kind, two heads,
+:data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers class name: ``model``
+(``depth -> model``), ``inputs`` (``(h, w, frames, generator) -> forward kwargs`` at an ``h x w`` token grid),
+``grid`` (the default ``(1, h, w)``), ``video=False``. One layer of each kind, two heads,
 batch 2, with the attention masks (padded prompts) the models take.
 """
 
@@ -15,8 +15,7 @@ import torch
 from diffusers.models.embeddings import get_2d_rotary_pos_embed, get_2d_rotary_pos_embed_lumina
 
 from axial_rope.conventions.hunyuan import hunyuan_dit_crop
-
-B = 2  # batch
+from models.tiny_diffusers_common import B, Tiny
 
 
 def _mask(length: int) -> torch.Tensor:
@@ -178,40 +177,40 @@ def hunyuan_dit_inputs(h, w, frames, g):
     )  # fmt: skip
 
 
-ENTRIES: dict[str, dict] = {
-    "CogView4Transformer2DModel": dict(
+ENTRIES: dict[str, Tiny] = {
+    "CogView4Transformer2DModel": Tiny(
         model=_cogview4,
         inputs=_cogview4_inputs,
         grid=(1, 4, 6),
         video=False,
         mode="yarn",  # rows span L at any size
     ),
-    "GlmImageTransformer2DModel": dict(model=_glm, inputs=_glm_inputs, grid=(1, 4, 6), video=False),
-    "QwenImageTransformer2DModel": dict(model=_qwen, inputs=_qwen_inputs, grid=(1, 4, 6), video=False),
-    "QwenImage21Transformer2DModel": dict(
+    "GlmImageTransformer2DModel": Tiny(model=_glm, inputs=_glm_inputs, grid=(1, 4, 6), video=False),
+    "QwenImageTransformer2DModel": Tiny(model=_qwen, inputs=_qwen_inputs, grid=(1, 4, 6), video=False),
+    "QwenImage21Transformer2DModel": Tiny(
         model=_qwen21,
         inputs=_qwen21_inputs,
         grid=(1, 4, 6),
         video=False,
         no_fullgraph="QwenImage21Rope reads image_pad_mask on the host (tolist) to lay out the sequence",
     ),
-    "Lumina2Transformer2DModel": dict(
+    "Lumina2Transformer2DModel": Tiny(
         model=_lumina2,
         inputs=_lumina2_inputs,
         grid=(1, 4, 6),
         video=False,
         no_fullgraph="Lumina2RotaryPosEmbed reads the caption lengths on the host (tolist) to size the sequence",
     ),  # fmt: skip
-    "LuminaNextDiT2DModel": dict(model=_lumina_next, inputs=_lumina_next_inputs, grid=(1, 4, 6), video=False),
-    "HiDreamImageTransformer2DModel": dict(
+    "LuminaNextDiT2DModel": Tiny(model=_lumina_next, inputs=_lumina_next_inputs, grid=(1, 4, 6), video=False),
+    "HiDreamImageTransformer2DModel": Tiny(
         model=_hidream,
         inputs=_hidream_inputs,
         grid=(1, 4, 6),
         video=False,
         no_dynamic="its patchify branches on whether the latent is square (else padded to max_seq tokens)",
     ),
-    "PRXTransformer2DModel": dict(model=_prx, inputs=_prx_inputs, grid=(1, 4, 6), video=False),
-    "HunyuanDiT2DModel": dict(
+    "PRXTransformer2DModel": Tiny(model=_prx, inputs=_prx_inputs, grid=(1, 4, 6), video=False),
+    "HunyuanDiT2DModel": Tiny(
         model=_hunyuan_dit,
         inputs=hunyuan_dit_inputs,
         grid=(1, 4, 6),

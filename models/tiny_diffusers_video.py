@@ -1,6 +1,6 @@
 """Tiny random diffusers video transformers whose tables come from the latent's shape and the pipeline's extra
-inputs (Cosmos's frame rate). :data:`ENTRIES` holds, per diffusers class name, the fields of a
-:class:`models.tiny_diffusers.Tiny` (that module builds them). One layer of each kind, two heads, batch 2.
+inputs (Cosmos's frame rate). :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers
+class name. One layer of each kind, two heads, batch 2.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import diffusers
 import torch
 
-B = 2  # batch
+from models.tiny_diffusers_common import B, Tiny
 
 
 def _cosmos(depth):  # without the learned absolute embedding: not RoPE, and float32 only (its norm refuses float64)
@@ -27,6 +27,6 @@ def _cosmos_inputs(h, w, frames, g):  # patch (1, 2, 2); a 30 fps video: frames 
     )  # fmt: skip
 
 
-ENTRIES: dict[str, dict] = {
-    "CosmosTransformer3DModel": dict(model=_cosmos, inputs=_cosmos_inputs, grid=(3, 4, 4)),
+ENTRIES: dict[str, Tiny] = {
+    "CosmosTransformer3DModel": Tiny(model=_cosmos, inputs=_cosmos_inputs, grid=(3, 4, 4)),
 }

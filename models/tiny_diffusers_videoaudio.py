@@ -1,6 +1,6 @@
 """Tiny random diffusers transformers of the video and audio families (Mochi, LTX-2, Kandinsky, MiniMax, SANA-WM,
-AnyFlow, ACE-Step, Stable Audio) and their inputs at any size: :data:`ENTRIES` holds, per class name, the fields of
-a :class:`models.tiny_diffusers.Tiny` (that module builds them).
+AnyFlow, ACE-Step, Stable Audio) and their inputs at any size: :data:`ENTRIES` holds a
+:class:`~models.tiny_diffusers_common.Tiny` per class name.
 
 A 1-D (audio) model reads ``h x w`` as a sequence of ``h * w`` latent frames; its ``frames`` are ignored
 (``video=False``).
@@ -12,7 +12,7 @@ import diffusers
 import torch
 from diffusers.models.embeddings import get_1d_rotary_pos_embed
 
-B = 2  # batch
+from models.tiny_diffusers_common import B, Tiny
 
 __all__ = ["ENTRIES"]
 
@@ -138,13 +138,13 @@ def _sana_wm_inputs(h, w, frames, g):  # per-frame timesteps [B, 1, F]; the text
     )  # fmt: skip
 
 
-ENTRIES: dict[str, dict] = {  # the fields of a models.tiny_diffusers.Tiny, per class name
-    "StableAudioDiTModel": dict(model=_stable_audio, inputs=_stable_audio_inputs, grid=(1, 3, 4), video=False),
-    "StableAudio3DiTModel": dict(model=_stable_audio_3, inputs=_stable_audio_3_inputs, grid=(1, 3, 4), video=False),
-    "MiniMaxMusic3Transformer1DModel": dict(model=_music3, inputs=_music3_inputs, grid=(1, 3, 4), video=False),
-    "MiniMaxH3Transformer3DModel": dict(model=_minimax_h3, inputs=_minimax_h3_inputs, grid=(2, 2, 3)),
-    "AnyFlowTransformer3DModel": dict(model=_anyflow, inputs=_anyflow_inputs, grid=(3, 2, 3)),
-    "SanaWMTransformer3DModel": dict(
+ENTRIES: dict[str, Tiny] = {
+    "StableAudioDiTModel": Tiny(model=_stable_audio, inputs=_stable_audio_inputs, grid=(1, 3, 4), video=False),
+    "StableAudio3DiTModel": Tiny(model=_stable_audio_3, inputs=_stable_audio_3_inputs, grid=(1, 3, 4), video=False),
+    "MiniMaxMusic3Transformer1DModel": Tiny(model=_music3, inputs=_music3_inputs, grid=(1, 3, 4), video=False),
+    "MiniMaxH3Transformer3DModel": Tiny(model=_minimax_h3, inputs=_minimax_h3_inputs, grid=(2, 2, 3)),
+    "AnyFlowTransformer3DModel": Tiny(model=_anyflow, inputs=_anyflow_inputs, grid=(3, 2, 3)),
+    "SanaWMTransformer3DModel": Tiny(
         model=_sana_wm,
         inputs=_sana_wm_inputs,
         grid=(3, 2, 3),

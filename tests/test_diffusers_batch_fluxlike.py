@@ -26,6 +26,7 @@ diffusers = pytest.importorskip("diffusers")
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_tables import RotaryTables  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
+from models import tiny_diffusers_flux as tiny_flux  # noqa: E402
 
 BATCH = (
     "ChromaTransformer2DModel",
@@ -162,8 +163,12 @@ def test_tables_replaced_at_the_training_size_equal_stock_within_the_records_max
 @pytest.mark.parametrize(
     "name, text, image",
     [  # LongCat: text (0, i, i), image (1, 5 + y, 5 + x); Ovis: text (0, i, i), image (0, y, x)
-        ("LongCatImageTransformer2DModel", tiny._diagonal_text(5), ar.grid(1, 8, 12) + torch.tensor([1.0, 5.0, 5.0])),
-        ("OvisImageTransformer2DModel", tiny._diagonal_text(5), ar.grid(1, 8, 12)),
+        (
+            "LongCatImageTransformer2DModel",
+            tiny_flux._diagonal_text(5),
+            ar.grid(1, 8, 12) + torch.tensor([1.0, 5.0, 5.0]),
+        ),
+        ("OvisImageTransformer2DModel", tiny_flux._diagonal_text(5), ar.grid(1, 8, 12)),
     ],
 )
 def test_sizing_moves_the_image_rows_about_their_origin_and_keeps_the_text_diagonal(name, text, image):
@@ -189,8 +194,8 @@ def test_flux3_sizes_its_text_image_and_reference_calls_by_the_forwards_one_grid
     name = "Flux3Transformer2DModel"
     model, _ = tiny.build(name)
     g = torch.Generator().manual_seed(0)
-    inputs = dict(tiny._flux2_inputs(8, 12, 1, g), image_cond_hidden_states=torch.randn(2, 24, 4, generator=g),
-                  image_cond_ids=tiny._ids4(10, 4, 6))  # fmt: skip
+    inputs = dict(tiny_flux._flux2_inputs(8, 12, 1, g), image_cond_hidden_states=torch.randn(2, 24, 4, generator=g),
+                  image_cond_ids=tiny_flux._ids4(10, 4, 6))  # fmt: skip
     handle = set_rope_processors(model, mode=mode, train_size=(4, 6))
     calls = []
     handle.tables.register_forward_hook(lambda module, args, out: calls.append((args[0], out)))

@@ -1,0 +1,78 @@
+"""Tiny random diffusers transformers carrying Wan's tables (SkyReels-V2, Wan VACE, Sana-Video, Wan-Animate,
+ChronoEdit), configs after diffusers' model tests. :data:`ENTRIES`: a :class:`Tiny` per class name."""
+
+from __future__ import annotations
+
+import diffusers
+import torch
+
+from models.tiny_diffusers_common import WAN, B, Tiny, video_inputs
+
+ENTRIES: dict[str, Tiny] = {}
+WAN_BLOCK = dict(WAN, cross_attn_norm=True, rope_max_seq_len=32)
+ENTRIES["SkyReelsV2Transformer3DModel"] = Tiny(
+    lambda depth: diffusers.SkyReelsV2Transformer3DModel(**dict(WAN_BLOCK, num_layers=depth)),
+    video_inputs(2),
+    (3, 2, 3),
+)
+
+
+ENTRIES["WanVACETransformer3DModel"] = Tiny(
+    lambda depth: diffusers.WanVACETransformer3DModel(
+        **dict(WAN_BLOCK, num_layers=depth), vace_layers=[0], vace_in_channels=4
+    ),
+    lambda h, w, frames, g: dict(
+        video_inputs(2)(h, w, frames, g), control_hidden_states=torch.randn(B, 4, frames, 2 * h, 2 * w, generator=g)
+    ),
+    (3, 2, 3),
+)
+ENTRIES["SanaVideoTransformer3DModel"] = Tiny(
+    lambda depth: diffusers.SanaVideoTransformer3DModel(
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=12,
+        num_layers=depth,
+        num_cross_attention_heads=2,
+        cross_attention_head_dim=12,
+        cross_attention_dim=24,
+        caption_channels=16,
+        sample_size=8,
+        rope_max_seq_len=32,
+    ),  # fmt: skip
+    video_inputs(2, encoder_attention_mask=lambda g: torch.tensor([[1] * 5, [1] * 3 + [0] * 2])),
+    (3, 2, 3),
+)
+
+
+def _wan_animate_inputs(h, w, frames, g):  # 2 C + 4 channels; a face video of 4 (frames - 1) frames
+    return dict(
+        video_inputs(2)(h, w, frames, g), hidden_states=torch.randn(B, 12, frames, 2 * h, 2 * w, generator=g),
+        encoder_hidden_states_image=torch.randn(B, 3, 16, generator=g),
+        pose_hidden_states=torch.randn(B, 4, frames - 1, 2 * h, 2 * w, generator=g),
+        face_pixel_values=torch.randn(B, 3, 4 * (frames - 1), 16, 16, generator=g),
+    )  # fmt: skip
+
+
+ENTRIES["WanAnimateTransformer3DModel"] = Tiny(
+    lambda depth: diffusers.WanAnimateTransformer3DModel(
+        **dict(WAN_BLOCK, num_layers=depth, in_channels=12),
+        latent_channels=4,
+        image_dim=16,
+        motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+        motion_encoder_size=16,
+        motion_style_dim=8,
+        motion_dim=4,
+        motion_encoder_dim=16,
+        face_encoder_hidden_dim=16,
+        face_encoder_num_heads=2,
+        inject_face_latents_blocks=1,
+    ),  # fmt: skip
+    _wan_animate_inputs,
+    (3, 2, 3),
+)
+ENTRIES["ChronoEditTransformer3DModel"] = Tiny(  # 2 frames: the input image and the edit, at 0 and skip - 1
+    lambda depth: diffusers.ChronoEditTransformer3DModel(**dict(WAN_BLOCK, num_layers=depth)),
+    video_inputs(2),
+    (2, 2, 3),
+)
