@@ -1,5 +1,5 @@
 """Tiny random diffusers transformers carrying Wan's tables (SkyReels-V2, Wan VACE, Sana-Video, Wan-Animate,
-ChronoEdit), configs after diffusers' model tests. :data:`ENTRIES`: a :class:`Tiny` per class name."""
+ChronoEdit; Helios's frame-indexed Wan-like tables), configs after diffusers' model tests. :data:`ENTRIES`: a :class:`Tiny` per class name."""
 
 from __future__ import annotations
 
@@ -75,4 +75,24 @@ ENTRIES["ChronoEditTransformer3DModel"] = Tiny(  # 2 frames: the input image and
     lambda depth: diffusers.ChronoEditTransformer3DModel(**dict(WAN_BLOCK, num_layers=depth)),
     video_inputs(2),
     (2, 2, 3),
+)
+
+
+def _helios_inputs(h, w, frames, g):  # patch (1, 2, 2); short, mid and long histories before the new frames
+    latent = lambda f: torch.randn(B, 4, f, 2 * h, 2 * w, generator=g)  # noqa: E731
+    return dict(
+        hidden_states=latent(frames), timestep=torch.rand(B, generator=g) * 1000,
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g),
+        indices_hidden_states=torch.arange(7, 7 + frames)[None],
+        latents_history_short=latent(1), indices_latents_history_short=torch.tensor([[6]]),
+        latents_history_mid=latent(2), indices_latents_history_mid=torch.tensor([[4, 5]]),
+        latents_history_long=latent(4), indices_latents_history_long=torch.arange(4)[None], return_dict=False,
+    )  # fmt: skip
+
+
+ENTRIES["HeliosTransformer3DModel"] = Tiny(
+    lambda depth: diffusers.HeliosTransformer3DModel(**dict(WAN, num_layers=depth), rope_dim=(4, 4, 4)),
+    _helios_inputs,
+    (3, 4, 6),
+    no_dynamic="its long-history patch embedding makes one token of a tiny history: a size-1 guard, so sizes recompile",
 )

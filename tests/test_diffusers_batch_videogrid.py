@@ -1,5 +1,5 @@
 """The video families of diffusers that compute their tables from the latent's shape and the pipeline's extra
-inputs (Wan's tables in other models, Cosmos's frame rate): the records' tables equal the stock ones, structure
+inputs (Wan's tables in other models, Helios's frame indices, Cosmos's frame rate): the records' tables equal the stock ones, structure
 by structure, at two sizes.
 
 The shared checks of every record (stock equality, scaling, removal, checkpointing, compile) are in
@@ -16,6 +16,8 @@ from axial_rope.conventions._registry import DIFFUSERS
 
 diffusers = pytest.importorskip("diffusers")
 
+from test_diffusers_families import _train_size  # noqa: E402
+
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_tables import RotaryTables  # noqa: E402
 from axial_rope.scaling import RIFLEx  # noqa: E402
@@ -25,6 +27,7 @@ from models.tiny_diffusers_video import ENTRIES  # noqa: E402
 BATCH = sorted(
     {
         *ENTRIES,
+        "HeliosTransformer3DModel",
         "ChronoEditTransformer3DModel",
         "WanAnimateTransformer3DModel",
         "SanaVideoTransformer3DModel",
@@ -57,7 +60,7 @@ def _ours(model) -> RotaryTables:
 def _bound(ours: RotaryTables, args, kwargs) -> float:
     # upstream rounds its frequencies (u relative), the float32 product (u) and takes cos/sin of a float32 angle
     # (u); ours rounds float64 cos/sin once (u / 2): |difference| <= 4 u |angle| + 2 u
-    pos, _ = ours.positions(ours.rope, None, *args, **kwargs)
+    pos, *_ = ours.positions(ours.rope, None, *args, **kwargs)
     angle = float((pos.reshape(-1, pos.shape[-1]).double().abs() @ ours.rope.freqs.abs()).max())
     return 4 * U * angle + 2 * U
 
@@ -93,7 +96,7 @@ def test_tables_replaced_at_the_training_size_stay_within_the_records_max_diff(n
     inputs = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
     with torch.no_grad():
         stock = model(**inputs)[0]
-        handle = set_rope_processors(model, mode="interpolate", train_size=tiny.TINY[name].grid)
+        handle = set_rope_processors(model, mode="interpolate", train_size=_train_size(name))
         assert handle.tables is not None
         diff = float((model(**inputs)[0] - stock).abs().max())
     assert diff <= DIFFUSERS[name].max_diff, f"{name}: measured {diff:.1e} > max_diff {DIFFUSERS[name].max_diff}"
@@ -114,7 +117,7 @@ def test_cosmos_image_without_fps_keeps_integer_frames():
     ours = _ours(model)
     for args, kwargs, stock in _stock_calls(model, dict(inputs, fps=None)):
         _assert_same_structure(ours(*args, **kwargs), stock, _bound(ours, args, kwargs))
-        pos, _ = ours.positions(ours.rope, None, *args, **kwargs)
+        pos, *_ = ours.positions(ours.rope, None, *args, **kwargs)
         assert torch.equal(pos[:, 0], pos[:, 0].round())  # frames at their index
 
 
@@ -122,7 +125,7 @@ def test_cosmos_places_frames_on_the_base_frame_rate():
     model, inputs = tiny.build("CosmosTransformer3DModel")
     ours = _ours(model)
     (args, kwargs, _), *_ = _stock_calls(model, inputs)  # fps 30: 24 / 30 of a base frame apart
-    pos, _ = ours.positions(ours.rope, None, *args, **kwargs)
+    pos, *_ = ours.positions(ours.rope, None, *args, **kwargs)
     assert pos[:, 0].unique().tolist() == pytest.approx([0.0, 0.8, 1.6])
 
 
@@ -140,3 +143,13 @@ def test_chronoedit_puts_two_frames_skip_apart_and_more_frames_at_their_index():
     three, _ = positions(rope, None, torch.zeros(1, 4, 3, 4, 6))
     assert two[:, 0].unique().tolist() == [0.0, 7.0]  # rope_temporal_skip_len 8
     assert three[:, 0].unique().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_helios_tables_follow_each_items_frame_indices():
+    model, inputs = tiny.build("HeliosTransformer3DModel")
+    rows = {k: v.expand(2, -1).clone() for k, v in inputs.items() if k.startswith("indices")}  # one row per item
+    rows["indices_hidden_states"] = torch.tensor([[7, 8, 9], [2, 5, 11]])
+    rows["indices_latents_history_mid"] = torch.tensor([[4, 5], [0, 1]])
+    ours = _ours(model)
+    for args, kwargs, stock in _stock_calls(model, dict(inputs, **rows)):
+        _assert_same_structure(ours(*args, **kwargs), stock, _bound(ours, args, kwargs))

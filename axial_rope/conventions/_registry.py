@@ -202,7 +202,6 @@ DIFFUSERS_PENDING = frozenset(
         "ConsisIDTransformer3DModel",
         "EasyAnimateTransformer3DModel",
         "ErnieImageTransformer2DModel",
-        "HeliosTransformer3DModel",
         "HunyuanImageTransformer2DModel",
         "HunyuanVideo15Transformer3DModel",
         "HunyuanVideoFramepackTransformer3DModel",

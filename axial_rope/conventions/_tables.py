@@ -16,8 +16,8 @@ import torch
 from ..positions import grid, positions_for_size
 from ..rope import AxialRoPE
 
-__all__ = ["Sizing", "at_index", "grid_coordinates", "grid_positions", "id_extent", "ids_positions", "latent_grid",
-           "latent_positions"]  # fmt: skip
+__all__ = ["Sizing", "at_index", "frames_grid_positions", "grid_coordinates", "grid_positions", "id_extent",
+           "ids_positions", "latent_grid", "latent_positions"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -131,3 +131,24 @@ def latent_positions(patch, *, channels_first: bool = True):
         return positions
 
     return of_config
+
+
+def frames_grid_positions(
+    frame_indices: torch.Tensor, height, width, rope: AxialRoPE, sizing: Sizing | None, device
+) -> tuple[torch.Tensor, tuple]:
+    """Frames at the pipeline's indices, each an ``height x width`` token grid -> positions ``(t, y, x)``.
+
+    ``frame_indices`` ``[F]`` gives ``[F H W, 3]``, ``[B, F]`` gives ``[B, F H W, 3]`` (t slowest). The
+    indices are the frames' places in a window of history and new frames (Helios), the same at every video
+    length, so ``sizing`` sizes ``(y, x)`` only and time keeps the indices.
+    """
+    t = frame_indices.to(device=device, dtype=torch.float32)  # [..., F]
+    if sizing is None:
+        yx, scaling = grid(height, width, device=device), rope.scaling
+    else:
+        sized = positions_for_size((height, width), sizing.train_size, sizing.mode, device=device)
+        yx, scaling = sized.pos, (None, *sized.scaling)
+    lead, frames, hw = t.shape[:-1], t.shape[-1], yx.shape[0]
+    tt = t[..., None, None].expand(*lead, frames, hw, 1)
+    yx = yx.to(t.dtype).expand(*lead, frames, hw, 2)
+    return torch.cat([tt, yx], dim=-1).flatten(-3, -2), scaling
