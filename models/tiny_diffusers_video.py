@@ -1,5 +1,5 @@
 """Tiny random diffusers video transformers whose tables come from the latent's shape and the pipeline's extra
-inputs (Cosmos's frame rate). :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers
+inputs (HunyuanVideo 1.5's latent grid, Cosmos's frame rate). :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers
 class name. One layer of each kind, two heads, batch 2.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import diffusers
 import torch
 
-from models.tiny_diffusers_common import B, Tiny
+from models.tiny_diffusers_common import B, Tiny, video_inputs
 
 
 def _cosmos(depth):  # without the learned absolute embedding: not RoPE, and float32 only (its norm refuses float64)
@@ -27,6 +27,31 @@ def _cosmos_inputs(h, w, frames, g):  # patch (1, 2, 2); a 30 fps video: frames 
     )  # fmt: skip
 
 
+def _mask(g, text: int = 5):  # the second item's text padded
+    return torch.tensor([[1] * text, [1] * (text - 2) + [0] * 2])
+
+
+def _hunyuan15(depth):
+    return diffusers.HunyuanVideo15Transformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, num_refiner_layers=1, text_embed_dim=16,
+        attention_head_dim=8, num_layers=depth, mlp_ratio=2.0, text_embed_2_dim=8, image_embed_dim=12,
+        rope_axes_dim=(2, 2, 4), target_size=16, task_type="t2v",
+    )  # fmt: skip
+
+
+_hunyuan15_inputs = video_inputs(
+    1, encoder_attention_mask=_mask, encoder_hidden_states_2=lambda g: torch.randn(B, 4, 8, generator=g),
+    encoder_attention_mask_2=torch.ones(B, 4), image_embeds=torch.zeros(B, 3, 12),
+)  # fmt: skip
+_HUNYUAN15_HOST = (
+    "its forward branches on the image embeddings' values (`torch.all(image_embeds == 0)`) and gathers the valid "
+    "text tokens by boolean masks"
+)
+
+
 ENTRIES: dict[str, Tiny] = {
     "CosmosTransformer3DModel": Tiny(model=_cosmos, inputs=_cosmos_inputs, grid=(3, 4, 4)),
+    "HunyuanVideo15Transformer3DModel": Tiny(
+        model=_hunyuan15, inputs=_hunyuan15_inputs, grid=(3, 4, 6), no_fullgraph=_HUNYUAN15_HOST
+    ),
 }

@@ -203,7 +203,6 @@ DIFFUSERS_PENDING = frozenset(
         "EasyAnimateTransformer3DModel",
         "ErnieImageTransformer2DModel",
         "HunyuanImageTransformer2DModel",
-        "HunyuanVideo15Transformer3DModel",
         "HunyuanVideoFramepackTransformer3DModel",
         "Ideogram4Transformer2DModel",
         "JoyImageEditPlusTransformer3DModel",

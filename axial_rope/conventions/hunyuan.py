@@ -191,3 +191,20 @@ register_diffusers(
         axes="(y, x): D/2 each, x's planes first, theta 10000; the pipeline's crop grid",
     )
 )
+
+VIDEO15_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_hunyuan_video15.py` `HunyuanVideo15RotaryPosEmbed`"
+
+register_diffusers(
+    DiffusersFamily(
+        name="hunyuan_video15",
+        classes=("HunyuanVideo15Transformer3DModel",),
+        rope=lambda c: hunyuan_video(axes_sum(c, "rope_axes_dim", "attention_head_dim"), field(c, "rope_theta")),
+        tables=("module", "rope"),  # HunyuanVideo15RotaryPosEmbed(hidden_states): the latent video
+        positions=latent_positions(lambda c: (size(c, "patch_size_t"), size(c, "patch_size"), size(c, "patch_size"))),
+        stock=("HunyuanVideo15AttnProcessor2_0",),
+        blocks=("transformer_blocks.",),
+        max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
+        source=VIDEO15_SOURCE,
+        axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
+    )
+)
