@@ -1,5 +1,5 @@
 """Tiny random diffusers video transformers whose tables come from the latent's shape and the pipeline's extra
-inputs (HunyuanVideo 1.5's latent grid, Cosmos's frame rate). :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers
+inputs (HunyuanVideo 1.5's latent grid, EasyAnimate's base region, Cosmos's frame rate). :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers
 class name. One layer of each kind, two heads, batch 2.
 """
 
@@ -49,9 +49,26 @@ _HUNYUAN15_HOST = (
 )
 
 
+def _easyanimate(depth):  # patch 15: the 60 x 90 base region is 4 x 6 tokens, the default grid
+    return diffusers.EasyAnimateTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, patch_size=15,
+        num_layers=depth, mmdit_layers=depth, text_embed_dim=16, time_embed_dim=8,
+    )  # fmt: skip
+
+
+def _easyanimate_inputs(h, w, frames, g):
+    return dict(video_inputs(15)(h, w, frames, g), timestep=torch.randint(0, 1000, (B,), generator=g))
+
+
 ENTRIES: dict[str, Tiny] = {
     "CosmosTransformer3DModel": Tiny(model=_cosmos, inputs=_cosmos_inputs, grid=(3, 4, 4)),
     "HunyuanVideo15Transformer3DModel": Tiny(
         model=_hunyuan15, inputs=_hunyuan15_inputs, grid=(3, 4, 6), no_fullgraph=_HUNYUAN15_HOST
+    ),
+    "EasyAnimateTransformer3DModel": Tiny(
+        model=_easyanimate,
+        inputs=_easyanimate_inputs,
+        grid=(3, 4, 6),
+        no_dynamic="its crop of the base region branches on the aspect ratio (as the tables do)",
     ),
 }

@@ -28,6 +28,7 @@ from ._registry import FAMILIES, REGISTRY, Convention, table
 from .cogvideox import cogvideox, cogvideox_positions
 from .cosmos import cosmos
 from .dinov3 import dinov3
+from .easyanimate import easyanimate_crop
 from .flux import flux, flux_positions
 from .helios import helios
 from .hunyuan import hunyuan_dit, hunyuan_dit_crop, hunyuan_dit_positions, hunyuan_image, hunyuan_video
@@ -47,7 +48,7 @@ __all__ = [
     "rope_for_parameters",
     "flux", "flux_positions", "hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions",
     "hunyuan_dit_crop", "wan", "wan_axes_dim", "video_grid_positions", "cogvideox", "cogvideox_positions",
-    "cosmos", "helios",
+    "cosmos", "easyanimate_crop", "helios",
     "ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions",
     "lumina2", "lumina2_positions", "mochi", "mochi_positions",
     "timm_cat", "timm_positions", "eva02", "timm_mixed", "dinov3",

@@ -200,7 +200,6 @@ DIFFUSERS_PENDING = frozenset(
         "AnyFlowFARTransformer3DModel",
         "BriaFibo2Transformer2DModel",
         "ConsisIDTransformer3DModel",
-        "EasyAnimateTransformer3DModel",
         "ErnieImageTransformer2DModel",
         "HunyuanImageTransformer2DModel",
         "HunyuanVideoFramepackTransformer3DModel",
