@@ -34,6 +34,8 @@ class Tiny:
             shapes): the compile checks of whole forwards skip the model; its repeated blocks still compile.
         no_dynamic: why the stock model recompiles per size itself (nothing the adapter adds): the dynamic-size
             compile check skips it.
+        dtype: the dtype the generic checks run the model in: float64, or float32 where the stock model cannot run
+            in float64.
     """
 
     model: Callable[[int], torch.nn.Module]
@@ -44,6 +46,7 @@ class Tiny:
     mode: str = "interpolate"
     no_fullgraph: str = ""
     no_dynamic: str = ""
+    dtype: torch.dtype = torch.float64
 
 
 def flux(depth: int = 1, heads: int = 2, axes_dims_rope: tuple[int, int, int] = (4, 6, 6)):

@@ -1,5 +1,5 @@
 """Tiny random diffusers video transformers whose tables come from the latent's shape and the pipeline's extra
-inputs (HunyuanVideo 1.5's latent grid, EasyAnimate's base region, Cosmos's frame rate). :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers
+inputs (HunyuanVideo 1.5's and Motif-Video's latent grids, EasyAnimate's base region, Cosmos's frame rate). :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers
 class name. One layer of each kind, two heads, batch 2.
 """
 
@@ -60,6 +60,13 @@ def _easyanimate_inputs(h, w, frames, g):
     return dict(video_inputs(15)(h, w, frames, g), timestep=torch.randint(0, 1000, (B,), generator=g))
 
 
+def _motif(depth):
+    return diffusers.MotifVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=depth,
+        num_single_layers=depth, patch_size=1, text_embed_dim=16, rope_axes_dim=(2, 4, 4),
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, Tiny] = {
     "CosmosTransformer3DModel": Tiny(model=_cosmos, inputs=_cosmos_inputs, grid=(3, 4, 4)),
     "HunyuanVideo15Transformer3DModel": Tiny(
@@ -70,5 +77,11 @@ ENTRIES: dict[str, Tiny] = {
         inputs=_easyanimate_inputs,
         grid=(3, 4, 6),
         no_dynamic="its crop of the base region branches on the aspect ratio (as the tables do)",
+    ),
+    "MotifVideoTransformer3DModel": Tiny(
+        model=_motif,
+        inputs=video_inputs(1, encoder_attention_mask=_mask),
+        grid=(3, 4, 6),
+        dtype=torch.float32,  # its time embedding is float32 always (Timesteps), with no cast to float64 weights
     ),
 }

@@ -92,8 +92,9 @@ def test_tables_replaced_at_the_training_size_stay_within_the_records_max_diff(n
     # mode="interpolate" at the training size: the tables module replaced, positions unscaled; what remains is
     # the rounding of upstream's tables (float64 models, so the docs' "max diff" is that rounding alone)
     model, inputs = tiny.build(name)
-    model = model.double()
-    inputs = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
+    dtype = tiny.TINY[name].dtype  # float64, unless the stock model cannot run in it
+    model = model.to(dtype)
+    inputs = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
     with torch.no_grad():
         stock = model(**inputs)[0]
         handle = set_rope_processors(model, mode="interpolate", train_size=_train_size(name))

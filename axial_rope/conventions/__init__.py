@@ -18,6 +18,7 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     krea2,
     longcat,
     minimax,
+    motif,
     ovis,
     prx,
     qwen_image,
