@@ -36,6 +36,7 @@ class Tiny:
             compile check skips it.
         dtype: the dtype the generic checks run the model in: float64, or float32 where the stock model cannot run
             in float64.
+        no_checkpointing: why the stock model fails activation checkpointing itself: the checkpointing check skips it.
     """
 
     model: Callable[[int], torch.nn.Module]
@@ -47,6 +48,7 @@ class Tiny:
     no_fullgraph: str = ""
     no_dynamic: str = ""
     dtype: torch.dtype = torch.float64
+    no_checkpointing: str = ""
 
 
 def flux(depth: int = 1, heads: int = 2, axes_dims_rope: tuple[int, int, int] = (4, 6, 6)):

@@ -1,5 +1,5 @@
 """Tiny random diffusers video transformers whose tables come from the latent's shape and the pipeline's extra
-inputs (HunyuanVideo 1.5's and Motif-Video's latent grids, EasyAnimate's base region, Cosmos's frame rate). :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers
+inputs (HunyuanVideo 1.5's and Motif-Video's latent grids, HunyuanImage 2.1's latent image, EasyAnimate's base region, Cosmos's frame rate). :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers
 class name. One layer of each kind, two heads, batch 2.
 """
 
@@ -67,6 +67,20 @@ def _motif(depth):
     )  # fmt: skip
 
 
+def _hunyuan_image(depth):
+    return diffusers.HunyuanImageTransformer2DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, num_refiner_layers=1, text_embed_dim=16,
+        attention_head_dim=8, num_layers=depth, num_single_layers=depth, rope_axes_dim=(4, 4),
+    )  # fmt: skip
+
+
+def _image_inputs(h, w, frames, g):  # a latent image [B, 4, H, W], patch 1
+    return dict(
+        hidden_states=torch.randn(B, 4, h, w, generator=g), timestep=torch.rand(B, generator=g) * 1000,
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g), encoder_attention_mask=_mask(g), return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, Tiny] = {
     "CosmosTransformer3DModel": Tiny(model=_cosmos, inputs=_cosmos_inputs, grid=(3, 4, 4)),
     "HunyuanVideo15Transformer3DModel": Tiny(
@@ -83,5 +97,12 @@ ENTRIES: dict[str, Tiny] = {
         inputs=video_inputs(1, encoder_attention_mask=_mask),
         grid=(3, 4, 6),
         dtype=torch.float32,  # its time embedding is float32 always (Timesteps), with no cast to float64 weights
+    ),
+    "HunyuanImageTransformer2DModel": Tiny(
+        model=_hunyuan_image,
+        inputs=_image_inputs,
+        grid=(1, 4, 6),
+        video=False,
+        no_checkpointing="its checkpointed blocks get keyword arguments diffusers' checkpoint function refuses",
     ),
 }

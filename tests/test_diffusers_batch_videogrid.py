@@ -107,8 +107,11 @@ def test_tables_replaced_at_the_training_size_stay_within_the_records_max_diff(n
 def test_a_scaling_that_does_not_fit_names_the_family_and_the_axis(name):
     model, _ = tiny.build(name)
     family = DIFFUSERS[name]
-    with pytest.raises(ValueError, match=rf"{family.name}.*axis 1 .y."):
-        set_rope_processors(model, scaling=(None, RIFLEx(k=2, test_length=20), None))
+    riflex = RIFLEx(k=2, test_length=20)  # a temporal method on the y axis
+    scaling = (riflex, None) if family.time_axis is None else (None, riflex, None)
+    axis = "axis 0 .y." if family.time_axis is None else "axis 1 .y."
+    with pytest.raises(ValueError, match=rf"{family.name}.*{axis}"):
+        set_rope_processors(model, scaling=scaling)
     with pytest.raises(ValueError, match=family.name):
         set_rope_processors(model, scaling=(None,) * 5)  # one method per axis, and there are not 5
 
@@ -154,3 +157,10 @@ def test_helios_tables_follow_each_items_frame_indices():
     ours = _ours(model)
     for args, kwargs, stock in _stock_calls(model, dict(inputs, **rows)):
         _assert_same_structure(ours(*args, **kwargs), stock, _bound(ours, args, kwargs))
+
+
+def test_hunyuan_image_refuses_its_three_axis_configuration():
+    with pytest.raises(ValueError, match=r"\(y, x\) configuration"):
+        DIFFUSERS["HunyuanImageTransformer2DModel"].rope(
+            dict(rope_axes_dim=(2, 2, 4), attention_head_dim=8, rope_theta=256.0)
+        )

@@ -10,7 +10,7 @@ from ..positions import crop_grid
 from ..rope import AxialRoPE
 from ._fields import axes_sum, field, size
 from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
-from ._tables import grid_coordinates, latent_positions
+from ._tables import grid_coordinates, grid_positions, latent_positions
 
 __all__ = ["hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions", "hunyuan_dit_crop"]
 
@@ -206,5 +206,42 @@ register_diffusers(
         max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
         source=VIDEO15_SOURCE,
         axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
+    )
+)
+
+
+def _image_rope(config) -> AxialRoPE:
+    axes = axes_sum(config, "rope_axes_dim", "attention_head_dim")
+    if len(axes) != 2:
+        raise ValueError(
+            f"HunyuanImageTransformer2DModel: axial_rope serves the (y, x) configuration (rope_axes_dim of 2), "
+            f"got rope_axes_dim {list(axes)}"
+        )
+    return hunyuan_image(axes, field(config, "rope_theta"))
+
+
+def _image_positions(config):
+    """``rope(hidden_states)``: a latent image ``[B, C, H, W]`` cut by ``patch_size`` ``(p_y, p_x)``."""
+    p_y, p_x = field(config, "patch_size")
+
+    def positions(rope, sizing, latent):
+        return grid_positions((latent.shape[-2] // p_y, latent.shape[-1] // p_x), rope, sizing, latent.device)
+
+    return positions
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="hunyuan_image",
+        classes=("HunyuanImageTransformer2DModel",),
+        rope=_image_rope,
+        tables=("module", "rope"),  # HunyuanImageRotaryPosEmbed(hidden_states): the latent image
+        positions=_image_positions,
+        grid_axes=(0, 1),
+        time_axis=None,
+        stock=("HunyuanImageAttnProcessor",),
+        max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
+        source=IMAGE_SOURCE,
+        axes="(y, x): `rope_axes_dim`, `rope_theta`",
     )
 )
