@@ -1,5 +1,5 @@
 """Tiny random diffusers video transformers whose tables come from the latent's shape and the pipeline's extra
-inputs (HunyuanVideo 1.5's and Motif-Video's latent grids, HunyuanImage 2.1's latent image, EasyAnimate's base region, Cosmos's frame rate). :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers
+inputs (HunyuanVideo 1.5's and Motif-Video's latent grids, Framepack's frame indices, HunyuanImage 2.1's latent image, EasyAnimate's base region, Cosmos's frame rate). :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per diffusers
 class name. One layer of each kind, two heads, batch 2.
 """
 
@@ -81,6 +81,27 @@ def _image_inputs(h, w, frames, g):  # a latent image [B, 4, H, W], patch 1
     )  # fmt: skip
 
 
+def _framepack(depth):
+    return diffusers.HunyuanVideoFramepackTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, num_refiner_layers=1, text_embed_dim=16,
+        attention_head_dim=10, num_layers=depth, num_single_layers=depth, patch_size=2, pooled_projection_dim=8,
+        rope_axes_dim=(2, 4, 4), has_image_proj=True, image_proj_dim=16, has_clean_x_embedder=True,
+    )  # fmt: skip
+
+
+def _framepack_inputs(h, w, frames, g):  # patch 2; indices as the vanilla sampler lays them out
+    latent = lambda f: torch.randn(B, 4, f, 2 * h, 2 * w, generator=g)  # noqa: E731
+    return dict(
+        hidden_states=latent(frames), timestep=torch.rand(B, generator=g) * 1000,
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g), encoder_attention_mask=_mask(g),
+        pooled_projections=torch.randn(B, 8, generator=g), image_embeds=torch.randn(B, 3, 16, generator=g),
+        guidance=torch.full((B,), 3000.0), indices_latents=torch.arange(8, 8 + frames),
+        latents_clean=latent(2), indices_latents_clean=torch.tensor([0, 7]),
+        latents_history_2x=latent(2), indices_latents_history_2x=torch.tensor([5, 6]),
+        latents_history_4x=latent(4), indices_latents_history_4x=torch.arange(1, 5), return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, Tiny] = {
     "CosmosTransformer3DModel": Tiny(model=_cosmos, inputs=_cosmos_inputs, grid=(3, 4, 4)),
     "HunyuanVideo15Transformer3DModel": Tiny(
@@ -104,5 +125,11 @@ ENTRIES: dict[str, Tiny] = {
         grid=(1, 4, 6),
         video=False,
         no_checkpointing="its checkpointed blocks get keyword arguments diffusers' checkpoint function refuses",
+    ),
+    "HunyuanVideoFramepackTransformer3DModel": Tiny(
+        model=_framepack,
+        inputs=_framepack_inputs,
+        grid=(3, 4, 6),
+        no_dynamic="its 4x-history patch embedding makes one token of a tiny history: a size-1 guard, so sizes recompile",
     ),
 }

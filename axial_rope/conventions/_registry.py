@@ -201,7 +201,6 @@ DIFFUSERS_PENDING = frozenset(
         "BriaFibo2Transformer2DModel",
         "ConsisIDTransformer3DModel",
         "ErnieImageTransformer2DModel",
-        "HunyuanVideoFramepackTransformer3DModel",
         "Ideogram4Transformer2DModel",
         "JoyImageEditPlusTransformer3DModel",
         "JoyImageEditTransformer3DModel",

@@ -10,7 +10,7 @@ from ..positions import crop_grid
 from ..rope import AxialRoPE
 from ._fields import axes_sum, field, size
 from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
-from ._tables import grid_coordinates, grid_positions, latent_positions
+from ._tables import frames_grid_positions, grid_coordinates, grid_positions, latent_positions
 
 __all__ = ["hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions", "hunyuan_dit_crop"]
 
@@ -243,5 +243,38 @@ register_diffusers(
         max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
         source=IMAGE_SOURCE,
         axes="(y, x): `rope_axes_dim`, `rope_theta`",
+    )
+)
+
+FRAMEPACK_SOURCE = (
+    "diffusers 0.42.1 `models/transformers/transformer_hunyuan_video_framepack.py` "
+    "`HunyuanVideoFramepackRotaryPosEmbed`"
+)
+
+
+def _framepack_positions(config):
+    """``rope(frame_indices, height, width, device)``, called for the new frames and each history (the 2x and 4x
+    histories' tables are then pooled by the model, as stock): the frames at their indices, ``height x width``
+    (latent pixels) cut by the patch."""
+    patch = size(config, "patch_size")
+
+    def positions(rope, sizing, frame_indices, height, width, device):
+        return frames_grid_positions(frame_indices, height // patch, width // patch, rope, sizing, device)
+
+    return positions
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="hunyuan_video_framepack",
+        classes=("HunyuanVideoFramepackTransformer3DModel",),
+        rope=lambda c: hunyuan_video(axes_sum(c, "rope_axes_dim", "attention_head_dim"), field(c, "rope_theta")),
+        tables=("module", "rope"),
+        positions=_framepack_positions,
+        grid_axes=(1, 2),  # the frame indices are the pipeline's window of history and new frames: (y, x) sized
+        stock=("HunyuanVideoAttnProcessor2_0",),
+        max_diff=2e-9,  # float64 models, tables replaced: 1.5e-9 measured (the float32 tables)
+        source=FRAMEPACK_SOURCE,
+        axes="(t, y, x): `rope_axes_dim`, `rope_theta`; t = the pipeline's frame indices",
     )
 )
