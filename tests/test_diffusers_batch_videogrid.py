@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from axial_rope.conventions._registry import DIFFUSERS
+from axial_rope.conventions._registry import DIFFUSERS, DIFFUSERS_UNSUPPORTED
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -164,3 +164,8 @@ def test_hunyuan_image_refuses_its_three_axis_configuration():
         DIFFUSERS["HunyuanImageTransformer2DModel"].rope(
             dict(rope_axes_dim=(2, 2, 4), attention_head_dim=8, rope_theta=256.0)
         )
+
+
+def test_wan_animate_2_is_unsupported_with_its_reason():
+    assert "WanAnimate2Transformer3DModel" not in DIFFUSERS
+    assert "rope_apply" in DIFFUSERS_UNSUPPORTED["WanAnimate2Transformer3DModel"]

@@ -190,6 +190,12 @@ DIFFUSERS: dict[str, DiffusersFamily] = {}  # diffusers class name -> its family
 DIFFUSERS_UNSUPPORTED: dict[str, str] = {
     "HunyuanDiT2DMultiControlNetModel": "a wrapper with no config or attention processors of its own that passes "
     "the pipeline's tables to each of its `nets`: adapt each HunyuanDiT2DControlNetModel (served) instead",
+    "WanAnimate2Transformer3DModel": (
+        "its tables are 512-row lookup tables from a cached model method (`_rope_freqs`, one per offset), which "
+        "every attention call indexes by per-sample grid sizes read on the host and a stride (`rope_apply`), so "
+        "no per-token positions reach a module the adapter could size; and its generation pass runs only on a "
+        "compiled flex-attention block mask over a reference KV cache"
+    ),
 }
 # diffusers 0.42.1 classes that use RoPE and have no record yet: the work still to do, listed so that
 # tests/test_diffusers_coverage.py fails for a class that is none of served, unsupported or pending
@@ -212,7 +218,6 @@ DIFFUSERS_PENDING = frozenset(
         "NucleusMoEImageTransformer2DModel",
         "OmniGenTransformer2DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
-        "WanAnimate2Transformer3DModel",
         "ZImageTransformer2DModel",
     }
 )
