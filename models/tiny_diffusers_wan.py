@@ -1,5 +1,5 @@
 """Tiny random diffusers transformers carrying Wan's tables (SkyReels-V2, Wan VACE, Sana-Video, Wan-Animate,
-ChronoEdit; Helios's frame-indexed Wan-like tables), configs after diffusers' model tests. :data:`ENTRIES`: a :class:`Tiny` per class name."""
+ChronoEdit; Helios's frame-indexed Wan-like tables; JoyImage Edit, Wan's inputs), configs after diffusers' model tests. :data:`ENTRIES`: a :class:`Tiny` per class name."""
 
 from __future__ import annotations
 
@@ -95,4 +95,14 @@ ENTRIES["HeliosTransformer3DModel"] = Tiny(
     _helios_inputs,
     (3, 4, 6),
     no_dynamic="its long-history patch embedding makes one token of a tiny history: a size-1 guard, so sizes recompile",
+)
+
+
+ENTRIES["JoyImageEditTransformer3DModel"] = Tiny(  # frames: the items (a reference and the target)
+    lambda depth: diffusers.JoyImageEditTransformer3DModel(
+        in_channels=4, hidden_size=32, num_attention_heads=2, text_dim=16, num_layers=depth, rope_dim_list=[4, 6, 6]
+    ),
+    video_inputs(2),
+    (2, 2, 3),
+    no_dynamic="the stock tables are built from the sizes as Python ints (specialised), unscaled",
 )

@@ -1,5 +1,6 @@
 """The video families of diffusers that compute their tables from the latent's shape and the pipeline's extra
-inputs (Wan's tables in other models, Helios's frame indices, Cosmos's frame rate): the records' tables equal the stock ones, structure
+inputs (Wan's tables in other models, Helios's frame indices, Cosmos's frame rate, JoyImage's
+methods): the records' tables equal the stock ones, structure
 by structure, at two sizes.
 
 The shared checks of every record (stock equality, scaling, removal, checkpointing, compile) are in
@@ -27,6 +28,7 @@ from models.tiny_diffusers_video import ENTRIES  # noqa: E402
 BATCH = sorted(
     {
         *ENTRIES,
+        "JoyImageEditTransformer3DModel",
         "HeliosTransformer3DModel",
         "ChronoEditTransformer3DModel",
         "WanAnimateTransformer3DModel",
@@ -39,15 +41,28 @@ U = 2.0**-24  # float32's unit roundoff
 
 
 def _stock_calls(model, inputs: dict) -> list:
-    """Every call of the model's tables module in one forward: ``(args, kwargs, output)``."""
-    attr = DIFFUSERS[type(model).__name__].tables[1]
+    """Every call of the model's tables module (or method) in one forward: ``(args, kwargs, output)``."""
+    where, attr = DIFFUSERS[type(model).__name__].tables
     calls = []
-    hook = getattr(model, attr).register_forward_hook(
-        lambda module, args, kwargs, out: calls.append((args, kwargs, out)), with_kwargs=True
-    )
+    if where == "module":
+        hook = getattr(model, attr).register_forward_hook(
+            lambda module, args, kwargs, out: calls.append((args, kwargs, out)), with_kwargs=True
+        )
+    else:  # a method: recorded through an instance attribute standing in front of it
+        stock = getattr(model, attr)
+
+        def recorded(*args, **kwargs):
+            out = stock(*args, **kwargs)
+            calls.append((args, kwargs, out))
+            return out
+
+        object.__setattr__(model, attr, recorded)
     with torch.no_grad():
         model(**inputs)
-    hook.remove()
+    if where == "module":
+        hook.remove()
+    else:
+        del model.__dict__[attr]
     assert calls
     return calls
 
@@ -66,6 +81,9 @@ def _bound(ours: RotaryTables, args, kwargs) -> float:
 
 
 def _assert_same_structure(got, want, atol: float, where: str = "tables") -> None:
+    if want is None:
+        assert got is None, f"{where}: {type(got)} vs None"
+        return
     if isinstance(want, (tuple, list)):
         assert type(got) is type(want) and len(got) == len(want), f"{where}: {type(got)} vs {type(want)}"
         for i, (g, w) in enumerate(zip(got, want)):
@@ -169,3 +187,26 @@ def test_hunyuan_image_refuses_its_three_axis_configuration():
 def test_wan_animate_2_is_unsupported_with_its_reason():
     assert "WanAnimate2Transformer3DModel" not in DIFFUSERS
     assert "rope_apply" in DIFFUSERS_UNSUPPORTED["WanAnimate2Transformer3DModel"]
+
+
+def test_joyimage_mrope_text_rows_follow_the_grid():
+    model = tiny.TINY["JoyImageEditTransformer3DModel"].model(1)
+    model.register_to_config(rope_type="mrope")
+    model.rope_type = "mrope"
+    _, inputs = tiny.build("JoyImageEditTransformer3DModel")
+    ours = _ours(model)
+    calls = _stock_calls(model, inputs)
+    assert calls[0][2][1] is not None  # text tables
+    for args, kwargs, stock in calls:
+        _assert_same_structure(ours(*args, **kwargs), stock, _bound(ours, args, kwargs))
+
+
+def test_a_shadowed_method_is_the_classs_own_again_after_remove():
+    name = "JoyImageEditTransformer3DModel"
+    model, _ = tiny.build(name)
+    attr = DIFFUSERS[name].tables[1]
+    handle = set_rope_processors(model, mode="interpolate", train_size=_train_size(name))
+    assert getattr(model, attr) is handle.tables and model._axial_rope_tables is handle.tables
+    handle.remove()
+    assert attr not in model.__dict__ and "_axial_rope_tables" not in dict(model.named_children())
+    assert getattr(model, attr).__func__ is getattr(type(model), attr)

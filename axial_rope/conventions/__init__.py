@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     cogview,
     flux2,
     hidream,
+    joyimage,
     krea2,
     longcat,
     minimax,

@@ -121,7 +121,8 @@ class DiffusersFamily:
         classes: the diffusers transformer classes it covers, by class name.
         rope: ``config -> AxialRoPE``: the rope whose tables equal the model's.
         tables: where the model's rotary tables come from: ``("module", attr)``: the submodule computing
-            them in the forward (the adapter replaces it when scaling); ``("argument", name)``: a forward
+            them in the forward (the adapter replaces it when scaling); ``("method", name)``: a method of the
+            model computing them (shadowed on the instance when scaling); ``("argument", name)``: a forward
             argument the pipeline passes (a forward pre-hook replaces it); ``("fixed", attr)``: the model's
             own only (no spectrum to scale: unscaled processors alone).
         positions: ``config -> (rope, sizing, *inputs, **kwargs) -> (pos, scaling per axis, *context)``, from
@@ -209,7 +210,6 @@ DIFFUSERS_PENDING = frozenset(
         "ErnieImageTransformer2DModel",
         "Ideogram4Transformer2DModel",
         "JoyImageEditPlusTransformer3DModel",
-        "JoyImageEditTransformer3DModel",
         "Kandinsky5Transformer3DModel",
         "Kandinsky6SRTransformer3DModel",
         "Kandinsky6Transformer3DModel",
@@ -263,7 +263,8 @@ def diffusers_table() -> str:
     ]
     for name in sorted(DIFFUSERS):
         f = DIFFUSERS[name]
-        where = {"module": f"`{f.tables[1]}` replaced", "argument": f"`{f.tables[1]}` argument replaced",
+        where = {"module": f"`{f.tables[1]}` replaced", "method": f"`{f.tables[1]}()` replaced",
+                 "argument": f"`{f.tables[1]}` argument replaced",
                  "fixed": "the model's own (unscaled only)"}[f.tables[0]]  # fmt: skip
         time = (
             "-" if f.time_axis is None

@@ -51,6 +51,7 @@ from .diffusers_tables import RotaryTables, argument_hook, grid_hook, time_hook
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
 
 _ATTR = "_axial_rope_processors"  # where the handle lives on the transformer instance
+_TABLES = "_axial_rope_tables"  # the tables module standing in for a model method (tables ("method", name))
 # axial_rope's processors, by the name a family record gives
 _PROCESSORS = {cls.__name__: cls for cls in (FluxRopeProcessor, HunyuanVideoRopeProcessor, WanRopeProcessor,
                                              CogVideoXRopeProcessor, LTXVideoRopeProcessor)}  # fmt: skip
@@ -92,11 +93,15 @@ class RopeProcessors:
             hook.remove()
         if self._replaced is not None:
             name, stock = self._replaced
-            if isinstance(stock, torch.nn.Module):
+            if stock is None:  # a method was shadowed on the instance: the class's own is found again
+                del self.transformer.__dict__[name]
+                delattr(self.transformer, _TABLES)
+            elif isinstance(stock, torch.nn.Module):
                 stock = stock.to(next(self.tables.rope.buffers()).device)
             else:  # a plain object (Z-Image's RopeEmbedder): our module goes, the attribute is set again
                 delattr(self.transformer, name)
-            setattr(self.transformer, name, stock)
+            if stock is not None:
+                setattr(self.transformer, name, stock)
         delattr(self.transformer, _ATTR)
 
 
@@ -205,6 +210,10 @@ def set_rope_processors(
         if where == "module":
             replaced = (attr, stock)
             setattr(transformer, attr, tables)
+        elif where == "method":  # a model method computes them: an instance attribute shadows it
+            replaced = (attr, None)
+            transformer.add_module(_TABLES, tables)  # a submodule, so .to() and compile see it
+            object.__setattr__(transformer, attr, tables)
         else:
             hooks.append(argument_hook(transformer, attr, tables, "hidden_states"))
 
