@@ -1,5 +1,5 @@
 """Tiny random diffusers transformers carrying Wan's tables (SkyReels-V2, Wan VACE, Sana-Video, Wan-Animate,
-ChronoEdit; Helios's frame-indexed Wan-like tables; JoyImage Edit, Wan's inputs), configs after diffusers' model tests. :data:`ENTRIES`: a :class:`Tiny` per class name."""
+ChronoEdit; Helios's frame-indexed Wan-like tables; JoyImage Edit and Edit Plus), configs after diffusers' model tests. :data:`ENTRIES`: a :class:`Tiny` per class name."""
 
 from __future__ import annotations
 
@@ -105,4 +105,23 @@ ENTRIES["JoyImageEditTransformer3DModel"] = Tiny(  # frames: the items (a refere
     video_inputs(2),
     (2, 2, 3),
     no_dynamic="the stock tables are built from the sizes as Python ints (specialised), unscaled",
+)
+
+
+def _joyimage_plus_inputs(h, w, frames, g):  # patchified: the target and frames - 1 references of h x w tokens
+    shapes = [(1, h, w)] * frames
+    return dict(
+        hidden_states=torch.randn(B, frames * h * w, 4, 1, 2, 2, generator=g),
+        timestep=torch.rand(B, generator=g) * 1000, encoder_hidden_states=torch.randn(B, 5, 16, generator=g),
+        encoder_hidden_states_mask=torch.tensor([[1] * 5, [1] * 3 + [0] * 2]), shape_list=[shapes] * B,
+        return_dict=False,
+    )  # fmt: skip
+
+
+ENTRIES["JoyImageEditPlusTransformer3DModel"] = Tiny(
+    lambda depth: diffusers.JoyImageEditPlusTransformer3DModel(
+        in_channels=4, hidden_size=32, num_attention_heads=2, text_dim=16, num_layers=depth, rope_dim_list=[4, 6, 6]
+    ),
+    _joyimage_plus_inputs,
+    (2, 2, 3),
 )

@@ -28,6 +28,7 @@ from models.tiny_diffusers_video import ENTRIES  # noqa: E402
 BATCH = sorted(
     {
         *ENTRIES,
+        "JoyImageEditPlusTransformer3DModel",
         "JoyImageEditTransformer3DModel",
         "HeliosTransformer3DModel",
         "ChronoEditTransformer3DModel",
@@ -201,8 +202,8 @@ def test_joyimage_mrope_text_rows_follow_the_grid():
         _assert_same_structure(ours(*args, **kwargs), stock, _bound(ours, args, kwargs))
 
 
-def test_a_shadowed_method_is_the_classs_own_again_after_remove():
-    name = "JoyImageEditTransformer3DModel"
+@pytest.mark.parametrize("name", ["JoyImageEditTransformer3DModel", "JoyImageEditPlusTransformer3DModel"])
+def test_a_shadowed_method_is_the_classs_own_again_after_remove(name):
     model, _ = tiny.build(name)
     attr = DIFFUSERS[name].tables[1]
     handle = set_rope_processors(model, mode="interpolate", train_size=_train_size(name))

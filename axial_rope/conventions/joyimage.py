@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from ..positions import grid
 from ..rope import AxialRoPE
 from ._fields import field, size
 from ._registry import DiffusersFamily, register_diffusers
@@ -67,5 +68,33 @@ register_diffusers(
         max_diff=1e-7,  # float64 models, tables replaced: 8.1e-8 measured (the float32 tables)
         source=SOURCE,
         axes="(t, y, x): `rope_dim_list`, `theta`; mrope text at (p, p, p) after the grid",
+    )
+)
+
+
+def _plus_positions(config):
+    def positions(rope: AxialRoPE, sizing: Sizing | None, start, stop):  # one image's (t, y, x) range
+        sizes = tuple(b - a for a, b in zip(start, stop))
+        device = rope.freqs.device
+        if sizing is None:
+            return grid(*sizes, offset=tuple(start), device=device), rope.scaling
+        pos, scaling = grid_positions(sizes, rope, sizing, device)
+        return pos + pos.new_tensor(start), scaling
+
+    return positions
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="joyimage_edit_plus",
+        classes=("JoyImageEditPlusTransformer3DModel",),
+        rope=_rope,
+        tables=("method", "_get_rotary_pos_embed_for_range"),
+        positions=_plus_positions,
+        stock=("JoyImageEditPlusAttnProcessor",),
+        blocks=("double_blocks.",),
+        max_diff=3e-8,  # float64 models, tables replaced: 2.3e-8 measured (the float32 tables)
+        source=PLUS_SOURCE,
+        axes="(t, y, x): `rope_dim_list`, `theta`; each image of an item at the next frame index",
     )
 )
