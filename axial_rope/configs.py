@@ -35,11 +35,7 @@ def _ropes_of_records() -> dict[str, Callable]:
             _axes_sum(c, "rope_axes_dim", "attention_head_dim"), _get(c, "rope_theta")
         ),
         "LTX2VideoTransformer3DModel": lambda c: _ltx2(c, "video"),
-        "Lumina2Transformer2DModel": lambda c: conv.lumina2(
-            _axes_sum(c, "axes_dim_rope", "hidden_size", "num_attention_heads"), _get(c, "axes_lens")
-        ),
         "MochiTransformer3DModel": lambda c: conv.mochi(_size(c, "num_attention_heads"), _size(c, "attention_head_dim")),
-        "HunyuanDiT2DModel": lambda c: conv.hunyuan_dit(_size(c, "attention_head_dim")),
     })  # fmt: skip
     return ropes
 

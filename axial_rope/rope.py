@@ -59,6 +59,10 @@ class AxialRoPE(nn.Module, Rotary):
             ``rot_dim`` cut into consecutive per-axis sections (Qwen2-VL M-RoPE);
             ``"cycled"``: one spectrum whose successive planes cycle through the axes (Qwen3-VL).
             A rope built from a frequency model has ``spectrum = None``.
+        plane_order: the spectrum's planes in another order (a permutation of ``range(rot_dim / 2)``):
+            plane ``j`` of the rope is plane ``plane_order[j]`` of the spectrum, for heads that lay one axis's
+            planes before another's (Hunyuan-DiT: x first) or alternate them (Lumina-Next); scaling acts on
+            the spectrum as it does in spectrum order. ``None``: the spectrum's order.
         learnable: hold ``F`` as a dense trainable parameter initialised from the model's
             ``F`` (RoPE-Mixed); with ``num_heads``, one ``F`` per head ``[H, n_axes, n_pairs]``.
         backend: default backend for this module (see :func:`axial_rope.apply_rope`).
@@ -86,6 +90,7 @@ class AxialRoPE(nn.Module, Rotary):
         num_heads: int | None = None,
         backend: str | None = None,
         angles: str = "auto",
+        plane_order: Sequence[int] | None = None,
     ):
         super().__init__()
         preload()  # backends imported now, not inside a later torch.compile trace
@@ -94,9 +99,11 @@ class AxialRoPE(nn.Module, Rotary):
         self.angles = angles
         with torch.device("cpu"):  # the description is computed on the CPU, also under a meta default device
             if isinstance(axes_dim, Frequencies):
+                if plane_order is not None:
+                    raise ValueError("plane_order orders a spectrum's planes; a frequency model has its own order")
                 self._init_model(axes_dim, theta, scaling, spectrum)
             else:
-                self._init_spectrum(axes_dim, theta, scaling, spectrum)
+                self._init_spectrum(axes_dim, theta, scaling, spectrum, plane_order)
         self.pairing, self.backend = pairing, backend
         model = self.frequency_model
         # sizes as ints, read once: a compiled forward then never reads the model's CPU tensors (whose shapes
@@ -122,8 +129,9 @@ class AxialRoPE(nn.Module, Rotary):
             self.learned_freqs = nn.Parameter(torch.empty(shape, dtype=torch.float32, device=device))
             self.reset_parameters()
 
-    def _init_spectrum(self, axes_dim, theta, scaling, spectrum) -> None:
-        """``F`` from the axes and a spectrum, built as :meth:`Frequencies.from_spectrum` does."""
+    def _init_spectrum(self, axes_dim, theta, scaling, spectrum, plane_order=None) -> None:
+        """``F`` from the axes and a spectrum, built as :meth:`Frequencies.from_spectrum` does (planes reordered by
+        ``plane_order``)."""
         axes_dim = tuple(axes_dim) if isinstance(axes_dim, (tuple, list)) else (axes_dim,)
         if not axes_dim or any(not isinstance(d, int) or isinstance(d, bool) or d <= 0 or d % 2 for d in axes_dim):
             raise ValueError(f"axes_dim must be positive even ints, one per axis, got {axes_dim!r}")
@@ -132,7 +140,10 @@ class AxialRoPE(nn.Module, Rotary):
         self.axes_dim, self.spectrum = axes_dim, spectrum
         self.theta = _per_axis("theta", theta, len(axes_dim), shared)
         self.scaling = self._methods(scaling)
+        self.plane_order = _plane_order(plane_order, sum(axes_dim) // 2)
         self.plane_axis = plane_axes(axes_dim, spectrum)
+        if self.plane_order is not None:
+            self.plane_axis = [self.plane_axis[j] for j in self.plane_order]
         self.length_dependent = any(s is not None and s.length_dependent for s in self.scaling)
         self.time_dependent = any(is_time_dependent(s) for s in self.scaling)
         # validates theta and every method against its axis; a time-dependent rope's buffers hold F(t = 1)
@@ -147,7 +158,7 @@ class AxialRoPE(nn.Module, Rotary):
                 f"defaults (got theta={theta!r}, scaling={scaling!r}, spectrum={spectrum!r})"
             )
         self.frequency_model = model
-        self.axes_dim, self.spectrum = model.axes_dim, None
+        self.axes_dim, self.spectrum, self.plane_order = model.axes_dim, None, None
         self.theta, self.scaling = None, (None,) * model.n_axes
         self.plane_axis = model.plane_axis
         self.length_dependent = self.time_dependent = False
@@ -240,7 +251,11 @@ class AxialRoPE(nn.Module, Rotary):
     def _spectrum(self, methods, seq_len, t, dtype=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         n_axes = len(self.axes_dim)
         lengths = _per_axis("seq_len", seq_len, n_axes, False) if seq_len is not None else (None,) * n_axes
-        return spectrum_frequencies(self.axes_dim, self.theta, methods, self.spectrum, lengths, t, dtype)
+        freqs, scale = spectrum_frequencies(self.axes_dim, self.theta, methods, self.spectrum, lengths, t, dtype)
+        if self.plane_order is None:
+            return freqs, scale
+        order = torch.tensor(self.plane_order, device=freqs.device)
+        return freqs[..., order], None if scale is None else scale[order]
 
     def with_scaling(self, scaling: Scaling | None | Sequence[Scaling | None]) -> AxialRoPE:
         """The same rotary layout with another ``scaling`` (one method or one per axis), on this rope's device.
@@ -258,7 +273,8 @@ class AxialRoPE(nn.Module, Rotary):
             raise ValueError("with_scaling needs a spectrum (axes_dim, theta); this rope has a frequency model")
         theta = self.theta if self.spectrum == "per_axis" else self.theta[0]
         scaling = per_axis if self.spectrum == "per_axis" else per_axis[0]
-        rope = AxialRoPE(self.axes_dim, theta, scaling, self.pairing, self.spectrum, backend=self.backend)
+        rope = AxialRoPE(self.axes_dim, theta, scaling, self.pairing, self.spectrum, backend=self.backend,
+                         plane_order=self.plane_order)  # fmt: skip
         return rope.to(self.freqs.device)
 
     def reset_parameters(self) -> None:
@@ -368,6 +384,20 @@ class AxialRoPE(nn.Module, Rotary):
             f"axes_dim={self.axes_dim}, theta={theta}, scaling={scaling}, pairing={self.pairing!r}, "
             f"spectrum={self.spectrum!r}{learned}"
         )
+
+
+def _plane_order(order, n_pairs: int) -> tuple[int, ...] | None:
+    """``plane_order`` checked: ``None`` or a permutation of ``range(n_pairs)`` (``ValueError`` naming it)."""
+    if order is None:
+        return None
+    order = tuple(order) if isinstance(order, (list, tuple)) else order
+    if (
+        not isinstance(order, tuple)
+        or sorted(order) != list(range(n_pairs))
+        or any(not isinstance(j, int) or isinstance(j, bool) for j in order)
+    ):
+        raise ValueError(f"plane_order must be a permutation of range({n_pairs}) (the planes), got {order!r}")
+    return order
 
 
 def _time(t, methods, device, dtype=torch.float64) -> torch.Tensor:

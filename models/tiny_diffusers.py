@@ -4,84 +4,36 @@ benchmarks and the compile report build them (configs after diffusers' own model
 ``build(family)`` gives ``(model, inputs)`` at the family's default token grid; ``inputs(family, h, w,
 frames=...)`` gives the same model's inputs at another one (an ``h x w`` token grid, ``frames`` latent frames
 for video), seeded by the size so that repeated calls agree. A family is one :class:`Tiny` in :data:`TINY`,
-keyed by the name of its diffusers class.
+keyed by the name of its diffusers class; the families past the first five sit in ``models/tiny_diffusers_*.py``
+(what they share in ``tiny_diffusers_common.py``).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import diffusers
 import torch
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
-import axial_rope as ar
+from models.tiny_diffusers_common import COGVIDEOX, WAN, B, Tiny, flux, flux_inputs, video_inputs
+from models.tiny_diffusers_flux import ENTRIES as FLUXLIKE
+from models.tiny_diffusers_image import ENTRIES as IMAGE
+from models.tiny_diffusers_video import ENTRIES as VIDEO
+from models.tiny_diffusers_videoaudio import ENTRIES as VIDEOAUDIO
+from models.tiny_diffusers_wan import ENTRIES as WAN_TABLES
 
-__all__ = ["COGVIDEOX", "FAMILIES", "TINY", "Tiny", "WAN", "build", "flux", "inputs"]
-
-B = 2  # batch
-
-
-@dataclass(frozen=True)
-class Tiny:
-    """A tiny model of one diffusers class and its inputs.
-
-    Attributes:
-        model: ``depth -> model``: ``depth`` blocks of each kind (depth 1 in the tests).
-        inputs: ``(h, w, frames, generator) -> forward kwargs`` at an ``h x w`` token grid (``frames``
-            latent frames; ignored by image models).
-        grid: the default ``(frames, h, w)`` in tokens (images: ``frames`` 1).
-        video: whether the model has a time axis (the tests then also double the frames).
-    """
-
-    model: Callable[[int], torch.nn.Module]
-    inputs: Callable[..., dict]
-    grid: tuple[int, int, int]
-    video: bool = True
-
-
-def flux(depth: int = 1, heads: int = 2, axes_dims_rope: tuple[int, int, int] = (4, 6, 6)):
-    """A Flux with ``depth`` double- and single-stream blocks of ``heads`` heads (head dim ``sum(axes_dims_rope)``);
-    ``flux(1, 24, (16, 56, 56))`` has FLUX.1's block sizes."""
-    return diffusers.FluxTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=depth, num_single_layers=depth, attention_head_dim=sum(axes_dims_rope),
-        num_attention_heads=heads, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=False,
-        axes_dims_rope=axes_dims_rope,
-    )  # fmt: skip
-
-
-def _flux_inputs(h, w, frames, g):
-    return dict(
-        hidden_states=torch.randn(B, h * w, 4, generator=g), encoder_hidden_states=torch.randn(B, 5, 32, generator=g),
-        pooled_projections=torch.randn(B, 32, generator=g), timestep=torch.rand(B, generator=g),
-        img_ids=ar.grid(1, h, w), txt_ids=torch.zeros(5, 3), return_dict=False,
-    )  # fmt: skip
-
-
-def _video_inputs(patch: int, text: int = 5, **extra):
-    """Inputs of a video model reading a latent ``[B, 4, F, H, W]`` cut by ``(1, patch, patch)``."""
-
-    def make(h, w, frames, g):
-        more = {k: v(g) if callable(v) else v for k, v in extra.items()}
-        return dict(
-            hidden_states=torch.randn(B, 4, frames, patch * h, patch * w, generator=g),
-            timestep=torch.rand(B, generator=g) * 1000, encoder_hidden_states=torch.randn(B, text, 16, generator=g),
-            return_dict=False, **more,
-        )  # fmt: skip
-
-    return make
-
-
-WAN = dict(
-    patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=16,
-    freq_dim=32, ffn_dim=32, num_layers=1, qk_norm="rms_norm_across_heads",
-)  # fmt: skip
-COGVIDEOX = dict(
-    num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=2, text_embed_dim=16,
-    num_layers=1, sample_width=8, sample_height=8, sample_frames=9, patch_size=2, temporal_compression_ratio=4,
-    max_text_seq_length=5, use_rotary_positional_embeddings=True,
-)  # fmt: skip
+__all__ = [
+    "B",
+    "COGVIDEOX",
+    "FAMILIES",
+    "TINY",
+    "Tiny",
+    "WAN",
+    "build",
+    "flux",
+    "flux_inputs",
+    "inputs",
+    "video_inputs",
+]
 
 
 def _cogvideox_inputs(h, w, frames, g):  # patch 2; the pipeline's tables (crop (0, 0)-(h, w): integer positions)
@@ -93,7 +45,7 @@ def _cogvideox_inputs(h, w, frames, g):  # patch 2; the pipeline's tables (crop 
 
 
 TINY: dict[str, Tiny] = {
-    "FluxTransformer2DModel": Tiny(flux, _flux_inputs, (1, 4, 6), video=False),
+    "FluxTransformer2DModel": Tiny(flux, flux_inputs, (1, 4, 6), video=False),
     "HunyuanVideoTransformer3DModel": Tiny(
         lambda depth: diffusers.HunyuanVideoTransformer3DModel(
             in_channels=4,
@@ -109,7 +61,7 @@ TINY: dict[str, Tiny] = {
             pooled_projection_dim=8,
             rope_axes_dim=(2, 4, 4),
         ),  # fmt: skip
-        _video_inputs(
+        video_inputs(
             1,
             encoder_attention_mask=torch.tensor([[1] * 5, [1] * 3 + [0] * 2]),
             pooled_projections=lambda g: torch.randn(B, 8, generator=g),
@@ -121,7 +73,7 @@ TINY: dict[str, Tiny] = {
         lambda depth: diffusers.WanTransformer3DModel(
             **dict(WAN, num_layers=depth), cross_attn_norm=True, rope_max_seq_len=32
         ),  # fmt: skip
-        _video_inputs(2),
+        video_inputs(2),
         (3, 2, 3),
     ),
     "CogVideoXTransformer3DModel": Tiny(
@@ -130,16 +82,21 @@ TINY: dict[str, Tiny] = {
         (3, 4, 4),
     ),
 }
+
+
 # the names the tests have long used for these, and Wan's image-to-video variant (image tokens through extra
 # k/v projections; Wan fixes the text length at 512)
 ALIASES = {"flux": "FluxTransformer2DModel", "hunyuan_video": "HunyuanVideoTransformer3DModel",
            "wan": "WanTransformer3DModel", "cogvideox": "CogVideoXTransformer3DModel", "wan_i2v": "wan_i2v"}  # fmt: skip
 TINY["wan_i2v"] = Tiny(
     lambda depth: diffusers.WanTransformer3DModel(**dict(WAN, num_layers=depth), image_dim=8, added_kv_proj_dim=24),
-    _video_inputs(2, 512, encoder_hidden_states_image=lambda g: torch.randn(B, 3, 8, generator=g)),
+    video_inputs(2, 512, encoder_hidden_states_image=lambda g: torch.randn(B, 3, 8, generator=g)),
     (2, 2, 2),
 )
 FAMILIES = tuple(ALIASES)
+# the families kept in modules of their own (models/tiny_diffusers_*.py), a Tiny per class name
+for entries in (FLUXLIKE, IMAGE, VIDEO, VIDEOAUDIO, WAN_TABLES):
+    TINY.update(entries)
 
 
 def _tiny(name: str) -> Tiny:

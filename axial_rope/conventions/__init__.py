@@ -9,10 +9,30 @@ version its tests compare against (``tests/test_conventions_*.py``); :func:`tabl
 (pairing, sign, M-RoPE layout) a test checked against their modeling code, for :func:`axial_rope.rope_from_config`.
 """
 
+from . import (  # noqa: F401  (diffusers family records: they register on import)
+    anyflow,
+    bria,
+    cogview,
+    flux2,
+    hidream,
+    joyimage,
+    krea2,
+    longcat,
+    minimax,
+    motif,
+    ovis,
+    prx,
+    qwen_image,
+    stable_audio,
+    wan_variants,
+)
 from ._registry import FAMILIES, REGISTRY, Convention, table
 from .cogvideox import cogvideox, cogvideox_positions
+from .cosmos import cosmos
 from .dinov3 import dinov3
+from .easyanimate import easyanimate_crop
 from .flux import flux, flux_positions
+from .helios import helios
 from .hunyuan import hunyuan_dit, hunyuan_dit_crop, hunyuan_dit_positions, hunyuan_image, hunyuan_video
 from .llm import gpt_neox, llama, p_rope, rope_for_parameters
 from .ltx import ltx2, ltx2_audio_positions, ltx2_positions, ltx_video, ltx_video_positions
@@ -30,6 +50,7 @@ __all__ = [
     "rope_for_parameters",
     "flux", "flux_positions", "hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions",
     "hunyuan_dit_crop", "wan", "wan_axes_dim", "video_grid_positions", "cogvideox", "cogvideox_positions",
+    "cosmos", "easyanimate_crop", "helios",
     "ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions",
     "lumina2", "lumina2_positions", "mochi", "mochi_positions",
     "timm_cat", "timm_positions", "eva02", "timm_mixed", "dinov3",

@@ -121,21 +121,38 @@ class DiffusersFamily:
         classes: the diffusers transformer classes it covers, by class name.
         rope: ``config -> AxialRoPE``: the rope whose tables equal the model's.
         tables: where the model's rotary tables come from: ``("module", attr)``: the submodule computing
-            them in the forward (the adapter replaces it when scaling); ``("argument", name)``: a forward
+            them in the forward (the adapter replaces it when scaling); ``("method", name)``: a method of the
+            model computing them (shadowed on the instance when scaling); ``("argument", name)``: a forward
             argument the pipeline passes (a forward pre-hook replaces it); ``("fixed", attr)``: the model's
             own only (no spectrum to scale: unscaled processors alone).
-        positions: ``config -> (rope, sizing, *inputs) -> (pos [S, A], scaling per axis)``, from the
-            tables module's inputs (the argument case: the transformer's ``hidden_states``); ``None`` for
+        positions: ``config -> (rope, sizing, *inputs, **kwargs) -> (pos, scaling per axis, *context)``, from
+            the tables module's inputs (the argument case: the transformer's ``hidden_states``); ``pos`` is
+            ``[S, A]``, or ``[B, S, A]`` for tables per item; ``context`` (optional) is what the layout needs
+            besides the tables (a split point, lengths, the inputs for a grid-shaped output); ``None`` for
             ``"fixed"``.
-        layout: ``(cos, sin) [S, D]`` channel tables (the rope's pairing) -> what the tables module returns.
-        grid_axes: the rope axes that ``mode`` sizes (video ``(0, 1, 2)``; Flux's image ids ``(1, 2)``).
-        time_axis: the rope axis of time (frames), or ``None`` for images.
+        layout: ``(cos, sin, *context)``: the ``[S, D]`` (``[B, S, D]``) channel tables (the rope's pairing) and
+            the positions' context -> what the tables module returns.
+        grid_axes: the rope axes that ``mode`` sizes (video ``(0, 1, 2)``; Flux's image ids ``(1, 2)``; Mochi's
+            time ``(0,)``; ``()``: the positions are coordinates the pipeline computes, not a token grid, and
+            ``mode`` is refused).
+        time_axis: the rope axis of time (frames, audio samples), or ``None`` for images.
+        spectrum: whether the rope has per-axis spectra that the scaling methods act on; ``False`` (learned or
+            per-head frequencies): no ``scaling``, and of ``mode`` only the position modes (``"none"``,
+            ``"interpolate"``, ``"normalize"``), which move positions and work with any ``F``.
+        amplitude: whether the stock tables carry an amplitude (cos/sin tables do); ``False`` (a table of
+            angles): scalings with an attention factor (YaRN's) are refused, the angles cannot carry it.
         stock: the stock attention processor classes (names) that :attr:`processor` replaces.
         processor: axial_rope's processor class (``axial_rope.integrations.diffusers_processors``), or
             ``None``: the stock processors stay and rotate by the adapter's tables.
         blocks: the processor name prefixes of the rotary blocks.
         noise_timestep: the transformer's ``timestep`` at pure noise (time-dependent scaling reads ``t =
-            max(timestep) / noise_timestep``).
+            max((timestep - clean_timestep) / (noise_timestep - clean_timestep))``).
+        clean_timestep: the ``timestep`` of a clean sample (0 unless the model's time runs from noise at 0).
+        timestep: the name of the forward argument carrying the step's timestep.
+        grid: ``(argument names, config -> (*arguments) -> token grid)``, for a model that computes its tables in
+            several calls (text apart from image tokens): the forward's image grid (int64 ``[len(grid_axes)]``,
+            the extent of every image the forward holds), read from its arguments, so that ``mode`` sizes every
+            call by the same grid (the text call sees no image); ``None``: each call's inputs show the grid.
         max_diff: the largest output difference from the stock model at the training size, unscaled, with
             float64 models and inputs (so what remains is the float32 rounding of the model's tables), for
             the docs table; the tests hold it to their bound.
@@ -151,10 +168,15 @@ class DiffusersFamily:
     layout: Callable = lambda cos, sin: (cos, sin)
     grid_axes: tuple[int, ...] = (0, 1, 2)
     time_axis: int | None = 0
+    spectrum: bool = True
+    amplitude: bool = True
     stock: tuple[str, ...] = ()
     processor: str | None = None
     blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
     noise_timestep: float = 1000.0
+    clean_timestep: float = 0.0
+    timestep: str = "timestep"
+    grid: tuple[tuple[str, ...], Callable] | None = None
     max_diff: float = 0.0
     source: str = ""
     axes: str = ""
@@ -166,7 +188,16 @@ class DiffusersFamily:
 
 DIFFUSERS: dict[str, DiffusersFamily] = {}  # diffusers class name -> its family's record
 # diffusers classes that use RoPE and are not served, with the reason a user would accept
-DIFFUSERS_UNSUPPORTED: dict[str, str] = {}
+DIFFUSERS_UNSUPPORTED: dict[str, str] = {
+    "HunyuanDiT2DMultiControlNetModel": "a wrapper with no config or attention processors of its own that passes "
+    "the pipeline's tables to each of its `nets`: adapt each HunyuanDiT2DControlNetModel (served) instead",
+    "WanAnimate2Transformer3DModel": (
+        "its tables are 512-row lookup tables from a cached model method (`_rope_freqs`, one per offset), which "
+        "every attention call indexes by per-sample grid sizes read on the host and a stride (`rope_apply`), so "
+        "no per-token positions reach a module the adapter could size; and its generation pass runs only on a "
+        "compiled flex-attention block mask over a reference KV cache"
+    ),
+}
 # diffusers 0.42.1 classes that use RoPE and have no record yet: the work still to do, listed so that
 # tests/test_diffusers_coverage.py fails for a class that is none of served, unsupported or pending
 DIFFUSERS_PENDING = frozenset(
@@ -174,58 +205,18 @@ DIFFUSERS_PENDING = frozenset(
         "AceStepTransformer1DModel",
         "AllegroTransformer3DModel",
         "AnyFlowFARTransformer3DModel",
-        "AnyFlowTransformer3DModel",
         "BriaFibo2Transformer2DModel",
-        "BriaFiboTransformer2DModel",
-        "BriaTransformer2DModel",
-        "ChromaTransformer2DModel",
-        "ChronoEditTransformer3DModel",
-        "CogView4Transformer2DModel",
         "ConsisIDTransformer3DModel",
-        "CosmosTransformer3DModel",
-        "EasyAnimateTransformer3DModel",
         "ErnieImageTransformer2DModel",
-        "Flux2Transformer2DModel",
-        "Flux3Transformer2DModel",
-        "GlmImageTransformer2DModel",
-        "HeliosTransformer3DModel",
-        "HiDreamImageTransformer2DModel",
-        "HunyuanDiT2DControlNetModel",
-        "HunyuanDiT2DModel",
-        "HunyuanDiT2DMultiControlNetModel",
-        "HunyuanImageTransformer2DModel",
-        "HunyuanVideo15Transformer3DModel",
-        "HunyuanVideoFramepackTransformer3DModel",
         "Ideogram4Transformer2DModel",
-        "JoyImageEditPlusTransformer3DModel",
-        "JoyImageEditTransformer3DModel",
         "Kandinsky5Transformer3DModel",
         "Kandinsky6SRTransformer3DModel",
         "Kandinsky6Transformer3DModel",
-        "Krea2Transformer2DModel",
         "LTX2VideoTransformer3DModel",
-        "LongCatImageTransformer2DModel",
-        "Lumina2Transformer2DModel",
-        "LuminaNextDiT2DModel",
-        "MiniMaxH3Transformer3DModel",
-        "MiniMaxMusic3Transformer1DModel",
         "MochiTransformer3DModel",
-        "MotifVideoTransformer3DModel",
         "NucleusMoEImageTransformer2DModel",
         "OmniGenTransformer2DModel",
-        "OvisImageTransformer2DModel",
-        "PRXTransformer2DModel",
-        "QwenImage21Transformer2DModel",
-        "QwenImageTransformer2DModel",
-        "SanaVideoTransformer3DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
-        "SanaWMTransformer3DModel",
-        "SkyReelsV2Transformer3DModel",
-        "StableAudio3DiTModel",
-        "StableAudioDiTModel",
-        "WanAnimate2Transformer3DModel",
-        "WanAnimateTransformer3DModel",
-        "WanVACETransformer3DModel",
         "ZImageTransformer2DModel",
     }
 )
@@ -254,6 +245,15 @@ def diffusers_family(model) -> DiffusersFamily:
     )
 
 
+def _scaling_words(f: DiffusersFamily) -> str:
+    if not f.scalable:
+        return "none"
+    if not f.spectrum:
+        return "position modes (none, interpolate, normalize)"
+    methods = "every method" if f.amplitude else "every method without an attention factor"
+    return f"{methods} and mode, DyPE" if f.grid_axes else f"{methods}, DyPE; no mode (pipeline coordinates)"
+
+
 def diffusers_table() -> str:
     """The markdown table of every diffusers class served (``docs/integrations.md``), from the records."""
     rows = [
@@ -262,12 +262,14 @@ def diffusers_table() -> str:
     ]
     for name in sorted(DIFFUSERS):
         f = DIFFUSERS[name]
-        where = {"module": f"`{f.tables[1]}` replaced", "argument": f"`{f.tables[1]}` argument replaced",
+        where = {"module": f"`{f.tables[1]}` replaced", "method": f"`{f.tables[1]}()` replaced",
+                 "argument": f"`{f.tables[1]}` argument replaced",
                  "fixed": "the model's own (unscaled only)"}[f.tables[0]]  # fmt: skip
         time = (
-            "-" if f.time_axis is None else ("t", "y", "x")[f.time_axis] if len(f.grid_axes) == 3 else str(f.time_axis)
-        )
-        scaling = "every method and mode, DyPE" if f.scalable else "none"
+            "-" if f.time_axis is None
+            else ("t", "y", "x")[f.time_axis] if f.time_axis == 0 or len(f.grid_axes) == 3 else str(f.time_axis)
+        )  # fmt: skip
+        scaling = _scaling_words(f)
         rows.append(
             f"| `{name}` | {f.name} | {where} | {f.axes} | {time} | {scaling} | {f.processor or '-'} | "
             f"{_diff(f.max_diff)} |"

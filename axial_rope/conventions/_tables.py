@@ -8,6 +8,7 @@ Tensor ops only; sizes may be symbolic.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -15,16 +16,19 @@ import torch
 from ..positions import grid, positions_for_size
 from ..rope import AxialRoPE
 
-__all__ = ["Sizing", "ids_positions", "grid_positions", "latent_grid", "latent_positions"]
+__all__ = ["Sizing", "at_index", "frames_grid_positions", "grid_coordinates", "grid_positions", "id_extent",
+           "ids_positions", "latent_grid", "latent_positions"]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Sizing:
     """``mode`` per grid axis and the training token grid: each forward's positions and scaling come from
-    :func:`axial_rope.positions_for_size` (grid axes: video ``(t, y, x)``, Flux ``(y, x)``)."""
+    :func:`axial_rope.positions_for_size` (grid axes: video ``(t, y, x)``, Flux ``(y, x)``); ``grid``, the forward's
+    token grid (int64 ``[n_grid_axes]``), for models whose tables module is called apart for text and image."""
 
     train_size: tuple[int, ...]
     mode: tuple[str, ...]
+    grid: torch.Tensor | None = None  # this forward's token grid, where the tables module's inputs do not show it
 
 
 def latent_grid(latent_shape, patch: tuple[int, int, int], *, channels_first: bool = True) -> tuple:
@@ -37,25 +41,72 @@ def latent_grid(latent_shape, patch: tuple[int, int, int], *, channels_first: bo
     return -(-frames // p_t), height // p_h, width // p_w
 
 
-def ids_positions(ids: torch.Tensor, rope: AxialRoPE, sizing: Sizing | None) -> tuple[torch.Tensor, tuple]:
-    """Flux-style ids ``[S, 3]`` (index, y, x; text rows first) -> positions and scaling per axis.
+def ids_positions(
+    ids: torch.Tensor, rope: AxialRoPE, sizing: Sizing | None, *, cols: tuple[int, ...] = (1, 2),
+    image: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, tuple]:  # fmt: skip
+    """Flux-style id tables ``[S, A]`` (or per item ``[B, S, A]``), whose columns ``cols`` hold integer image-grid
+    ids (Flux: ``(index, y, x)``, text rows first and all zero) -> positions and scaling per axis.
 
-    With ``sizing``, the image grid is ``max + 1`` of the integer y and x ids (one host read of the
-    extent, so a sized Flux forward is not captured whole by ``torch.compile(fullgraph=True)``; a fixed
-    ``scaling`` is), and each id ``i`` becomes the coordinate :func:`~axial_rope.positions_for_size`
-    gives grid index ``i`` (text ids, 0, stay 0 in every mode allowed here).
+    With ``sizing``, the grid ids of the image rows (``image``: a bool mask ``[S]`` or ``[B, S]`` of them;
+    default every row, Flux's zero text rows included) count from their smallest value, the image's origin
+    (0 for Flux; LongCat's images sit after the text), and index ``i`` becomes the origin plus the coordinate
+    :func:`~axial_rope.positions_for_size` gives index ``i`` on the forward's grid: ``sizing.grid``, or ``max -
+    origin + 1`` of these ids (one host read of the extent, so a sized forward is not captured whole by
+    ``torch.compile(fullgraph=True)``; a fixed ``scaling`` is). The other rows and columns keep their ids.
     """
     pos = ids.float()
     if sizing is None:
         return pos, rope.scaling
-    yx = pos[:, 1:].round().long()
-    if bool((yx < 0).any()) or not torch.equal(yx.to(pos.dtype), pos[:, 1:]):
-        raise ValueError("sizing Flux positions needs integer y/x ids >= 0 (an image grid)")
-    h, w = (int(v) + 1 for v in yx.amax(0))
-    sized = positions_for_size((h, w), sizing.train_size, sizing.mode, dtype=pos.dtype, device=pos.device)
-    axes = sized.pos.view(h, w, 2)
-    sized_pos = torch.stack([pos[:, 0], axes[:, 0, 0][yx[:, 0]], axes[0, :, 1][yx[:, 1]]], dim=-1)
-    return sized_pos, (None, *sized.scaling)
+    flat = pos.reshape(-1, pos.shape[-1])  # [N, A]
+    rows = torch.ones(flat.shape[0], dtype=torch.bool, device=pos.device) if image is None else image.reshape(-1)
+    grid_ids = flat[:, list(cols)]  # [N, n]
+    chosen = grid_ids[rows]
+    if chosen.numel() and not torch.equal(chosen.round(), chosen):
+        raise ValueError(f"sizing id tables needs integer image-grid ids (columns {cols}), got fractional ones")
+    origin = chosen.amin(0) if chosen.numel() else grid_ids.new_zeros(len(cols))
+    index = (grid_ids - origin).round().long()  # [N, n]; the rows outside the image are not read
+    if sizing.grid is not None:
+        sizes = tuple(int(v) for v in sizing.grid)
+    else:
+        sizes = tuple(int(v) + 1 for v in index[rows].amax(0)) if chosen.numel() else (1,) * len(cols)
+    coords, scaling = grid_coordinates(sizes, sizing, dtype=pos.dtype, device=pos.device)
+    sized = origin + torch.stack([at_index(c, index[:, a]) for a, c in enumerate(coords)], dim=-1)
+    flat = flat.clone()
+    flat[:, list(cols)] = torch.where(rows[:, None], sized, grid_ids)
+    full = [None] * pos.shape[-1]
+    for a, col in enumerate(cols):
+        full[col] = scaling[a]
+    return flat.view(pos.shape), tuple(full)
+
+
+def grid_coordinates(sizes: tuple[int, ...], sizing: Sizing | None, *, dtype=torch.float32, device=None):
+    """The coordinate of each index along each axis of a token grid of ``sizes`` (``[n_a]`` per axis) and the
+    scaling per axis: sized by :func:`~axial_rope.positions_for_size` (``sizing``), or the index itself."""
+    if sizing is None:
+        return [torch.arange(n, dtype=dtype, device=device) for n in sizes], (None,) * len(sizes)
+    sized = positions_for_size(sizes, sizing.train_size, sizing.mode, dtype=dtype, device=device)
+    mesh = sized.pos.view(*sizes, len(sizes))
+    coords = [mesh[(*[0] * a, slice(None), *[0] * (len(sizes) - a - 1), a)] for a in range(len(sizes))]
+    return coords, sized.scaling
+
+
+def at_index(coords: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``coords[index]``, continued past the grid's end at its last step (every mode of
+    :func:`~axial_rope.positions_for_size` is affine in the index): ids outside the forward's grid (a
+    reference image larger than the target) keep the grid's spacing. Negative indices are clamped (unread)."""
+    n = coords.shape[0]
+    step = coords[1] - coords[0] if n > 1 else coords.new_ones(())
+    return coords[index.clamp(0, n - 1)] + (index - (n - 1)).clamp(min=0).to(coords.dtype) * step
+
+
+def id_extent(*tables: torch.Tensor | None, cols: tuple[int, ...] = (1, 2)) -> torch.Tensor:
+    """The image grid id tables cover: ``max + 1`` of their columns ``cols`` over every table given (int64
+    ``[len(cols)]``, tensor ops; ``None`` tables are skipped)."""
+    extents = [t.reshape(-1, t.shape[-1])[:, list(cols)].amax(0).long() + 1 for t in tables if t is not None]
+    if not extents:
+        return torch.ones(len(cols), dtype=torch.long)
+    return functools.reduce(torch.maximum, [e.to(extents[0].device) for e in extents])
 
 
 def grid_positions(sizes: tuple, rope: AxialRoPE, sizing: Sizing | None, device) -> tuple[torch.Tensor, tuple]:
@@ -80,3 +131,24 @@ def latent_positions(patch, *, channels_first: bool = True):
         return positions
 
     return of_config
+
+
+def frames_grid_positions(
+    frame_indices: torch.Tensor, height, width, rope: AxialRoPE, sizing: Sizing | None, device
+) -> tuple[torch.Tensor, tuple]:
+    """Frames at the pipeline's indices, each an ``height x width`` token grid -> positions ``(t, y, x)``.
+
+    ``frame_indices`` ``[F]`` gives ``[F H W, 3]``, ``[B, F]`` gives ``[B, F H W, 3]`` (t slowest). The
+    indices are the frames' places in a window of history and new frames (Helios), the same at every video
+    length, so ``sizing`` sizes ``(y, x)`` only and time keeps the indices.
+    """
+    t = frame_indices.to(device=device, dtype=torch.float32)  # [..., F]
+    if sizing is None:
+        yx, scaling = grid(height, width, device=device), rope.scaling
+    else:
+        sized = positions_for_size((height, width), sizing.train_size, sizing.mode, device=device)
+        yx, scaling = sized.pos, (None, *sized.scaling)
+    lead, frames, hw = t.shape[:-1], t.shape[-1], yx.shape[0]
+    tt = t[..., None, None].expand(*lead, frames, hw, 1)
+    yx = yx.to(t.dtype).expand(*lead, frames, hw, 2)
+    return torch.cat([tt, yx], dim=-1).flatten(-3, -2), scaling

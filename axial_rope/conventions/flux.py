@@ -66,3 +66,22 @@ register_diffusers(
         axes="(index, y, x): `axes_dims_rope`, theta 10000",
     )
 )
+
+CHROMA_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_chroma.py` `ChromaTransformer2DModel`"
+
+register_diffusers(
+    DiffusersFamily(
+        name="chroma",
+        classes=("ChromaTransformer2DModel",),
+        rope=lambda c: flux(axes_sum(c, "axes_dims_rope", "attention_head_dim")),  # FluxPosEmbed(theta=10000)
+        tables=("module", "pos_embed"),  # FluxPosEmbed(cat([txt_ids, img_ids])): Flux's ids
+        positions=lambda c: lambda rope, sizing, ids: ids_positions(ids, rope, sizing),
+        grid_axes=(1, 2),
+        time_axis=None,
+        stock=("FluxAttnProcessor",),
+        noise_timestep=1.0,  # ChromaPipeline passes timestep / 1000; the transformer multiplies by 1000
+        max_diff=0.0,
+        source=CHROMA_SOURCE,
+        axes="(index, y, x): `axes_dims_rope`, theta 10000",
+    )
+)

@@ -6,13 +6,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ..frequencies import Frequencies
 from ..positions import crop_grid
 from ..rope import AxialRoPE
-from ..scaling import base_inv_freq
 from ._fields import axes_sum, field, size
 from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
-from ._tables import latent_positions
+from ._tables import frames_grid_positions, grid_coordinates, grid_positions, latent_positions
 
 __all__ = ["hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions", "hunyuan_dit_crop"]
 
@@ -49,14 +47,13 @@ def hunyuan_dit(attention_head_dim: int = 88, theta: float = 10000.0) -> AxialRo
     ``get_2d_rotary_pos_embed`` meshes ``(grid_w, grid_h)`` with ``indexing="xy"``, so its first
     half listens to the column coordinate; each half has its own spectrum ``theta ** (-2i / (D/2))``.
     The positions stay ``(y, x)`` (as :func:`hunyuan_dit_positions` and :func:`axial_rope.crop_grid`
-    give them); the frequency model sends the first planes to axis 1.
+    give them); the per-axis spectrum's x planes come first (``plane_order``), so it scales per axis.
     """
-    if attention_head_dim % 4:
+    if not isinstance(attention_head_dim, int) or attention_head_dim % 4:
         raise ValueError(f"hunyuan_dit: attention_head_dim must be divisible by 4, got {attention_head_dim!r}")
-    half = base_inv_freq(attention_head_dim // 2, theta)  # [D/4] per axis
-    n = half.shape[0]
-    model = Frequencies.axial([1] * n + [0] * n, torch.cat([half, half]), n_axes=2)
-    return AxialRoPE.from_frequencies(model, pairing="interleaved")
+    n = attention_head_dim // 4  # planes per axis
+    order = [*range(n, 2 * n), *range(n)]  # x's planes, then y's
+    return AxialRoPE((attention_head_dim // 2,) * 2, theta=theta, pairing="interleaved", plane_order=order)
 
 
 def hunyuan_dit_crop(height: int, width: int, base_size: int = 32) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -135,5 +132,149 @@ register_diffusers(
         max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=VIDEO_SOURCE,
         axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
+    )
+)
+
+
+def _crop(height, width, base: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`hunyuan_dit_crop` in tensor ops (``(top, left)``, ``(bottom, right)`` float64 ``[2]``), so symbolic
+    sizes stay symbolic: the same float64 arithmetic and round-half-even as Python's ``round``."""
+    h, w = (torch.tensor(float(n), dtype=torch.float64, device=device) for n in (height, width))
+    tall = h > w
+    resize_h = torch.where(tall, torch.full_like(h, base), torch.round(base / w * h))
+    resize_w = torch.where(tall, torch.round(base / h * w), torch.full_like(w, base))
+    start = torch.round((base - torch.stack([resize_h, resize_w])) / 2.0)
+    return start, start + torch.stack([resize_h, resize_w])
+
+
+def _crop_axis(coords: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, n) -> torch.Tensor:
+    """Token coordinates ``c`` of an axis of ``n`` tokens cropped to ``[start, stop)`` -> positions, as the torch
+    port lays them: ``linspace(start, stop (n - 1) / n, n)`` at ``c`` (one token: ``stop - start`` per token)."""
+    step = (stop * ((n - 1) / n) - start) / (n - 1) if n > 1 else (stop - start) / n
+    return start + coords * step
+
+
+def _hunyuan_dit_positions(config):
+    """``(rope, sizing, latent [B, C, H, W])``: unsized, the pipeline's crop grid of the latent's token grid in the
+    ``512 // 8 // patch`` square; sized, the crop grid of the training grid at the sized coordinates (the crop
+    already spreads every size over the square, so ``"interpolate"`` stays close to stock)."""
+    p = size(config, "patch_size")
+    base = 512 // 8 // p  # the pipeline's base_size
+
+    def positions(rope, sizing, latent):
+        sizes = (latent.shape[2] // p, latent.shape[3] // p)
+        axes, scaling = grid_coordinates(sizes, sizing, dtype=torch.float64, device=latent.device)
+        grid = sizes if sizing is None else sizing.train_size
+        start, stop = _crop(*grid, base, latent.device)
+        ys, xs = (_crop_axis(axes[a], start[a], stop[a], grid[a]) for a in range(2))
+        pos = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).reshape(-1, 2).float()
+        return pos, rope.scaling if sizing is None else scaling
+
+    return positions
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="hunyuan_dit",
+        classes=("HunyuanDiT2DModel", "HunyuanDiT2DControlNetModel"),
+        rope=lambda c: hunyuan_dit(size(c, "attention_head_dim")),  # theta 10000 in get_2d_rotary_pos_embed
+        # the pipeline's (cos, sin) [S, D] of the crop grid, passed to the transformer and its ControlNets alike
+        tables=("argument", "image_rotary_emb"),
+        positions=_hunyuan_dit_positions,
+        grid_axes=(0, 1),
+        time_axis=None,
+        stock=("HunyuanAttnProcessor2_0",),
+        blocks=("blocks.",),
+        noise_timestep=1000.0,  # DDPM timesteps
+        max_diff=5e-7,  # float64 models: the pipeline's positions are float32 linspace values (1 ulp at 32)
+        source=DIT_SOURCE,
+        axes="(y, x): D/2 each, x's planes first, theta 10000; the pipeline's crop grid",
+    )
+)
+
+VIDEO15_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_hunyuan_video15.py` `HunyuanVideo15RotaryPosEmbed`"
+
+register_diffusers(
+    DiffusersFamily(
+        name="hunyuan_video15",
+        classes=("HunyuanVideo15Transformer3DModel",),
+        rope=lambda c: hunyuan_video(axes_sum(c, "rope_axes_dim", "attention_head_dim"), field(c, "rope_theta")),
+        tables=("module", "rope"),  # HunyuanVideo15RotaryPosEmbed(hidden_states): the latent video
+        positions=latent_positions(lambda c: (size(c, "patch_size_t"), size(c, "patch_size"), size(c, "patch_size"))),
+        stock=("HunyuanVideo15AttnProcessor2_0",),
+        blocks=("transformer_blocks.",),
+        max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
+        source=VIDEO15_SOURCE,
+        axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
+    )
+)
+
+
+def _image_rope(config) -> AxialRoPE:
+    axes = axes_sum(config, "rope_axes_dim", "attention_head_dim")
+    if len(axes) != 2:
+        raise ValueError(
+            f"HunyuanImageTransformer2DModel: axial_rope serves the (y, x) configuration (rope_axes_dim of 2), "
+            f"got rope_axes_dim {list(axes)}"
+        )
+    return hunyuan_image(axes, field(config, "rope_theta"))
+
+
+def _image_positions(config):
+    """``rope(hidden_states)``: a latent image ``[B, C, H, W]`` cut by ``patch_size`` ``(p_y, p_x)``."""
+    p_y, p_x = field(config, "patch_size")
+
+    def positions(rope, sizing, latent):
+        return grid_positions((latent.shape[-2] // p_y, latent.shape[-1] // p_x), rope, sizing, latent.device)
+
+    return positions
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="hunyuan_image",
+        classes=("HunyuanImageTransformer2DModel",),
+        rope=_image_rope,
+        tables=("module", "rope"),  # HunyuanImageRotaryPosEmbed(hidden_states): the latent image
+        positions=_image_positions,
+        grid_axes=(0, 1),
+        time_axis=None,
+        stock=("HunyuanImageAttnProcessor",),
+        max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
+        source=IMAGE_SOURCE,
+        axes="(y, x): `rope_axes_dim`, `rope_theta`",
+    )
+)
+
+FRAMEPACK_SOURCE = (
+    "diffusers 0.42.1 `models/transformers/transformer_hunyuan_video_framepack.py` "
+    "`HunyuanVideoFramepackRotaryPosEmbed`"
+)
+
+
+def _framepack_positions(config):
+    """``rope(frame_indices, height, width, device)``, called for the new frames and each history (the 2x and 4x
+    histories' tables are then pooled by the model, as stock): the frames at their indices, ``height x width``
+    (latent pixels) cut by the patch."""
+    patch = size(config, "patch_size")
+
+    def positions(rope, sizing, frame_indices, height, width, device):
+        return frames_grid_positions(frame_indices, height // patch, width // patch, rope, sizing, device)
+
+    return positions
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="hunyuan_video_framepack",
+        classes=("HunyuanVideoFramepackTransformer3DModel",),
+        rope=lambda c: hunyuan_video(axes_sum(c, "rope_axes_dim", "attention_head_dim"), field(c, "rope_theta")),
+        tables=("module", "rope"),
+        positions=_framepack_positions,
+        grid_axes=(1, 2),  # the frame indices are the pipeline's window of history and new frames: (y, x) sized
+        stock=("HunyuanVideoAttnProcessor2_0",),
+        max_diff=2e-9,  # float64 models, tables replaced: 1.5e-9 measured (the float32 tables)
+        source=FRAMEPACK_SOURCE,
+        axes="(t, y, x): `rope_axes_dim`, `rope_theta`; t = the pipeline's frame indices",
     )
 )

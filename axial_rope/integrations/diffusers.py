@@ -46,11 +46,12 @@ from .diffusers_processors import (
     HunyuanVideoRopeProcessor,
     WanRopeProcessor,
 )
-from .diffusers_tables import RotaryTables, argument_hook, time_hook
+from .diffusers_tables import RotaryTables, argument_hook, grid_hook, time_hook
 
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
 
 _ATTR = "_axial_rope_processors"  # where the handle lives on the transformer instance
+_TABLES = "_axial_rope_tables"  # the tables module standing in for a model method (tables ("method", name))
 # axial_rope's processors, by the name a family record gives
 _PROCESSORS = {cls.__name__: cls for cls in (FluxRopeProcessor, HunyuanVideoRopeProcessor, WanRopeProcessor,
                                              CogVideoXRopeProcessor, LTXVideoRopeProcessor)}  # fmt: skip
@@ -71,7 +72,7 @@ class RopeProcessors:
 
     def __init__(self, transformer, rope, tables, originals: dict, names: list[str], hooks: list, replaced=None):
         self.transformer, self.rope, self.tables, self.hooks = transformer, rope, tables, hooks
-        self.originals = originals  # every processor before installation, by name
+        self.originals = originals  # every processor before installation, by name ({}: none replaced)
         self.names = names
         self._replaced = replaced  # (attribute, the stock tables module) when the tables module was replaced
 
@@ -83,15 +84,24 @@ class RopeProcessors:
         """
         if getattr(self.transformer, _ATTR, None) is not self:
             return
-        current = dict(self.transformer.attn_processors)
-        ours = {name: self.originals[name] for name in self.names if _is_ours(current[name])}
-        current.update(ours)
-        self.transformer.set_attn_processor(current)
+        if self.names:  # a family without processors of ours (and a model without attn_processors) has none
+            current = dict(self.transformer.attn_processors)
+            ours = {name: self.originals[name] for name in self.names if _is_ours(current[name])}
+            current.update(ours)
+            self.transformer.set_attn_processor(current)
         for hook in self.hooks:
             hook.remove()
         if self._replaced is not None:
             name, stock = self._replaced
-            setattr(self.transformer, name, stock.to(next(self.tables.rope.buffers()).device))
+            if stock is None:  # a method was shadowed on the instance: the class's own is found again
+                del self.transformer.__dict__[name]
+                delattr(self.transformer, _TABLES)
+            elif isinstance(stock, torch.nn.Module):
+                stock = stock.to(next(self.tables.rope.buffers()).device)
+            else:  # a plain object (Z-Image's RopeEmbedder): our module goes, the attribute is set again
+                delattr(self.transformer, name)
+            if stock is not None:
+                setattr(self.transformer, name, stock)
         delattr(self.transformer, _ATTR)
 
 
@@ -126,11 +136,14 @@ def set_rope_processors(
             training resolution gets, e.g., interpolated positions or per-axis YaRN. Grid axes:
             video ``(t, y, x)``; Flux ``(y, x)`` of the image ids (``"normalize"`` is refused for Flux:
             it would move the text ids off 0).
-        train_size: the training token grid, ``(t, y, x)`` (video) or ``(y, x)`` (Flux), with ``mode``.
+        train_size: the training token grid, ``(t, y, x)`` (video) or ``(y, x)`` (Flux), with ``mode``; a
+            family with one grid axis (Mochi's time, the audio models' sequence) gives ``(n,)``, the tokens its
+            rope counts (a prepended global, memory or timestep token included).
         backend: axial_rope backend (``None`` automatic, ``"torch"``, ``"triton"``, ``"reference"``).
         noise_timestep: with a time-dependent scaling, the transformer's ``timestep`` at pure noise:
-            the sampling time is ``max(timestep) / noise_timestep``. Default: Flux 1, the others 1000
-            (the module docstring lists why).
+            the sampling time is ``max((timestep - clean) / (noise_timestep - clean))``, ``clean`` the family's
+            ``clean_timestep`` (0; 1 where time runs from noise at 0 to clean at 1: Lumina, MiniMax). Default:
+            the family's (Flux 1, the others 1000; Lumina 0; the module docstring lists why).
 
     Returns:
         A :class:`RopeProcessors` handle; ``handle.remove()`` (or
@@ -138,8 +151,9 @@ def set_rope_processors(
 
     Raises:
         TypeError: for any other model (the message lists the supported classes).
-        ValueError: for an unknown ``backend``, a ``scaling`` that does not fit the model's axes, a bad
-            ``mode`` or ``train_size``.
+        ValueError: for an unknown ``backend``, a ``scaling`` that does not fit the model's axes (or any
+            ``scaling`` of a family without per-axis spectra, an attention factor where the tables are angles),
+            a bad ``mode`` (one the family cannot take) or ``train_size``.
     """
     family = diffusers_family(transformer)
     if backend not in (None, *BACKENDS):
@@ -151,12 +165,26 @@ def set_rope_processors(
             f"{name}'s RoPE is a fixed per-head frequency model (axial_rope.conventions); "
             "the scaling methods and modes need a spectrum per axis: leave scaling and mode unset"
         )
+    if not family.spectrum and scaling is not None:
+        raise ValueError(
+            f"{name} ({family.name}) turns by learned or per-head frequencies, no per-axis spectrum: the scaling "
+            "methods do not apply; size positions with mode='interpolate' (or 'none', 'normalize') instead"
+        )
     rope = family.rope(transformer.config)
     if scaling is not None:
         rope = _scaled(family, rope, scaling, name)
+    if not family.amplitude and rope.scaled:
+        raise ValueError(
+            f"{name} ({family.name}) takes its tables as angles, which carry no amplitude: a scaling with an "
+            f"attention factor ({rope.scaling}) cannot be served; use one without (Linear, NTK, ...)"
+        )
     rope.backend = backend
-    if noise_timestep is not None and (not rope.time_dependent or not noise_timestep > 0):
-        raise ValueError(f"noise_timestep (> 0) goes with a time-dependent scaling, got {noise_timestep!r}")
+    clean = family.clean_timestep
+    if noise_timestep is not None and (
+        not rope.time_dependent or not (noise_timestep - clean) * (family.noise_timestep - clean) > 0
+    ):
+        side = "> 0" if clean == 0 else f"on the side of {family.noise_timestep} from the clean {clean}"
+        raise ValueError(f"noise_timestep ({side}) goes with a time-dependent scaling, got {noise_timestep!r}")
     previous = getattr(transformer, _ATTR, None)
     if previous is not None:  # re-install from the stock model, not on top of ours
         previous.remove()
@@ -168,34 +196,44 @@ def set_rope_processors(
     if scaled:
         where, attr = family.tables
         stock = getattr(transformer, attr) if where == "module" else None
+        by_grid = sizing is not None and family.grid is not None
         tables = RotaryTables(
             rope, family.positions(transformer.config), family.layout, sizing, time_dependent=rope.time_dependent,
-            stock=stock,
+            stock=stock, grid_axes=len(family.grid_axes) if by_grid else 0,
         ).to(device)  # fmt: skip
         if rope.time_dependent:  # registered first (hooks run in order): the time is set before the tables
-            hooks.append(time_hook(transformer, tables, noise_timestep or family.noise_timestep))
+            noise = family.noise_timestep if noise_timestep is None else noise_timestep
+            hooks.append(time_hook(transformer, tables, noise, clean, family.timestep))
+        if by_grid:  # the grid of the whole forward, for every call of the tables module
+            names, read = family.grid
+            hooks.append(grid_hook(transformer, tables, names, read(transformer.config)))
         if where == "module":
             replaced = (attr, stock)
             setattr(transformer, attr, tables)
+        elif where == "method":  # a model method computes them: an instance attribute shadows it
+            replaced = (attr, None)
+            transformer.add_module(_TABLES, tables)  # a submodule, so .to() and compile see it
+            object.__setattr__(transformer, attr, tables)
         else:
             hooks.append(argument_hook(transformer, attr, tables, "hidden_states"))
 
-    originals = dict(transformer.attn_processors)
-    # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
-    # by the same tables
-    names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]).__name__ in family.stock]
-    if family.processor is not None:
+    originals, names = {}, []
+    if family.processor is not None:  # else the stock processors stay (the model may not even list them)
+        originals = dict(transformer.attn_processors)
+        # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
+        # by the same tables
+        names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]).__name__ in family.stock]
         ours = _PROCESSORS[family.processor]
         new = {n: ours(backend, originals[n]) if n in names else p for n, p in originals.items()}
         transformer.set_attn_processor(new)
-    else:
-        names = []
     handle = RopeProcessors(transformer, rope, tables, originals, names, hooks, replaced)
     setattr(transformer, _ATTR, handle)
     return handle
 
 
 def _axis_names(family: DiffusersFamily, n_axes: int) -> tuple[str, ...]:
+    if n_axes == 1 and family.time_axis == 0:
+        return ("t",)
     if n_axes == 3 and family.time_axis == 0:
         return ("t", "y", "x")
     if n_axes == 3 and family.grid_axes == (1, 2):
@@ -231,12 +269,21 @@ def _sizing(family: DiffusersFamily, mode, train_size, scaling) -> Sizing | None
     if scaling is not None:
         raise ValueError("pass either scaling (fixed per-axis methods) or mode (sized per forward), not both")
     n_axes = len(family.grid_axes)
+    if not n_axes:
+        raise ValueError(
+            f"{family.name}'s positions are coordinates its pipeline computes, not a token grid that mode could size: "
+            "pass scaling (per-axis methods) instead"
+        )
     modes = (mode,) * n_axes if isinstance(mode, str) else tuple(mode)
     if len(modes) != n_axes or any(m not in POSITION_MODES for m in modes):
         raise ValueError(f"mode must be one of {POSITION_MODES} or one per grid axis ({n_axes}), got {mode!r}")
     if family.grid_axes != tuple(range(n_axes)) and "normalize" in modes:  # an id axis (text) stays at 0
         raise ValueError("mode 'normalize' moves Flux's text ids off 0; use 'interpolate', 'ntk' or 'yarn'")
-    axes = "(y, x)" if n_axes == 2 else "(t, y, x)"
+    refused = ("ntk", "yarn") if not family.spectrum else ("yarn",) if not family.amplitude else ()
+    if set(modes) & set(refused):
+        why = "has no per-axis spectrum to scale" if not family.spectrum else "takes angles (no attention factor)"
+        raise ValueError(f"{family.name} {why}: mode {mode!r} is refused; use 'interpolate', 'none' or 'normalize'")
+    axes = {3: "(t, y, x)", 2: "(y, x)"}.get(n_axes, "(t)" if family.time_axis in family.grid_axes else "(axis)")
     sizes = None if train_size is None or isinstance(train_size, (str, bytes)) else tuple(train_size)
     if (
         sizes is None

@@ -12,12 +12,14 @@ regional, dynamic sizes) and ``torch.export`` see the whole rotation.
 Where the tables are a forward argument (CogVideoX: its pipeline computes them), a forward pre-hook
 of the transformer replaces the argument by the tables of the latent grid (:func:`argument_hook`).
 A time-dependent scaling reads the sampling time from the transformer's own ``timestep``:
-a forward pre-hook writes ``max(timestep) / noise_timestep`` into the tables module's ``time``
-buffer (an in-place copy into a buffer, which compile and export trace as they do a KV cache's).
+a forward pre-hook writes its noise level ``max((timestep - clean) / (noise - clean))`` (1 at pure noise,
+0 clean) into the tables module's ``time`` buffer (an in-place copy into a buffer, which compile and
+export trace as they do a KV cache's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 
@@ -29,7 +31,7 @@ from ..ops import rotation_tables
 from ..ops.common import channel_table
 from ..rope import AxialRoPE
 
-__all__ = ["RotaryTables", "argument_hook", "time_hook"]
+__all__ = ["RotaryTables", "argument_hook", "grid_hook", "time_hook"]
 
 
 class RotaryTables(nn.Module):
@@ -37,32 +39,44 @@ class RotaryTables(nn.Module):
 
     Args:
         rope: the rotary layout (axes, theta, scaling) of the model, interleaved as diffusers' tables.
-        positions: ``(rope, sizing, *inputs) -> (pos [S, 3], scaling per axis)`` from the replaced module's inputs.
-        layout: ``(cos, sin) [S, D] -> what the replaced module returns`` (e.g. Wan's ``[1, S, 1, D]``).
+        positions: ``(rope, sizing, *inputs, **kwargs) -> (pos, scaling per axis, *context)`` from the replaced
+            module's inputs (positional or by keyword, as the model passes them): ``pos`` ``[S, A]`` (one table for
+            the batch) or ``[B, S, A]`` (one per item); ``context``, optional, is whatever the layout needs besides
+            the tables (a split point, lengths, the module's inputs themselves for a grid-shaped output).
+        layout: ``(cos, sin, *context) -> what the replaced module returns``, from ``[S, D]`` (``[B, S, D]``)
+            tables (e.g. Wan's ``[1, S, 1, D]``).
         sizing: per-forward sizing (``mode``, ``train_size``), or ``None``.
         time_dependent: hold the sampling time in the ``time`` buffer (set by :func:`time_hook`).
         stock: the module replaced (kept to be put back, not a submodule: the state dict is unchanged);
             its attributes stay readable here (``transformer.rope.patch_size``), as code reading them expects.
+        grid_axes: hold this forward's token grid (``grid_axes`` extents, set by :func:`grid_hook`) in the
+            ``grid`` buffer, and size by it (``sizing.grid``): for models computing their tables in several calls.
     """
 
     def __init__(self, rope: AxialRoPE, positions: Callable, layout: Callable, sizing: Sizing | None = None,
-                 *, time_dependent: bool = False, stock: nn.Module | None = None):  # fmt: skip
+                 *, time_dependent: bool = False, stock: object | None = None, grid_axes: int = 0):  # fmt: skip
         super().__init__()
-        self.__dict__["stock"] = stock
+        self.__dict__["stock"] = stock  # a module, or a plain object (Z-Image's RopeEmbedder)
         self.rope, self.positions, self.layout, self.sizing = rope, positions, layout, sizing
-        self.time_dependent = time_dependent
+        self.time_dependent, self.sized_by_grid = time_dependent, bool(grid_axes)
         if time_dependent:  # the noise level of this forward, 0-d (written by the transformer's pre-hook); float32,
             # which every device has: the rope takes it to float64 where the device has that
             self.register_buffer("time", torch.ones((), dtype=torch.float32), persistent=False)
+        if grid_axes:  # this forward's token grid, int64 [grid_axes] (written by the transformer's pre-hook)
+            self.register_buffer("grid", torch.ones(grid_axes, dtype=torch.long), persistent=False)
 
-    def tables(self, *inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos and sin ``[S, D]``, interleaved, attention factor included."""
-        pos, scaling = self.positions(self.rope, self.sizing, *inputs)
+    def tables(self, *inputs, **kwargs) -> tuple:
+        """float32 cos and sin ``[S, D]`` (``[B, S, D]`` for positions per item) in the rope's pairing, attention
+        factor included, then the positions' context."""
+        sizing = self.sizing
+        if sizing is not None and self.sized_by_grid:
+            sizing = dataclasses.replace(sizing, grid=self.grid)
+        pos, scaling, *context = self.positions(self.rope, sizing, *inputs, **kwargs)
         rotation = self.rope.rotation(pos, scaling=scaling, t=self.time if self.time_dependent else None)
-        return rotation_channel_tables(rotation)
+        return (*rotation_channel_tables(rotation, batched=pos.ndim == 3), *context)
 
-    def forward(self, *inputs):
-        return self.layout(*self.tables(*inputs))
+    def forward(self, *inputs, **kwargs):
+        return self.layout(*self.tables(*inputs, **kwargs))
 
     def __getattr__(self, name: str):
         try:
@@ -78,10 +92,13 @@ class RotaryTables(nn.Module):
         return f"time_dependent={self.time_dependent}{sizing}"
 
 
-def rotation_channel_tables(rotation) -> tuple[torch.Tensor, torch.Tensor]:
-    """A rotation's float32 tables in its pairing's channel layout, ``[S, 2n]`` (one batch row of positions)."""
+def rotation_channel_tables(rotation, *, batched: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rotation's float32 tables in its pairing's channel layout, ``[S, 2n]`` (one batch row of positions), or
+    ``[B, S, 2n]`` with ``batched``."""
     cos, sin = rotation_tables(rotation, torch.float32)
-    return channel_table(cos[0], rotation.pairing), channel_table(sin[0], rotation.pairing)
+    if not batched:
+        cos, sin = cos[0], sin[0]
+    return channel_table(cos, rotation.pairing), channel_table(sin, rotation.pairing)
 
 
 def _slot(transformer: nn.Module, name: str) -> int | None:
@@ -100,19 +117,24 @@ def _get(args, kwargs, name: str, slot: int | None):
     return args[slot] if slot is not None and slot < len(args) else None
 
 
-def time_hook(transformer: nn.Module, tables: RotaryTables, noise_timestep: float):
-    """A forward pre-hook writing ``max(timestep) / noise_timestep`` into ``tables.time`` (torch ops: no host sync).
+def time_hook(
+    transformer: nn.Module, tables: RotaryTables, noise_timestep: float, clean_timestep: float = 0.0,
+    name: str = "timestep",
+):  # fmt: skip
+    """A forward pre-hook writing ``max((timestep - clean) / (noise - clean))`` into ``tables.time`` (torch ops: no
+    host sync): 1 at pure noise, 0 at a clean sample, ``timestep`` read from the forward argument ``name``.
 
     The batch (both halves of guidance) shares the step's time; per-token timesteps (Wan 2.2) give their
     maximum, the noised tokens'. A forward without ``timestep`` is refused: the scaling would have no time.
     """
-    slot = _slot(transformer, "timestep")
+    slot = _slot(transformer, name)
 
     def hook(module, args, kwargs):
-        timestep = _get(args, kwargs, "timestep", slot)
+        timestep = _get(args, kwargs, name, slot)
         if timestep is None:
-            raise ValueError("a time-dependent scaling reads each forward's `timestep`; this forward got none")
-        level = torch.as_tensor(timestep).detach().to(torch.float32).amax() / noise_timestep
+            raise ValueError(f"a time-dependent scaling reads each forward's `{name}`; this forward got none")
+        ts = torch.as_tensor(timestep).detach().to(torch.float32)
+        level = ((ts - clean_timestep) / (noise_timestep - clean_timestep)).amax()
         tables.time.copy_(level.to(tables.time.device))
 
     return transformer.register_forward_pre_hook(hook, with_kwargs=True)
@@ -130,5 +152,17 @@ def argument_hook(transformer: nn.Module, name: str, tables: RotaryTables, sourc
         if name in kwargs or slot is None or slot >= len(args):
             return args, {**kwargs, name: new}
         return (*args[:slot], new, *args[slot + 1 :]), kwargs
+
+    return transformer.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def grid_hook(transformer: nn.Module, tables: RotaryTables, names: tuple[str, ...], read: Callable):
+    """A forward pre-hook writing ``read(*arguments names)`` (the forward's token grid) into ``tables.grid``: for
+    models that compute their tables in several calls, so that every call is sized by the one grid."""
+    slots = [_slot(transformer, name) for name in names]
+
+    def hook(module, args, kwargs):
+        grid = read(*(_get(args, kwargs, name, slot) for name, slot in zip(names, slots)))
+        tables.grid.copy_(torch.as_tensor(grid, dtype=torch.long).to(tables.grid.device))
 
     return transformer.register_forward_pre_hook(hook, with_kwargs=True)

@@ -1,0 +1,30 @@
+"""Krea 2 (diffusers ``Krea2RotaryPosEmbed``): Flux's per-axis spectra (theta 1000) over Flux-style ids."""
+
+from __future__ import annotations
+
+from ._fields import axes_sum, field
+from ._registry import DiffusersFamily, register_diffusers
+from ._tables import ids_positions
+from .flux import flux
+
+__all__: list[str] = []
+
+SOURCE = "diffusers 0.42.1 `models/transformers/transformer_krea2.py` `Krea2RotaryPosEmbed`"
+
+register_diffusers(
+    DiffusersFamily(
+        name="krea2",
+        classes=("Krea2Transformer2DModel",),
+        rope=lambda c: flux(axes_sum(c, "axes_dims_rope", "attention_head_dim"), field(c, "rope_theta", 1000.0)),
+        tables=("module", "rotary_emb"),  # rotary_emb(position_ids): text rows (0, 0, 0) first, image (0, y, x)
+        positions=lambda c: lambda rope, sizing, ids: ids_positions(ids, rope, sizing),
+        grid_axes=(1, 2),
+        time_axis=None,
+        stock=("Krea2AttnProcessor",),
+        blocks=("transformer_blocks.",),
+        noise_timestep=1.0,  # the pipeline passes timestep / num_train_timesteps
+        max_diff=0.0,
+        source=SOURCE,
+        axes="(index, y, x): `axes_dims_rope`, `rope_theta` (1000)",
+    )
+)

@@ -1,0 +1,25 @@
+"""Motif-Video (diffusers ``MotifVideoRotaryPosEmbed``): HunyuanVideo's tables, rotated by Motif's processors."""
+
+from __future__ import annotations
+
+from ._fields import axes_sum, field, size
+from ._registry import DiffusersFamily, register_diffusers
+from ._tables import latent_positions
+from .hunyuan import hunyuan_video
+
+SOURCE = "diffusers 0.42.1 `models/transformers/transformer_motif_video.py` `MotifVideoRotaryPosEmbed`"
+
+register_diffusers(
+    DiffusersFamily(
+        name="motif_video",
+        classes=("MotifVideoTransformer3DModel",),
+        rope=lambda c: hunyuan_video(axes_sum(c, "rope_axes_dim", "attention_head_dim"), field(c, "rope_theta")),
+        tables=("module", "rope"),  # MotifVideoRotaryPosEmbed(hidden_states): the latent video, float64 angles
+        positions=latent_positions(lambda c: (size(c, "patch_size_t"), size(c, "patch_size"), size(c, "patch_size"))),
+        # self-attention rotates the video tokens' q and k; the text cross-attention rotates the video queries
+        stock=("MotifVideoAttnProcessor2_0", "MotifVideoCrossAttnProcessor2_0"),
+        max_diff=0.0,  # tables replaced at the training size, measured in float32 (the model cannot run in float64)
+        source=SOURCE,
+        axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
+    )
+)

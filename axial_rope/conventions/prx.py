@@ -1,0 +1,45 @@
+"""PRX (diffusers ``PRXEmbedND``): per-axis spectra over the image grid ``(y, x)``, as 2x2 matrices.
+
+Only image tokens are rotated (text tokens are keys without rotation); the ids are the latent grid after the
+patches, ``[B, S, 2]``, and the tables ``[B, 1, S, D/2, 2, 2]`` (``bhsd``).
+"""
+
+from __future__ import annotations
+
+from ._fields import field, kind, size
+from ._registry import DiffusersFamily, register_diffusers
+from ._tables import ids_positions
+from .flux import flux
+from .hidream import rotation_matrices
+
+__all__: list[str] = []
+
+SOURCE = "diffusers 0.42.1 `models/transformers/transformer_prx.py` `PRXEmbedND`"
+
+
+def _rope(config):
+    axes = tuple(field(config, "axes_dim", None) or (32, 32))  # None in a config: the model's default
+    head = size(config, "hidden_size") // size(config, "num_heads")
+    if len(axes) != 2 or sum(axes) != head:
+        raise ValueError(f"{kind(config)} config: axes_dim {list(axes)} must be (y, x) channels summing to {head}")
+    return flux(axes, field(config, "theta", 10000))
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="prx",
+        classes=("PRXTransformer2DModel",),
+        rope=_rope,
+        tables=("module", "pe_embedder"),  # pe_embedder(img_ids): the image grid [B, S, 2]
+        positions=lambda c: lambda rope, sizing, ids: ids_positions(ids, rope, sizing, cols=(0, 1)),
+        layout=lambda cos, sin: rotation_matrices(cos, sin).unsqueeze(-5),  # [B, 1, S, D/2, 2, 2]
+        grid_axes=(0, 1),
+        time_axis=None,
+        stock=("PRXAttnProcessor2_0",),
+        blocks=("blocks.",),
+        noise_timestep=1.0,  # the pipeline passes timestep / num_train_timesteps
+        max_diff=0.0,
+        source=SOURCE,
+        axes="(y, x): `axes_dim`, `theta`",
+    )
+)
