@@ -25,6 +25,7 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     qwen_image,
     stable_audio,
     wan_variants,
+    z_image,
 )
 from ._registry import FAMILIES, REGISTRY, Convention, table
 from .cogvideox import cogvideox, cogvideox_positions

@@ -217,7 +217,6 @@ DIFFUSERS_PENDING = frozenset(
         "NucleusMoEImageTransformer2DModel",
         "OmniGenTransformer2DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
-        "ZImageTransformer2DModel",
     }
 )
 
