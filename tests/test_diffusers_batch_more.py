@@ -59,7 +59,7 @@ def test_unscaled_tables_equal_the_stock_tables(name):
     frames, h, w = tiny.TINY[name].grid
     for size in ((h, w), (5, 3)):
         calls = _stock_calls(name, model, tiny.inputs(name, *size))
-        assert len(calls) >= 2  # Z-Image: the image ids, then the caption ids
+        assert calls
         for args, kwargs, want in calls:
             # upstream looks its ids up in float32 tables (angles rounded once, then cos/sin): within 3e-5 at
             # the tiny grids' angles (< 100 rad), as ours (float64 angles rounded once)
@@ -69,7 +69,8 @@ def test_unscaled_tables_equal_the_stock_tables(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_tables_replaced_at_the_training_size_stay_within_max_diff(name):
     model, inputs = tiny.build(name)
-    model, inputs = model.double(), _double(inputs)
+    dtype = tiny.TINY[name].dtype  # float64, or float32 where the stock model cannot run in float64
+    model, inputs = model.to(dtype), _double(inputs, dtype)
     stock = _run(model, inputs)
     handle = set_rope_processors(model, mode="interpolate", train_size=_train_size(name))  # unscaled positions
     assert handle.tables is not None
@@ -95,3 +96,12 @@ def test_z_image_sized_forward_sizes_the_caption_call_by_the_image_grid():
     handle = set_rope_processors(model, mode="interpolate", train_size=(3, 4))
     _run(model, inputs)
     assert handle.tables.grid.tolist() == [6, 8]  # read from the latents x, for the image and the caption calls
+
+
+def test_kandinsky5_tables_divide_the_positions_by_the_pipelines_scale_factor():
+    name = "Kandinsky5Transformer3DModel"
+    model, _ = tiny.build(name)
+    family = DIFFUSERS[name]
+    ours = RotaryTables(family.rope(model.config), family.positions(model.config), family.layout, None)
+    args = ((2, 3, 5, 4), [torch.arange(3), torch.arange(5), torch.arange(4)], (1.0, 2.0, 2.5))
+    _same(ours(*args), model.visual_rope_embeddings(*args))

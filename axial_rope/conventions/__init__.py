@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     flux2,
     hidream,
     joyimage,
+    kandinsky,
     krea2,
     longcat,
     minimax,

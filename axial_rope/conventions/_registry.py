@@ -209,7 +209,6 @@ DIFFUSERS_PENDING = frozenset(
         "ConsisIDTransformer3DModel",
         "ErnieImageTransformer2DModel",
         "Ideogram4Transformer2DModel",
-        "Kandinsky5Transformer3DModel",
         "Kandinsky6SRTransformer3DModel",
         "Kandinsky6Transformer3DModel",
         "LTX2VideoTransformer3DModel",
