@@ -1,4 +1,4 @@
-"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5) and their inputs at any size:
+"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5 and 6) and their inputs at any size:
 :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per class name.
 """
 
@@ -69,6 +69,24 @@ def _kandinsky5_inputs(h, w, frames, g):  # the pipeline's arange positions, sca
     )  # fmt: skip
 
 
+def _kandinsky6(depth):
+    model = diffusers.Kandinsky6Transformer3DModel(
+        in_visual_dim=4, out_visual_dim=4, in_text_dim=8, in_text_dim2=8, time_dim=16, patch_size=(1, 2, 2),
+        model_dim=16, ff_dim=32, num_text_blocks=depth, num_visual_blocks=depth, axes_dims=(2, 2, 4),
+        visual_cond=False, in_audio_dim=4, out_audio_dim=4, ca_rope=True,
+    )  # fmt: skip
+    return model
+
+
+def _kandinsky6_inputs(h, w, frames, g):  # with audio latents and a padded prompt
+    return dict(
+        hidden_states=torch.randn(B, frames, 2 * h, 2 * w, 4, generator=g),
+        encoder_hidden_states=torch.randn(B, 5, 8, generator=g), pooled_projections=torch.randn(B, 8, generator=g),
+        timestep=torch.randint(0, 1000, (B,), generator=g), audio_hidden_states=torch.randn(B, 6, 4, generator=g),
+        encoder_attention_mask=torch.tensor([[True] * 5, [True] * 3 + [False] * 2]), return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, Tiny] = {
     "Kandinsky5Transformer3DModel": Tiny(
         model=_kandinsky5,
@@ -76,6 +94,7 @@ ENTRIES: dict[str, Tiny] = {
         grid=(2, 3, 4),
         dtype=torch.float32,  # its time embedding casts the timestep to float32 before a linear layer
     ),
+    "Kandinsky6Transformer3DModel": Tiny(model=_kandinsky6, inputs=_kandinsky6_inputs, grid=(2, 3, 4)),
     "ZImageTransformer2DModel": Tiny(
         model=_z_image,
         inputs=_z_image_inputs,

@@ -210,7 +210,6 @@ DIFFUSERS_PENDING = frozenset(
         "ErnieImageTransformer2DModel",
         "Ideogram4Transformer2DModel",
         "Kandinsky6SRTransformer3DModel",
-        "Kandinsky6Transformer3DModel",
         "LTX2VideoTransformer3DModel",
         "MochiTransformer3DModel",
         "NucleusMoEImageTransformer2DModel",
