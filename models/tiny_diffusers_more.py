@@ -1,4 +1,4 @@
-"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5 and 6) and their inputs at any size:
+"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5, 6 and 6 SR) and their inputs at any size:
 :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per class name.
 """
 
@@ -87,6 +87,20 @@ def _kandinsky6_inputs(h, w, frames, g):  # with audio latents and a padded prom
     )  # fmt: skip
 
 
+def _kandinsky6_sr(depth):
+    return diffusers.Kandinsky6SRTransformer3DModel(
+        in_visual_dim=4, out_visual_dim=4, time_dim=16, model_dim=16, ff_dim=32, num_visual_blocks=depth,
+        axes_dims=(2, 2, 4),
+    )  # fmt: skip
+
+
+def _kandinsky6_sr_inputs(h, w, frames, g):  # the noisy latent, the anchor latent and its mask; patch 1
+    return dict(
+        hidden_states=torch.randn(B, frames, h, w, 9, generator=g), timestep=torch.randint(0, 1000, (B,), generator=g),
+        return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, Tiny] = {
     "Kandinsky5Transformer3DModel": Tiny(
         model=_kandinsky5,
@@ -95,6 +109,13 @@ ENTRIES: dict[str, Tiny] = {
         dtype=torch.float32,  # its time embedding casts the timestep to float32 before a linear layer
     ),
     "Kandinsky6Transformer3DModel": Tiny(model=_kandinsky6, inputs=_kandinsky6_inputs, grid=(2, 3, 4)),
+    "Kandinsky6SRTransformer3DModel": Tiny(
+        model=_kandinsky6_sr,
+        inputs=_kandinsky6_sr_inputs,
+        grid=(2, 8, 8),
+        no_dynamic="its NABLA attention needs token grids divisible by 8 (the checks' 4 x 4 is refused)",
+        no_checkpointing="its NABLA flex attention has no backward on CPU",
+    ),
     "ZImageTransformer2DModel": Tiny(
         model=_z_image,
         inputs=_z_image_inputs,

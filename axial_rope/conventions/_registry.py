@@ -209,7 +209,6 @@ DIFFUSERS_PENDING = frozenset(
         "ConsisIDTransformer3DModel",
         "ErnieImageTransformer2DModel",
         "Ideogram4Transformer2DModel",
-        "Kandinsky6SRTransformer3DModel",
         "LTX2VideoTransformer3DModel",
         "MochiTransformer3DModel",
         "NucleusMoEImageTransformer2DModel",

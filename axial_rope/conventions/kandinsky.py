@@ -8,7 +8,7 @@ by ``pos[a] / scale_factor[a] * 10000 ** (-2j / d_a)`` over ``axes_dims``, and t
 matrices ``[B, T, H, W, 1, D/2, 2, 2]`` (``[[cos, -sin], [sin, cos]]`` per interleaved plane). The text
 tokens' 1-D table (``text_rope_embeddings``, text encoder blocks only) is not sized and stays the model's.
 
-Kandinsky 6 computes the same tables from ``(pos, scale_factor)`` alone (its config's ``scale_factor``, the grid
+Kandinsky 6 (and its super-resolution model, whose copy is the same) computes the same tables from ``(pos, scale_factor)`` alone (its config's ``scale_factor``, the grid
 the indices' lengths), ``[T, H, W, 1, D/2, 2, 2]`` without a batch axis; its audio tokens' 1-D tables (and, with
 ``ca_rope``, their cross-modal use) stay the model's: the video is what is sized.
 """
@@ -26,7 +26,10 @@ from .hidream import rotation_matrices
 __all__: list[str] = []
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_kandinsky.py` `Kandinsky5RoPE3D`"
-SOURCE6 = "diffusers 0.42.1 `models/transformers/transformer_kandinsky6.py` `Kandinsky6RoPE3D`"
+SOURCE6 = (
+    "diffusers 0.42.1 `models/transformers/transformer_kandinsky6.py` `Kandinsky6RoPE3D`, "
+    "`transformer_kandinsky6_sr.py` `Kandinsky6SRRoPE3D`"
+)
 
 
 def _grid(rope, sizing, sizes, pos, scale_factor):
@@ -85,15 +88,15 @@ register_diffusers(
 register_diffusers(
     DiffusersFamily(
         name="kandinsky6",
-        classes=("Kandinsky6Transformer3DModel",),
+        classes=("Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel"),
         rope=lambda c: flux(tuple(field(c, "axes_dims")), 10000.0),
         tables=("module", "visual_rope_embeddings"),  # (visual_rope_pos, config scale_factor): no batch axis
         positions=_positions6,
         layout=_layout6,
-        stock=("Kandinsky6AttnProcessor",),
+        stock=("Kandinsky6AttnProcessor", "Kandinsky6SRAttnProcessor"),
         blocks=("visual_transformer_blocks.",),
         noise_timestep=1000.0,  # the timestep on the [0, num_train_timesteps] scale
-        max_diff=0.0,
+        max_diff=5e-8,  # float64 models, tables replaced: 4.4e-8 measured (6 SR at 8 x 8; 6: bit for bit)
         source=SOURCE6,
         axes="(t, y, x): `axes_dims` (the head), theta 10000, positions / `scale_factor`",
     )
