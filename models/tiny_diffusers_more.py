@@ -1,4 +1,4 @@
-"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5, 6 and 6 SR) and their inputs at any size:
+"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5, 6 and 6 SR, Allegro) and their inputs at any size:
 :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per class name.
 """
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import diffusers
 import torch
+from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
 
 from models.tiny_diffusers_common import B, Tiny
 
@@ -101,7 +102,34 @@ def _kandinsky6_sr_inputs(h, w, frames, g):  # the noisy latent, the anchor late
     )  # fmt: skip
 
 
+def _allegro(depth):
+    return diffusers.AllegroTransformer3DModel(
+        patch_size=2, patch_size_t=1, num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+        num_layers=depth, cross_attention_dim=24, sample_height=8, sample_width=8, sample_frames=4, caption_channels=8,
+    )  # fmt: skip
+
+
+def allegro_tables(h: int, w: int, frames: int, scales=(2.2, 2.0, 2.0)):
+    """``AllegroPipeline._prepare_rotary_positional_embeddings`` for an ``h x w`` token grid of ``frames``."""
+    freqs_t, freqs_h, freqs_w, grid_t, grid_h, grid_w = get_3d_rotary_pos_embed_allegro(
+        embed_dim=12, crops_coords=((0, 0), (h, w)), grid_size=(h, w), temporal_size=frames,
+        interpolation_scale=scales,
+    )  # fmt: skip
+    pos = torch.cartesian_prod(grid_t.long(), grid_h.long(), grid_w.long())
+    return (freqs_t, freqs_h, freqs_w), pos.reshape(-1, 3).transpose(0, 1).reshape(3, 1, -1).contiguous()
+
+
+def _allegro_inputs(h, w, frames, g):  # the pipeline's tables; a padded prompt
+    return dict(
+        hidden_states=torch.randn(B, 4, frames, 2 * h, 2 * w, generator=g),
+        encoder_hidden_states=torch.randn(B, 5, 8, generator=g), timestep=torch.randint(0, 1000, (B,), generator=g),
+        encoder_attention_mask=torch.tensor([[1] * 5, [1] * 3 + [0] * 2]),
+        image_rotary_emb=allegro_tables(h, w, frames), return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, Tiny] = {
+    "AllegroTransformer3DModel": Tiny(model=_allegro, inputs=_allegro_inputs, grid=(2, 3, 4)),
     "Kandinsky5Transformer3DModel": Tiny(
         model=_kandinsky5,
         inputs=_kandinsky5_inputs,

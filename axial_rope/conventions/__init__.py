@@ -10,6 +10,7 @@ version its tests compare against (``tests/test_conventions_*.py``); :func:`tabl
 """
 
 from . import (  # noqa: F401  (diffusers family records: they register on import)
+    allegro,
     anyflow,
     bria,
     cogview,

@@ -203,7 +203,6 @@ DIFFUSERS_UNSUPPORTED: dict[str, str] = {
 DIFFUSERS_PENDING = frozenset(
     {
         "AceStepTransformer1DModel",
-        "AllegroTransformer3DModel",
         "AnyFlowFARTransformer3DModel",
         "BriaFibo2Transformer2DModel",
         "ConsisIDTransformer3DModel",
