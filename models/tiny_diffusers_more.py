@@ -1,4 +1,4 @@
-"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5, 6 and 6 SR, Allegro) and their inputs at any size:
+"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5, 6 and 6 SR, Allegro, OmniGen) and their inputs at any size:
 :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per class name.
 """
 
@@ -128,6 +128,26 @@ def _allegro_inputs(h, w, frames, g):  # the pipeline's tables; a padded prompt
     )  # fmt: skip
 
 
+def _omnigen(depth):
+    return diffusers.OmniGenTransformer2DModel(
+        in_channels=4, patch_size=2, hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
+        intermediate_size=32, num_layers=depth, pad_token_id=0, vocab_size=50, max_position_embeddings=256,
+        original_max_position_embeddings=64, pos_embed_max_size=32, time_step_dim=16,
+        rope_scaling={"short_factor": [1.0, 1.1, 1.2, 1.5], "long_factor": [2.0, 3.0, 4.0, 8.0]},
+    )  # fmt: skip
+
+
+def _omnigen_inputs(h, w, frames, g):  # 5 prompt tokens, the time token, the image; the second prompt padded
+    seq = 5 + 1 + h * w
+    mask = torch.ones(B, seq, seq)
+    mask[1, :, :2] = 0
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), timestep=torch.rand(B, generator=g),
+        input_ids=torch.randint(1, 50, (B, 5), generator=g), input_img_latents=[], input_image_sizes={},
+        attention_mask=mask, position_ids=torch.arange(seq).expand(B, seq), return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, Tiny] = {
     "AllegroTransformer3DModel": Tiny(model=_allegro, inputs=_allegro_inputs, grid=(2, 3, 4)),
     "Kandinsky5Transformer3DModel": Tiny(
@@ -143,6 +163,15 @@ ENTRIES: dict[str, Tiny] = {
         grid=(2, 8, 8),
         no_dynamic="its NABLA attention needs token grids divisible by 8 (the checks' 4 x 4 is refused)",
         no_checkpointing="its NABLA flex attention has no backward on CPU",
+    ),
+    "OmniGenTransformer2DModel": Tiny(
+        model=_omnigen,
+        inputs=_omnigen_inputs,
+        grid=(1, 3, 4),
+        video=False,
+        train_size=(5 + 1 + 3 * 4,),
+        no_fullgraph="its rotary module picks LongRoPE's short or long factors by max(position_ids) on the host "
+        "(a data-dependent branch; so does the adapter's rope keeping the model's LongRoPE)",
     ),
     "ZImageTransformer2DModel": Tiny(
         model=_z_image,

@@ -22,7 +22,8 @@ from models import tiny_diffusers as tiny  # noqa: E402
 from models.tiny_diffusers_more import ENTRIES  # noqa: E402
 
 NAMES = sorted(ENTRIES)
-OTHER = {"Kandinsky6SRTransformer3DModel": (16, 8)}  # another token grid (NABLA: multiples of 8); default (5, 3)
+# another token grid (default (5, 3)): NABLA's multiples of 8; OmniGen's 70 tokens, past its original 64 (long factors)
+OTHER = {"Kandinsky6SRTransformer3DModel": (16, 8), "OmniGenTransformer2DModel": (8, 8)}
 
 
 class _Recorder:

@@ -22,6 +22,7 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     longcat,
     minimax,
     motif,
+    omnigen,
     ovis,
     prx,
     qwen_image,

@@ -211,7 +211,6 @@ DIFFUSERS_PENDING = frozenset(
         "LTX2VideoTransformer3DModel",
         "MochiTransformer3DModel",
         "NucleusMoEImageTransformer2DModel",
-        "OmniGenTransformer2DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
     }
 )
