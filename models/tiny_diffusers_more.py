@@ -1,4 +1,4 @@
-"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5, 6 and 6 SR, Allegro, OmniGen) and their inputs at any size:
+"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5, 6 and 6 SR, Allegro, OmniGen, ConsisID) and their inputs at any size:
 :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per class name.
 """
 
@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import diffusers
 import torch
-from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
+from diffusers.models.embeddings import get_3d_rotary_pos_embed, get_3d_rotary_pos_embed_allegro
 
-from models.tiny_diffusers_common import B, Tiny
+from axial_rope.conventions.easyanimate import easyanimate_crop
+from models.tiny_diffusers_common import COGVIDEOX, B, Tiny
 
 __all__ = ["ENTRIES"]
 
@@ -148,8 +149,28 @@ def _omnigen_inputs(h, w, frames, g):  # 5 prompt tokens, the time token, the im
     )  # fmt: skip
 
 
+def _consisid(depth):
+    return diffusers.ConsisIDTransformer3DModel(**dict(COGVIDEOX, num_layers=depth))
+
+
+def _consisid_inputs(h, w, frames, g):  # the pipeline's tables over the crop of the 4 x 4 base region
+    return dict(
+        hidden_states=torch.randn(B, frames, 4, 2 * h, 2 * w, generator=g),
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g), timestep=torch.randint(0, 1000, (B,), generator=g),
+        image_rotary_emb=get_3d_rotary_pos_embed(16, easyanimate_crop(h, w, 4, 4), (h, w), frames), return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, Tiny] = {
     "AllegroTransformer3DModel": Tiny(model=_allegro, inputs=_allegro_inputs, grid=(2, 3, 4)),
+    "ConsisIDTransformer3DModel": Tiny(
+        model=_consisid,
+        inputs=_consisid_inputs,
+        grid=(3, 4, 4),
+        # not the stock model's own recompiles: its tables come from the pipeline, so stock has none to build
+        no_dynamic="the pipeline's crop of the base region (host arithmetic on the sizes, branching on the aspect "
+        "ratio), which a fixed scaling reproduces per size, is one graph per size (sized with mode: one for all)",
+    ),
     "Kandinsky5Transformer3DModel": Tiny(
         model=_kandinsky5,
         inputs=_kandinsky5_inputs,

@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     anyflow,
     bria,
     cogview,
+    consisid,
     flux2,
     hidream,
     joyimage,
