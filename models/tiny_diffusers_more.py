@@ -1,4 +1,4 @@
-"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5, 6 and 6 SR, Allegro, OmniGen, ConsisID) and their inputs at any size:
+"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5, 6 and 6 SR, Allegro, OmniGen, ConsisID, ERNIE-Image) and their inputs at any size:
 :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per class name.
 """
 
@@ -161,6 +161,24 @@ def _consisid_inputs(h, w, frames, g):  # the pipeline's tables over the crop of
     )  # fmt: skip
 
 
+def _ernie_image(depth):
+    model = diffusers.ErnieImageTransformer2DModel(
+        hidden_size=16, num_attention_heads=2, num_layers=depth, ffn_hidden_size=32, in_channels=4, out_channels=4,
+        patch_size=1, text_in_dim=8, rope_axes_dim=(2, 2, 4),
+    )  # fmt: skip
+    for layer in (model.adaLN_modulation[-1], model.final_linear):  # zero-initialised: random, so attention counts
+        torch.nn.init.normal_(layer.weight, std=0.5)
+        torch.nn.init.normal_(layer.bias, std=0.5)
+    return model
+
+
+def _ernie_image_inputs(h, w, frames, g):  # patch 1; text of 5 and 3 tokens
+    return dict(
+        hidden_states=torch.randn(B, 4, h, w, generator=g), timestep=torch.randint(0, 1000, (B,), generator=g).float(),
+        text_bth=torch.randn(B, 5, 8, generator=g), text_lens=torch.tensor([5, 3]), return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, Tiny] = {
     "AllegroTransformer3DModel": Tiny(model=_allegro, inputs=_allegro_inputs, grid=(2, 3, 4)),
     "ConsisIDTransformer3DModel": Tiny(
@@ -171,6 +189,7 @@ ENTRIES: dict[str, Tiny] = {
         no_dynamic="the pipeline's crop of the base region (host arithmetic on the sizes, branching on the aspect "
         "ratio), which a fixed scaling reproduces per size, is one graph per size (sized with mode: one for all)",
     ),
+    "ErnieImageTransformer2DModel": Tiny(model=_ernie_image, inputs=_ernie_image_inputs, grid=(1, 3, 4), video=False),
     "Kandinsky5Transformer3DModel": Tiny(
         model=_kandinsky5,
         inputs=_kandinsky5_inputs,

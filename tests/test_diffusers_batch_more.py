@@ -61,7 +61,10 @@ def _allegro_per_token(tables):
 
 
 # of a table structure, what the processors rotate by (stock and ours lay the same rotation out differently)
-USED = {"AllegroTransformer3DModel": _allegro_per_token}
+USED = {
+    "AllegroTransformer3DModel": _allegro_per_token,
+    "ErnieImageTransformer2DModel": lambda angles: (angles.cos(), angles.sin()),  # ours wrapped to (-pi, pi]
+}
 
 
 @pytest.mark.parametrize("name", NAMES)

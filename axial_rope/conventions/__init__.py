@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     bria,
     cogview,
     consisid,
+    ernie_image,
     flux2,
     hidream,
     joyimage,

@@ -205,7 +205,6 @@ DIFFUSERS_PENDING = frozenset(
         "AceStepTransformer1DModel",
         "AnyFlowFARTransformer3DModel",
         "BriaFibo2Transformer2DModel",
-        "ErnieImageTransformer2DModel",
         "Ideogram4Transformer2DModel",
         "LTX2VideoTransformer3DModel",
         "MochiTransformer3DModel",
