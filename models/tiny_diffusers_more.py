@@ -1,4 +1,4 @@
-"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5, 6 and 6 SR, Allegro, OmniGen, ConsisID, ERNIE-Image) and their inputs at any size:
+"""Tiny random diffusers transformers of the later families (Z-Image, Kandinsky 5, 6 and 6 SR, Allegro, OmniGen, ConsisID, ERNIE-Image, NucleusMoE-Image) and their inputs at any size:
 :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per class name.
 """
 
@@ -179,6 +179,22 @@ def _ernie_image_inputs(h, w, frames, g):  # patch 1; text of 5 and 3 tokens
     )  # fmt: skip
 
 
+def _nucleus(depth):  # dense blocks (the rotary path is the MoE's)
+    return diffusers.NucleusMoEImageTransformer2DModel(
+        patch_size=2, in_channels=16, num_layers=depth, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=16, axes_dims_rope=(4, 6, 6), moe_enabled=False,
+    )  # fmt: skip
+
+
+def _nucleus_inputs(h, w, frames, g):  # packed latents [B, h w, 16]; the second prompt padded
+    return dict(
+        hidden_states=torch.randn(B, h * w, 16, generator=g), img_shapes=[[(1, h, w)]] * B,
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g),
+        encoder_hidden_states_mask=torch.tensor([[1] * 5, [1] * 3 + [0] * 2]), timestep=torch.rand(B, generator=g),
+        return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES: dict[str, Tiny] = {
     "AllegroTransformer3DModel": Tiny(model=_allegro, inputs=_allegro_inputs, grid=(2, 3, 4)),
     "ConsisIDTransformer3DModel": Tiny(
@@ -204,6 +220,7 @@ ENTRIES: dict[str, Tiny] = {
         no_dynamic="its NABLA attention needs token grids divisible by 8 (the checks' 4 x 4 is refused)",
         no_checkpointing="its NABLA flex attention has no backward on CPU",
     ),
+    "NucleusMoEImageTransformer2DModel": Tiny(model=_nucleus, inputs=_nucleus_inputs, grid=(1, 3, 4), video=False),
     "OmniGenTransformer2DModel": Tiny(
         model=_omnigen,
         inputs=_omnigen_inputs,

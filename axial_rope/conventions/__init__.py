@@ -24,6 +24,7 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     longcat,
     minimax,
     motif,
+    nucleus,
     omnigen,
     ovis,
     prx,

@@ -208,7 +208,6 @@ DIFFUSERS_PENDING = frozenset(
         "Ideogram4Transformer2DModel",
         "LTX2VideoTransformer3DModel",
         "MochiTransformer3DModel",
-        "NucleusMoEImageTransformer2DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
     }
 )
