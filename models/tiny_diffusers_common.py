@@ -34,6 +34,8 @@ class Tiny:
             shapes): the compile checks of whole forwards skip the model; its repeated blocks still compile.
         no_dynamic: why the stock model recompiles per size itself (nothing the adapter adds): the dynamic-size
             compile check skips it.
+        no_repeated: why the stock model's repeated blocks recompile among themselves (blocks of one class
+            configured or called differently): the repeated-blocks compile check skips it.
         dtype: the dtype the generic checks run the model in: float64, or float32 where the stock model cannot run
             in float64.
         no_checkpointing: why the stock model fails activation checkpointing itself: the checkpointing check skips it.
@@ -47,6 +49,7 @@ class Tiny:
     mode: str = "interpolate"
     no_fullgraph: str = ""
     no_dynamic: str = ""
+    no_repeated: str = ""
     dtype: torch.dtype = torch.float64
     no_checkpointing: str = ""
 

@@ -110,6 +110,8 @@ def test_repeated_blocks_compile_once(family, variant):
     model, inputs = _model(family, variant)
     if not model._repeated_blocks:
         pytest.skip(f"{type(model).__name__} declares no _repeated_blocks")
+    if tiny.TINY[family].no_repeated:
+        pytest.skip(f"stock {family}: {tiny.TINY[family].no_repeated}")
     torch._dynamo.reset()
     expected = [_run(model, step) for step in (inputs, _later_step(family, inputs))]
     model.compile_repeated_blocks(fullgraph=True, backend="eager")

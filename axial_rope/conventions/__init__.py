@@ -10,21 +10,28 @@ version its tests compare against (``tests/test_conventions_*.py``); :func:`tabl
 """
 
 from . import (  # noqa: F401  (diffusers family records: they register on import)
+    allegro,
     anyflow,
     bria,
     cogview,
+    consisid,
+    ernie_image,
     flux2,
     hidream,
     joyimage,
+    kandinsky,
     krea2,
     longcat,
     minimax,
     motif,
+    nucleus,
+    omnigen,
     ovis,
     prx,
     qwen_image,
     stable_audio,
     wan_variants,
+    z_image,
 )
 from ._registry import FAMILIES, REGISTRY, Convention, table
 from .cogvideox import cogvideox, cogvideox_positions

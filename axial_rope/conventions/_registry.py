@@ -203,21 +203,12 @@ DIFFUSERS_UNSUPPORTED: dict[str, str] = {
 DIFFUSERS_PENDING = frozenset(
     {
         "AceStepTransformer1DModel",
-        "AllegroTransformer3DModel",
         "AnyFlowFARTransformer3DModel",
         "BriaFibo2Transformer2DModel",
-        "ConsisIDTransformer3DModel",
-        "ErnieImageTransformer2DModel",
         "Ideogram4Transformer2DModel",
-        "Kandinsky5Transformer3DModel",
-        "Kandinsky6SRTransformer3DModel",
-        "Kandinsky6Transformer3DModel",
         "LTX2VideoTransformer3DModel",
         "MochiTransformer3DModel",
-        "NucleusMoEImageTransformer2DModel",
-        "OmniGenTransformer2DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
-        "ZImageTransformer2DModel",
     }
 )
 
