@@ -30,8 +30,12 @@ FAMILIES = sorted(name for name, family in DIFFUSERS.items() if name in tiny.TIN
 
 def _variants(name: str) -> tuple[str, ...]:
     """Unscaled, a fixed scaling and a per-timestep (DyPE) one; a rope without per-axis spectra (learned or per-head
-    frequencies) takes neither, and is sized per forward instead (``mode="interpolate"``)."""
-    return ("unscaled", "scaled", "timed") if DIFFUSERS[name].spectrum else ("unscaled", "sized")
+    frequencies) takes neither, and is sized per forward instead (``mode="interpolate"``). Unscaled only where a fused
+    processor of ours is installed: without one, an unscaled install leaves the stock model as it was
+    (tests/test_diffusers_families.py checks it equals stock), whose compile is diffusers' own."""
+    record = DIFFUSERS[name]
+    scaled = ("scaled", "timed") if record.spectrum else ("sized",)
+    return (("unscaled",) if record.processor else ()) + scaled
 
 
 CASES = [(name, variant) for name in FAMILIES for variant in _variants(name)]
