@@ -264,7 +264,7 @@ def test_dual_chunk_is_rope_within_one_chunk_and_loads_rope_weights():
     # logits |s| < 44 here rounded to float32 move the weights by 2 u |s| relative, the float32 softmax adds
     # (S + 3) u (u = 2**-24): 6e-6 of the values' scale per layer, 1.2e-5 of the logits' after two layers
     expected = rope_model(idx)
-    tol = 1.2e-5 * float(expected.abs().max())
+    tol = 1.2e-5 * float(expected.detach().abs().max())
     torch.testing.assert_close(dca(idx), expected, atol=tol, rtol=0)
     long = torch.randint(0, 64, (2, 30))
     assert not torch.allclose(dca(long), rope_model(long))
