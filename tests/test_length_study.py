@@ -1,4 +1,4 @@
-"""The length study (models/training/length_study): its statistics on data with a known answer, its probe,
+"""The length study (models/studies/length): its statistics on data with a known answer, its probe,
 its evaluation shortcuts, and the whole quick variant end to end."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import torch
 from helpers import U32, chain_bound
 
 from models.gpt import GPT, STUDY_PRESETS, DualChunk
-from models.training import length_study, needles
-from models.training.bootstrap import Interval
-from models.training.length_study import design, evaluate, retrieval
-from models.training.length_study.summary import verdict
+from models.studies import length as length_study
+from models.studies.bootstrap import Interval
+from models.studies.length import design, evaluate, retrieval
+from models.studies.length.summary import verdict
+from models.training import needles
 from models.training.tasks import TextTask, stdlib_text
 
 # -- statistics (the bootstrap itself: tests/test_bootstrap.py) ----------------------------------
@@ -158,7 +159,7 @@ def test_effective_context_and_break_position_follow_the_intervals():
 
 
 def test_streaming_summary_states_known_differences_and_keeps_per_seed_means():
-    from models.training.length_study import streaming
+    from models.studies.length import streaming
 
     study = replace(streaming.study_of(False), seeds=(0, 1, 2), windows=40, draws=300)
     rng = np.random.default_rng(0)
@@ -178,7 +179,7 @@ def test_streaming_summary_states_known_differences_and_keeps_per_seed_means():
 
 @pytest.mark.slow
 def test_streaming_study_runs_end_to_end(tmp_path):
-    from models.training.length_study import streaming
+    from models.studies.length import streaming
 
     page = streaming.run(tmp_path / "out", quick=True, root=tmp_path / "runs").read_text()
     assert "rolling, sinks 4" in page and "Bonferroni" in page

@@ -1,4 +1,4 @@
-"""Seed-level intervals and page corrections (models/training/seed_intervals.py), on data with a known answer.
+"""Seed-level intervals and page corrections (models/studies/seed_intervals.py), on data with a known answer.
 
 The synthetic studies follow the model of issue 24: an arm's value ``[seed s, sample i]`` is
 ``mu + seed_effect[s] + sample_effect[i] + noise``; the other arm adds the method difference
@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from models.training.bootstrap import Bootstrap, Interval
-from models.training.seed_intervals import (
+from models.studies.bootstrap import Bootstrap, Interval
+from models.studies.seed_intervals import (
     SeedBootstrap,
     benjamini_hochberg,
     correct,

@@ -1,4 +1,4 @@
-"""The resolution, frame and packing studies (models/training/vision_study): RIFLEx's k, the test sets, the
+"""The resolution, frame and packing studies (models/studies/vision): RIFLEx's k, the test sets, the
 object metrics and their statistics on inputs with known answers, and the studies' quick variants end to end."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import torch
 from helpers import one_torch_thread
 
 import axial_rope as ar
+from models.studies.vision import figures, run_frames, run_packing, run_resolution
+from models.studies.vision.metrics import image_metrics, reference, repetition, video_metrics
+from models.studies.vision.objects import BACKGROUND, components, find_objects
 from models.training.data import Canvas, MovingShapes, Shapes
-from models.training.vision_study import figures, run_frames, run_packing, run_resolution
-from models.training.vision_study.metrics import image_metrics, reference, repetition, video_metrics
-from models.training.vision_study.objects import BACKGROUND, components, find_objects
 
 _one_thread = one_torch_thread()
 

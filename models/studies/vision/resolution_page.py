@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import CLASSES
+from ...training.data import CLASSES
 from . import figures
 from .report import Metric, Table, best_lines, difference_table, environment_lines, interval_table, load_results
 from .resolution import ResolutionStudy, arms_at, samples_path, size_name

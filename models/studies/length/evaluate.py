@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from ...gpt import GPT
-from ..data import StdlibText
-from ..tasks import stdlib_text
-from ..trainer import load_trained
+from ...training.data import StdlibText
+from ...training.tasks import stdlib_text
+from ...training.trainer import load_trained
 from .design import Arm, Study, run_dir
 from .retrieval import passes, probe_inputs
 

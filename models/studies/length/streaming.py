@@ -11,7 +11,7 @@ length study has trained it) reads the study's held-out windows at up to 4x its 
   "Efficient Streaming Language Models with Attention Sinks").
 
 Every arm reads the same windows with the same models; intervals are paired bootstrap over windows and
-seeds (:mod:`models.training.bootstrap`), the three pairwise differences Bonferroni-corrected.
+seeds (:mod:`models.studies.bootstrap`), the three pairwise differences Bonferroni-corrected.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...training.trainer import load_trained
 from ..bootstrap import Bootstrap, verdict
 from ..jobs import ensure_trained
-from ..trainer import load_trained
 from . import report
 from .design import FULL, QUICK, Study, run_dir, train_configs
 from .evaluate import BIN, eval_windows, position_losses, variant

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import axial_rope as ar
 
 from ...gpt import DualChunk
-from ..config import TrainConfig
+from ...training.config import TrainConfig
 
 __all__ = ["Arm", "FULL", "QUICK", "Study", "arms", "train_configs"]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data import CLASSES, MovingShapes, Shapes
+from ...training.data import CLASSES, MovingShapes, Shapes
 from .classifier import ShapeClassifier, classify, object_crops
 from .objects import Object, find_objects, foreground, palette_error
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...training.data import CLASSES
 from ..bootstrap import Bootstrap, verdict
-from ..data import CLASSES
 from . import figures
 from .frames import REFERENCE, FramesStudy, intrinsic
 from .report import Metric, Table, best_and_tied, environment_lines, interval_table, load_results

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from ...gpt_positions import fused_path
+from ...training.tasks import stdlib_text
+from ...training.trainer import load_trained
 from ..jobs import compute_seconds, run_jobs
-from ..tasks import stdlib_text
-from ..trainer import load_trained
 from . import paradigm, plots, report, summary
 from .design import FULL, QUICK, Arm, Study, arms, run_dir
 from .evaluate import variant

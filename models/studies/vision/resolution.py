@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 from ...flow import noisy, sample_euler
-from ..config import TrainConfig
-from ..data import CLASSES, Canvas, Shapes
+from ...training.config import TrainConfig
+from ...training.data import CLASSES, Canvas, Shapes
+from ...training.trainer import load_trained
 from ..jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
-from ..trainer import load_trained
 from . import classifier as shape_classifier
 from .classifier import ClassifierConfig
 from .metrics import image_metrics, reference

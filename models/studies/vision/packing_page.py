@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import CLASSES
+from ...training.data import CLASSES
 from . import figures
 from .packing import ONE_SIZE, PACKED, PackingStudy, arms_at
 from .report import Table, best_lines, difference_table, environment_lines, interval_table, load_results, mark
