@@ -17,7 +17,16 @@ from pathlib import Path
 import torch
 
 from .. import dit, gpt, video_dit
-from ..flow import T_SCALE, classifier_free_guidance, flow_loss, logit_normal, sample_euler
+from ..flow import (
+    T_SCALE,
+    classifier_free_guidance,
+    euler_times,
+    flow_loss,
+    logit_normal,
+    noisy,
+    sample_euler,
+    target_velocity,
+)
 from . import needles
 from .data import CLASSES, MovingShapes, Shapes, StdlibText, uniform
 from .packed_data import MixedSizes, pick, render_images
@@ -356,9 +365,13 @@ class PackedImageTask(ImageTask):
         drop = torch.rand(len(x0), generator=gen) < self.config.class_dropout_prob
         device = next(model.parameters()).device
         x0, noise = [x.to(device) for x in x0], [n.to(device) for n in noise]
-        xt = [(1 - ti) * x + ti * n for x, n, ti in zip(x0, noise, t.tolist())]
-        preds = model(xt, (t * T_SCALE).to(device), y.to(device), force_drop_ids=drop.to(device), **model_kwargs)
-        err = [(p[: x.shape[0]].float() - (n - x).float()).square().sum() for p, x, n in zip(preds, x0, noise)]
+        t = t.to(device)
+        xt = [noisy(x, t[i : i + 1], n) for i, (x, n) in enumerate(zip(x0, noise))]  # each image at its own t
+        preds = model(xt, t * T_SCALE, y.to(device), force_drop_ids=drop.to(device), **model_kwargs)
+        err = [
+            (p[: x.shape[0]].float() - target_velocity(x, n).float()).square().sum()
+            for p, x, n in zip(preds, x0, noise)
+        ]
         return torch.stack(err).sum() / sum(x.numel() for x in x0)
 
     @torch.no_grad()
@@ -368,7 +381,7 @@ class PackedImageTask(ImageTask):
         gen = torch.Generator().manual_seed(seed)
         xs = [torch.randn(3, h, w, generator=gen).to(device) for h, w in sizes]
         y = torch.as_tensor(labels, device=device)
-        ts = torch.linspace(1.0, 0.0, steps + 1)
+        ts = euler_times(steps)
         for t, t_next in zip(ts[:-1].tolist(), ts[1:].tolist()):
             tt = torch.full((len(xs),), t * T_SCALE, device=device)
             v = model.forward_packed_with_cfg(xs, tt, y, cfg_scale)
