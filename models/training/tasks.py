@@ -250,22 +250,47 @@ NEEDLE_RATE = 0.25  # the share of a study model's training windows that hold a 
 NEEDLE_STREAM = 0x6E656564  # offsets the seed of the needle draws ("need")
 
 
+class _TextPresets(Mapping):
+    """``{name: GPTConfig}``: the reference GPT's presets and the length study's (``lm-*``), which the study's
+    factory builds with their position schemes (imported when first asked: the study imports this loop)."""
+
+    def _all(self) -> dict:
+        from ..studies.length.positions import STUDY_PRESETS
+
+        return {**gpt.PRESETS, **{name: m.config for name, m in STUDY_PRESETS.items()}}
+
+    def __getitem__(self, name: str):
+        return self._all()[name]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
 class TextTask:
     """Byte-level language model on the standard library's source, next-byte cross-entropy.
 
-    The length study's presets (``gpt.STUDY_PRESETS``) also see planted keys: in a share
+    The length study's presets (``models.studies.length.positions.STUDY_PRESETS``) are built by the
+    study's factory, with their position schemes; they also see planted keys: in a share
     :data:`NEEDLE_RATE` of their training windows a ``secret_key = '...'`` line is inserted and
     asked for at the window's end (:mod:`models.training.needles`), so that the retrieval probe
     measures how far a model that can retrieve keeps doing so, not whether copying emerged.
     """
 
     name = "gpt"
-    presets = gpt.PRESETS
+    presets = _TextPresets()
 
     def __init__(self, preset: str, context: int, seed: int):
-        self.config = replace(gpt.PRESETS[preset], max_seq_len=context)
+        if preset in gpt.PRESETS:
+            self.config, self.positions = replace(gpt.PRESETS[preset], max_seq_len=context), None
+        else:  # a length-study model: its config and position scheme from the study's factory
+            from ..studies.length.positions import study_model
+
+            self.config, self.positions = study_model(preset, context)
         self.context, self.seed = context, seed
-        self.needle_rate = NEEDLE_RATE if preset in gpt.STUDY_PRESETS else 0.0
+        self.needle_rate = 0.0 if self.positions is None else NEEDLE_RATE
 
     def batch(self, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The training windows ``x, y [batch_size, context]`` of ``step`` (planted keys included)."""
@@ -289,7 +314,7 @@ class TextTask:
         return stdlib_text("val")
 
     def build(self) -> torch.nn.Module:
-        return gpt.GPT(self.config)
+        return gpt.GPT(self.config, positions=self.positions)
 
     def loss(self, model, step: int, batch_size: int, rank: int = 0, world: int = 1, **kw) -> torch.Tensor:
         x, y = self.batch(step, batch_size)

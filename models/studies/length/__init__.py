@@ -1,6 +1,6 @@
 """The length study behind ``python -m scripts.experiments length`` (docs/experiments/length.md).
 
-Every position scheme of :mod:`models.gpt_positions` trained with the same budget at one
+Every position scheme of :mod:`.positions` trained with the same budget at one
 context, over several seeds; RoPE's scaling methods applied training-free (with the factor
 of each length, and fixed factors), fine-tuned at 4x, and against a model trained at the
 longest length; all evaluated on the same held-out windows at every length, with paired
@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from ...gpt_positions import fused_path
 from ...training.tasks import stdlib_text
 from ...training.trainer import load_trained
 from ..jobs import compute_seconds, run_jobs
@@ -25,6 +24,7 @@ from . import paradigm, plots, report, summary
 from .design import FULL, QUICK, Arm, Study, arms, run_dir
 from .evaluate import variant
 from .jobs import execute, study_jobs
+from .positions import fused_path
 
 __all__ = ["FULL", "QUICK", "Study", "comparisons", "run"]
 
@@ -51,7 +51,7 @@ def measure_paradigm(study: Study, root: Path, all_arms: dict[str, Arm]) -> tupl
         model = variant(model, arm.change(1.0) if arm.change else {})
         row = paradigm.invariance(model, text, study.context)
         row["parameters"] = paradigm.position_parameters(model)
-        row["fused"], row["why"] = fused_path(model.config)
+        row["fused"], row["why"] = fused_path(model.positions)
         runs = arm.max_length is None or study.timing_length <= arm.max_length
         row["seconds"] = paradigm.forward_time(model, study.timing_length) if runs else None
         measured[arm.name] = row
