@@ -1,4 +1,4 @@
-"""The language model's position schemes (models/gpt_positions): formulas against the papers, cached decoding
+"""The language model's position schemes (models/studies/length/positions): formulas against the papers, cached decoding
 equal to recomputation for every scheme, and the invariances each scheme claims."""
 
 from __future__ import annotations
