@@ -14,8 +14,8 @@ import torch
 from ..bootstrap import Bootstrap, Interval, verdict
 
 __all__ = [
-    "Metric", "Table", "best_and_tied", "best_lines", "difference_table", "environment", "interval_table",
-    "load_results", "mark",
+    "Metric", "Table", "best_and_tied", "best_lines", "common_cells", "difference_table", "environment",
+    "interval_table", "load_results", "mark", "undefined_lines",
 ]  # fmt: skip
 
 
@@ -34,11 +34,37 @@ def load_results(root: Path, names: list[str]) -> dict[str, dict]:
     return {name: json.loads((root / "eval" / f"{name}.json").read_text())["result"] for name in names}
 
 
+def common_cells(values: dict[tuple[str, str, str], np.ndarray]) -> tuple[dict, dict[tuple[str, str], tuple[int, int]]]:
+    """``values`` with every cell undefined (NaN) in any arm of a ``(group, metric)`` made undefined in all of
+    them, so that every arm's mean is over the same cells; and per ``(group, metric)`` ``(undefined, cells)``.
+
+    Without it an arm that drew no object for a hard sample drops that sample from its ``size`` mean while
+    another arm keeps it: the arms would be averaged over different subsets."""
+    keys_of: dict[tuple, list] = {}
+    for key, v in values.items():
+        group, _, metric = key
+        keys_of.setdefault((group, metric, np.shape(v)), []).append(key)
+    out, undefined = dict(values), {}
+    for (group, metric, shape), keys in keys_of.items():
+        missing = np.zeros(shape, dtype=bool)
+        for key in keys:
+            missing |= np.isnan(np.asarray(values[key], dtype=np.float64))
+        for key in keys:
+            out[key] = np.where(missing, np.nan, np.asarray(values[key], dtype=np.float64))
+        n, total = undefined.get((group, metric), (0, 0))
+        undefined[(group, metric)] = (n + int(missing.sum()), total + missing.size)
+    return out, undefined
+
+
 class Table:
-    """Per ``(group, arm, metric)`` an array ``[seeds, samples]`` and its bootstrap (one per sample count)."""
+    """Per ``(group, arm, metric)`` an array ``[seeds, samples]`` and its bootstrap (one per sample count).
+
+    Every arm of a ``(group, metric)`` is averaged over the same cells (:func:`common_cells`);
+    ``undefined[(group, metric)]`` is ``(cells dropped, cells)``."""
 
     def __init__(self, values: dict[tuple[str, str, str], np.ndarray], draws: int):
-        self.values, self.draws, self._boot = values, draws, {}
+        self.values, self.undefined = common_cells(values)
+        self.draws, self._boot = draws, {}
 
     def boot(self, key) -> Bootstrap:
         shape = self.values[key].shape
@@ -65,7 +91,16 @@ def interval_table(table: Table, group: str, arms: list[str], metrics: list[Metr
     for arm in arms:
         cells = [table.interval(group, arm, m.key).format(m.digits) for m in metrics]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    return lines
+    return lines + undefined_lines(table, group, metrics)
+
+
+def undefined_lines(table: Table, group: str, metrics: list[Metric]) -> list[str]:
+    """The line under a table that says how many cells were undefined in some arm (none: no line)."""
+    counts = [(m.heading, *table.undefined.get((group, m.key), (0, 0))) for m in metrics]
+    counts = [f"{heading} {n} of {total}" for heading, n, total in counts if n]
+    if not counts:
+        return []
+    return ["", "Cells undefined in some arm, left out of every arm's mean: " + "; ".join(counts) + "."]
 
 
 def best_and_tied(table: Table, group: str, arms: list[str], metric: Metric) -> tuple[str, list[str]]:
