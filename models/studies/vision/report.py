@@ -15,7 +15,7 @@ from ..bootstrap import Bootstrap, Interval, verdict
 
 __all__ = [
     "Metric", "Table", "best_and_tied", "best_lines", "common_cells", "difference_table", "environment",
-    "interval_table", "load_results", "mark", "undefined_lines",
+    "interval_table", "load_results", "mark", "settings_to", "table_from_cells", "table_to_cells", "undefined_lines",
 ]  # fmt: skip
 
 
@@ -83,6 +83,50 @@ class Table:
         """``a - b`` on the same cells (paired)."""
         key = (group, a, metric)
         return self.boot(key).difference(self.values[key], self.values[(group, b, metric)])
+
+
+def table_to_cells(table: Table) -> dict:
+    """``{group: {arm: {metric: [seeds][samples]}}}``: every cell of ``table`` for the page's json (NaN as ``null``),
+    so a reader can recompute every interval (:func:`table_from_cells`)."""
+    cells: dict = {}
+    for (group, arm, metric), v in table.values.items():
+        rows = [[None if np.isnan(x) else float(x) for x in row] for row in np.asarray(v, dtype=np.float64)]
+        cells.setdefault(group, {}).setdefault(arm, {})[metric] = rows
+    return cells
+
+
+def table_from_cells(cells: dict, draws: int) -> Table:
+    """The :class:`Table` whose cells :func:`table_to_cells` wrote (the same draws: the same intervals)."""
+    values = {
+        (group, arm, metric): np.array([[np.nan if x is None else x for x in row] for row in rows], dtype=np.float64)
+        for group, arms in cells.items()
+        for arm, metrics in arms.items()
+        for metric, rows in metrics.items()
+    }
+    return Table(values, draws)
+
+
+def settings_to(cls, settings: dict):
+    """The study dataclass ``cls`` from its json settings (``asdict`` then json: lists back to tuples, nested
+    dataclasses rebuilt from their dicts)."""
+    from dataclasses import MISSING, fields, is_dataclass
+
+    def tuples(v):
+        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in settings:
+            continue
+        value = settings[f.name]
+        default = f.default if f.default is not MISSING else None
+        if f.default_factory is not MISSING:
+            default = f.default_factory()
+        if is_dataclass(default) and isinstance(value, dict):
+            kwargs[f.name] = settings_to(type(default), value)
+        else:
+            kwargs[f.name] = tuples(value)
+    return cls(**kwargs)
 
 
 def interval_table(table: Table, group: str, arms: list[str], metrics: list[Metric]) -> list[str]:
