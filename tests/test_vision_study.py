@@ -156,11 +156,11 @@ def test_quick_study_writes_tables_pictures_and_reuses_its_runs(name, tmp_path, 
     assert re.search(r"\| -?\d+\.\d+ \[-?\d+\.\d+, -?\d+\.\d+\] \|", page)  # a mean and its interval in a table
     data = json.loads((tmp_path / "out" / f"{name}.json").read_text())
     assert data["environment"]["versions"]["torch"] == torch.__version__ and data["results"]
-    if name in ("resolution", "packing"):  # the page regenerates from its json alone, byte for byte
-        from models.studies.vision import packing_page, resolution_page
+    # the page regenerates from its json alone, byte for byte (every cell and the draws are stored)
+    from models.studies.vision import frames_page, packing_page, resolution_page
 
-        markdown = {"resolution": resolution_page.markdown, "packing": packing_page.markdown}[name]
-        assert markdown(data) == page and data["cells"]
+    markdown = {"resolution": resolution_page, "frames": frames_page, "packing": packing_page}[name].markdown
+    assert markdown(data) == page and data["cells"]
     assert all(p.stat().st_size > 100 for p in (tmp_path / "out" / "img").iterdir())
     capsys.readouterr()
     run(tmp_path / "out", quick=True, root=tmp_path / "runs")  # everything is there: nothing recomputed
