@@ -13,7 +13,7 @@ from helpers import U32, chain_bound
 
 from models.gpt import GPT
 from models.studies import length as length_study
-from models.studies.bootstrap import Interval
+from models.studies.bootstrap import Bootstrap, Interval
 from models.studies.length import design, evaluate, retrieval
 from models.studies.length.positions import STUDY_PRESETS, DualChunk
 from models.studies.length.summary import verdict
@@ -130,6 +130,10 @@ def test_quick_study_runs_end_to_end(tmp_path):
         assert heading in text
     data = json.loads((tmp_path / "out" / "length.json").read_text())
     assert all(isinstance(v, dict) for v in data.values())
+    rope = np.array(data["cells"]["RoPE"]["loss"][str(design.QUICK.context)])  # [seeds, windows]: recomputable
+    assert rope.shape == (len(design.QUICK.seeds), design.QUICK.windows)
+    redo = Bootstrap(*rope.shape, design.QUICK.draws, seed=0).interval(rope)
+    assert list(redo) == pytest.approx(data["loss"]["RoPE"][str(design.QUICK.context)], rel=1e-12)
     assert data["paradigm"]["Learned"]["change"] is None and data["paradigm"]["RoPE"]["change"] < 1e-3
     for name in ("length.png", "length_positions.png", "length_retrieval.png"):
         assert (tmp_path / "out" / "img" / name).stat().st_size > 1000
@@ -177,6 +181,11 @@ def test_streaming_summary_states_known_differences_and_keeps_per_seed_means():
         raw[1]["full attention"][:, :256].mean()
     )
     assert len(summary["curves"]["rolling, sinks 4"]) == study.longest // evaluate.BIN
+    # the json's cells are the [seeds, windows] arrays the intervals come from: a reader recomputes them
+    cells = np.array(summary["cells"]["full attention"][study.longest])
+    assert cells.shape == (3, 40)
+    redo = Bootstrap(3, 40, study.draws, seed=0).interval(cells)
+    assert list(redo) == summary["loss"]["full attention"][study.longest]
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ...training.tasks import stdlib_text
@@ -79,7 +80,24 @@ def to_json(results: summary.Results, measured: dict, timings: dict, found: list
         "paradigm": measured,
         "sdpa_seconds": timings,
         "comparisons": {f"{c['a']} vs {c['b']} at {c['length']}": _comparison(c) for c in found},
+        "cells": cells(results),
     }
+
+
+def cells(results: summary.Results) -> dict:
+    """Every number the intervals are computed from, so a reader can recompute them: per arm and length, the
+    ``[seeds][windows]`` losses (``loss``) and the ``[seeds][depths * trials]`` probe results (``retrieval``);
+    seeds in ``results.study.seeds`` order, windows as :func:`.evaluate.eval_windows` cuts them."""
+    out = {}
+    for name in results.arms:
+        out[name] = {"loss": {}, "retrieval": {}}
+        for L in results.study.lengths:
+            losses, passes = results.losses(name, L), results.passes(name, L)
+            if losses is not None:
+                out[name]["loss"][L] = np.asarray(losses, dtype=np.float64).tolist()
+            if passes is not None:
+                out[name]["retrieval"][L] = passes.tolist()
+    return out
 
 
 def _comparison(c: dict) -> dict:

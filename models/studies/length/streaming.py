@@ -97,7 +97,9 @@ def summarise(study: Study, raw: dict[int, dict[str, np.ndarray]]) -> dict:
     curves = {a: np.mean([raw[s][a][:, : n * BIN].reshape(-1, n, BIN).mean(-1) for s in seeds], (0, 1)).tolist()
               for a in ARMS}  # fmt: skip
     per_seed = {a: {s: {L: float(raw[s][a][:, :L].mean()) for L in study.lengths} for s in seeds} for a in ARMS}
-    return {"loss": loss, "differences": diffs, "curves": curves, "per_seed": per_seed}
+    # every [seeds, windows] array the intervals above are computed from (seeds in `seeds` order)
+    cells = {a: {L: at(a, L).tolist() for L in study.lengths} for a in ARMS}
+    return {"loss": loss, "differences": diffs, "curves": curves, "per_seed": per_seed, "cells": cells}
 
 
 def plot(summary: dict, study: Study, path: Path) -> Path:
