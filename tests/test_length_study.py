@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -231,3 +232,11 @@ def test_trainer_builds_the_study_models_saved_runs_hold(preset):
     # the same weights (same draws, same order) and the same float64 function: equal but for summation order
     # (a few thousand float64 roundings, u = 1.1e-16: below 1e-12 relative)
     assert (signature, checksum) == (BEFORE_THE_MOVE[preset][0], pytest.approx(BEFORE_THE_MOVE[preset][1], rel=1e-12))
+
+
+def test_the_streaming_page_regenerates_from_its_json():
+    from models.studies.length import streaming
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "experiments"
+    data = json.loads((root / "streaming.json").read_text())
+    assert streaming.page_from_json(data) == (root / "streaming.md").read_text()  # byte for byte

@@ -27,6 +27,7 @@ import torch
 from ...training.trainer import load_trained
 from ..bootstrap import Bootstrap, verdict
 from ..jobs import ensure_trained
+from ..settings import settings_to
 from . import report
 from .design import FULL, QUICK, Study, run_dir, train_configs
 from .evaluate import BIN, eval_windows, position_losses, variant
@@ -187,6 +188,21 @@ def page(summary: dict, study: Study, env: dict, picture: str) -> str:
         for seed, row in seeds.items():
             lines.append(f"| {arm} | {seed} | " + " | ".join(f"{row[n]:.4f}" for n in study.lengths) + " |")
     return "\n".join(lines) + "\n"
+
+
+def page_from_json(data: dict, picture: str = "img/streaming.png") -> str:
+    """The page from ``streaming.json`` alone (json turned the lengths and seeds into strings: back to ints)."""
+
+    def ints(d: dict) -> dict:
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in d.items()}
+
+    study = settings_to(Study, data["environment"]["study"])
+    summary = {
+        "loss": {arm: ints(row) for arm, row in data["loss"].items()},
+        "differences": data["differences"],
+        "per_seed": {arm: {int(s): ints(row) for s, row in seeds.items()} for arm, seeds in data["per_seed"].items()},
+    }
+    return page(summary, study, data["environment"], picture)
 
 
 def run(out: Path, quick: bool = False, root: str | Path | None = None) -> Path:

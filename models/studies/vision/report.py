@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..bootstrap import Bootstrap, Interval, verdict
+from ..settings import settings_to  # noqa: F401 - the pages rebuild their study from the json with it
 
 __all__ = [
     "Metric", "Table", "best_and_tied", "best_lines", "common_cells", "difference_table", "environment",
@@ -104,29 +105,6 @@ def table_from_cells(cells: dict, draws: int) -> Table:
         for metric, rows in metrics.items()
     }
     return Table(values, draws)
-
-
-def settings_to(cls, settings: dict):
-    """The study dataclass ``cls`` from its json settings (``asdict`` then json: lists back to tuples, nested
-    dataclasses rebuilt from their dicts)."""
-    from dataclasses import MISSING, fields, is_dataclass
-
-    def tuples(v):
-        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
-
-    kwargs = {}
-    for f in fields(cls):
-        if f.name not in settings:
-            continue
-        value = settings[f.name]
-        default = f.default if f.default is not MISSING else None
-        if f.default_factory is not MISSING:
-            default = f.default_factory()
-        if is_dataclass(default) and isinstance(value, dict):
-            kwargs[f.name] = settings_to(type(default), value)
-        else:
-            kwargs[f.name] = tuples(value)
-    return cls(**kwargs)
 
 
 def interval_table(table: Table, group: str, arms: list[str], metrics: list[Metric]) -> list[str]:
