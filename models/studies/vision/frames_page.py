@@ -17,6 +17,7 @@ from .report import (
     Metric,
     Table,
     best_and_tied,
+    correction_lines,
     environment_lines,
     interval_table,
     load_results,
@@ -170,6 +171,7 @@ def markdown(data: dict) -> str:
             *_diagnosis(data["diagnosis"], study),
             "",
         ]
+    lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
     return "\n".join(lines) + "\n"
 
 

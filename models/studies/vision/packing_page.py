@@ -15,6 +15,7 @@ from .packing import ONE_SIZE, PACKED, PackingStudy, arms_at
 from .report import (
     Table,
     best_lines,
+    correction_lines,
     difference_table,
     environment_lines,
     interval_table,
@@ -195,6 +196,7 @@ def markdown(data: dict) -> str:
             *best_lines(table, size_name(size), arms, METRICS),
         ]
         lines += ["", f"![samples at {size_name(size)}]({images[size_name(size)]})", ""]
+    lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
     return "\n".join(lines) + "\n"
 
 

@@ -12,10 +12,12 @@ import numpy as np
 import torch
 
 from ..bootstrap import Bootstrap, Interval, verdict
+from ..seed_intervals import PairedTest, SeedBootstrap, correct, correction_note
 from ..settings import settings_to  # noqa: F401 - the pages rebuild their study from the json with it
 
 __all__ = [
-    "Metric", "Table", "best_and_tied", "best_lines", "common_cells", "difference_table", "environment",
+    "Metric", "Table", "best_and_tied", "best_lines", "common_cells", "correction_lines", "difference_table",
+    "environment",
     "interval_table", "load_results", "mark", "settings_to", "table_from_cells", "table_to_cells", "undefined_lines",
 ]  # fmt: skip
 
@@ -61,11 +63,14 @@ class Table:
     """Per ``(group, arm, metric)`` an array ``[seeds, samples]`` and its bootstrap (one per sample count).
 
     Every arm of a ``(group, metric)`` is averaged over the same cells (:func:`common_cells`);
-    ``undefined[(group, metric)]`` is ``(cells dropped, cells)``."""
+    ``undefined[(group, metric)]`` is ``(cells dropped, cells)``. A paired difference with two or more seeds
+    is the seed-level interval (:class:`~models.studies.seed_intervals.SeedBootstrap`), recorded in ``tests``
+    for the page's correction (:func:`correction_lines`); with one seed (quick runs) the samples-only one."""
 
     def __init__(self, values: dict[tuple[str, str, str], np.ndarray], draws: int):
         self.values, self.undefined = common_cells(values)
-        self.draws, self._boot = draws, {}
+        self.draws, self._boot, self._seed_boot = draws, {}, {}
+        self.tests: dict[tuple[str, str, str, str], PairedTest] = {}  # (group, a, b, metric) -> its test
 
     def boot(self, key) -> Bootstrap:
         shape = self.values[key].shape
@@ -81,9 +86,16 @@ class Table:
         return self.boot(key).interval(self.values[key])
 
     def difference(self, group: str, a: str, b: str, metric: str) -> Interval:
-        """``a - b`` on the same cells (paired)."""
+        """``a - b`` on the same cells (paired): the seed-level interval with two or more seeds."""
         key = (group, a, metric)
-        return self.boot(key).difference(self.values[key], self.values[(group, b, metric)])
+        x, y = self.values[key], self.values[(group, b, metric)]
+        if x.shape[0] < 2:  # one seed: no seed-level interval exists; the bootstrap over samples alone
+            return self.boot(key).difference(x, y)
+        if x.shape not in self._seed_boot:
+            self._seed_boot[x.shape] = SeedBootstrap(*x.shape, draws=self.draws, seed=0)
+        test = self._seed_boot[x.shape].difference(x, y)
+        self.tests[(group, a, b, metric)] = test
+        return test.interval
 
 
 def table_to_cells(table: Table) -> dict:
@@ -114,6 +126,24 @@ def interval_table(table: Table, group: str, arms: list[str], metrics: list[Metr
         cells = [table.interval(group, arm, m.key).format(m.digits) for m in metrics]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return lines + undefined_lines(table, group, metrics)
+
+
+def correction_lines(table: Table, method: str = "holm", alpha: float = 0.05) -> list[str]:
+    """The page's closing section: every paired comparison it made, corrected together (``method``, named)."""
+    tests = {k: t for k, t in table.tests.items() if not np.isnan(t.p_value)}
+    if not tests:
+        return []
+    names = {k: f"{k[1]} - {k[2]} ({k[3]}, {k[0]})" for k in tests}
+    adjusted = correct({names[k]: t for k, t in tests.items()}, method)
+    significant = [name for name, p in adjusted.items() if p < alpha]
+    return [
+        "## Multiple comparisons",
+        "",
+        correction_note(method, len(tests), alpha),
+        "",
+        "Significant after the correction: " + ("; ".join(significant) if significant else "none") + ".",
+        "",
+    ]
 
 
 def undefined_lines(table: Table, group: str, metrics: list[Metric]) -> list[str]:
