@@ -132,7 +132,7 @@ def page(study: PackingStudy, root: Path, out: Path, env: dict) -> str:
     data = _json(table, study, env) | {
         "cells": table_to_cells(table),
         "images": images,
-        "reproduction": reproduction(study, root),
+        "reproduction": {"text": reproduction(study, root)},  # every top-level value a dict
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "packing.json").write_text(json.dumps(data, indent=1))
@@ -174,7 +174,7 @@ def markdown(data: dict) -> str:
         f" {R} px, and its colour error. *packed, interpolate to {study.packed_max * 4} px*: the packed model with"
         f" each side longer than its largest trained one ({study.packed_max} tokens) interpolated into it.",
         "",
-        data["reproduction"],
+        data["reproduction"]["text"],
         "",
         "## Summary",
         "",
