@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from models.studies.experiments import EXPERIMENTS
 from models.training.checkpoint import CheckpointError
-from models.training.experiments import EXPERIMENTS
 
 
 def main(argv: list[str] | None = None) -> None:

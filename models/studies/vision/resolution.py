@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from ...flow import noisy, sample_euler
-from ..config import TrainConfig
-from ..data import CLASSES, Canvas, Shapes
+from ...flow import T_SCALE, noisy, sample_euler, target_velocity
+from ...training.config import TrainConfig
+from ...training.data import CLASSES, Canvas, Shapes
+from ...training.trainer import load_trained
 from ..jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
-from ..trainer import load_trained
 from . import classifier as shape_classifier
 from .classifier import ClassifierConfig
 from .metrics import image_metrics, reference
@@ -156,8 +156,8 @@ def per_image_loss(model, x0: torch.Tensor, y: torch.Tensor, noise: torch.Tensor
     keep = torch.zeros(len(x0), dtype=torch.bool)  # no label dropout: the conditional prediction
     for t in ts:
         tt = torch.full((len(x0),), t)
-        pred = model(noisy(x0, tt, noise), tt * 1000, y, force_drop_ids=keep, **kw)[:, : x0.shape[1]]
-        total += (pred.float() - (noise - x0)).square().flatten(1).mean(1)  # [B]: images or videos
+        pred = model(noisy(x0, tt, noise), tt * T_SCALE, y, force_drop_ids=keep, **kw)[:, : x0.shape[1]]
+        total += (pred.float() - target_velocity(x0, noise)).square().flatten(1).mean(1)  # [B]: images or videos
     return total / len(ts)
 
 

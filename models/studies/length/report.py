@@ -14,9 +14,9 @@ import torch
 
 import axial_rope
 
+from ...training.needles import ALPHABETS
+from ...training.tasks import NEEDLE_RATE, stdlib_text
 from ..bootstrap import Interval
-from ..needles import ALPHABETS
-from ..tasks import NEEDLE_RATE, stdlib_text
 from .evaluate import BIN
 from .summary import Results
 

@@ -27,11 +27,11 @@ import torch
 import axial_rope as ar
 
 from ...flow import classifier_free_guidance, sample_euler
-from ..config import RUN_DEFAULTS, TrainConfig
-from ..data import CLASSES
+from ...training.config import RUN_DEFAULTS, TrainConfig
+from ...training.data import CLASSES
+from ...training.tasks import VideoTask
+from ...training.trainer import load_trained
 from ..jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
-from ..tasks import VideoTask
-from ..trainer import load_trained
 from . import classifier as shape_classifier
 from .classifier import ClassifierConfig
 from .metrics import reference, video_metrics

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from axial_rope.scaling import Linear
 
-from .. import checkpoint
-from ..config import TrainConfig
+from ...training import checkpoint
+from ...training.config import TrainConfig
+from ...training.trainer import load_trained
 from ..jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
-from ..trainer import load_trained
 from . import classifier as shape_classifier
 from . import resolution
 from .metrics import reference

@@ -9,14 +9,26 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import CLASSES
+from ...training.data import CLASSES
 from . import figures
 from .packing import ONE_SIZE, PACKED, PackingStudy, arms_at
-from .report import Table, best_lines, difference_table, environment_lines, interval_table, load_results, mark
+from .report import (
+    Table,
+    best_lines,
+    correction_lines,
+    difference_table,
+    environment_lines,
+    interval_table,
+    load_results,
+    mark,
+    settings_to,
+    table_from_cells,
+    table_to_cells,
+)
 from .resolution import samples_path, size_name
 from .resolution_page import METRICS
 
-__all__ = ["build_table", "page"]
+__all__ = ["build_table", "markdown", "page"]
 
 COMPARED = ("loss_grown", "loss_canvas", "correct", "size")  # the paired-difference tables' metrics
 DIFFERENCE_METRICS = [m for m in METRICS if m.key in COMPARED]
@@ -114,8 +126,24 @@ def _where(study: PackingStudy, size) -> str:
 
 
 def page(study: PackingStudy, root: Path, out: Path, env: dict) -> str:
-    """Write ``out/packing.json`` and the pictures; return the page's markdown."""
+    """Write ``out/packing.json`` (every cell included) and the pictures; return the page's markdown, which
+    :func:`markdown` rebuilds from that json alone."""
     table, images = build_table(study, root), pictures(study, root, out)
+    data = _json(table, study, env) | {
+        "cells": table_to_cells(table),
+        "images": images,
+        "reproduction": {"text": reproduction(study, root)},  # every top-level value a dict
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "packing.json").write_text(json.dumps(data, indent=1))
+    return markdown(data)
+
+
+def markdown(data: dict) -> str:
+    """The page from its json (:func:`page` writes it): intervals recomputed from the cells, the same draws."""
+    env, images = data["environment"], data["images"]
+    study = settings_to(PackingStudy, env["settings"])
+    table = table_from_cells(data["cells"], study.draws)
     base, R = study.base, study.base.resolution
     seeds = ", ".join(map(str, study.seeds))
     lines = [
@@ -146,7 +174,7 @@ def page(study: PackingStudy, root: Path, out: Path, env: dict) -> str:
         f" {R} px, and its colour error. *packed, interpolate to {study.packed_max * 4} px*: the packed model with"
         f" each side longer than its largest trained one ({study.packed_max} tokens) interpolated into it.",
         "",
-        reproduction(study, root),
+        data["reproduction"]["text"],
         "",
         "## Summary",
         "",
@@ -168,8 +196,7 @@ def page(study: PackingStudy, root: Path, out: Path, env: dict) -> str:
             *best_lines(table, size_name(size), arms, METRICS),
         ]
         lines += ["", f"![samples at {size_name(size)}]({images[size_name(size)]})", ""]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "packing.json").write_text(json.dumps(_json(table, study, env), indent=1))
+    lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
     return "\n".join(lines) + "\n"
 
 

@@ -9,12 +9,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import CLASSES
+from ...training.data import CLASSES
 from . import figures
-from .report import Metric, Table, best_lines, difference_table, environment_lines, interval_table, load_results
+from .report import (
+    Metric,
+    Table,
+    best_lines,
+    correction_lines,
+    difference_table,
+    environment_lines,
+    interval_table,
+    load_results,
+    settings_to,
+    table_from_cells,
+    table_to_cells,
+)
 from .resolution import ResolutionStudy, arms_at, samples_path, size_name
 
-__all__ = ["METRICS", "build_table", "page"]
+__all__ = ["METRICS", "build_table", "markdown", "page"]
 
 METRICS = [
     Metric("loss_grown", "loss, grown scenes", True, 4),
@@ -67,8 +79,20 @@ def pictures(study: ResolutionStudy, root: Path, out: Path) -> dict[str, str]:
 
 
 def page(study: ResolutionStudy, root: Path, out: Path, env: dict, check: dict) -> str:
-    """Write ``out/resolution.json`` and the pictures; return the page's markdown."""
+    """Write ``out/resolution.json`` (every cell included) and the pictures; return the page's markdown, which
+    :func:`markdown` rebuilds from that json alone."""
     table, images = build_table(study, root), pictures(study, root, out)
+    data = _json(table, study, env, check) | {"cells": table_to_cells(table), "images": images}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "resolution.json").write_text(json.dumps(data, indent=1))
+    return markdown(data)
+
+
+def markdown(data: dict) -> str:
+    """The page from its json (:func:`page` writes it): intervals recomputed from the cells, the same draws."""
+    env, check, images = data["environment"], data["classifier_check"], data["images"]
+    study = settings_to(ResolutionStudy, env["settings"])
+    table = table_from_cells(data["cells"], study.draws)
     R, seeds = study.resolution, ", ".join(map(str, study.seeds))
     lines = [
         "# Resolution extrapolation",
@@ -123,9 +147,7 @@ def page(study: ResolutionStudy, root: Path, out: Path, env: dict, check: dict) 
                 *best_lines(table, size_name(size), arms, METRICS),
             ]
         lines += ["", f"![samples at {size_name(size)}]({images[size_name(size)]})", ""]
-    data = _json(table, study, env, check)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "resolution.json").write_text(json.dumps(data, indent=1))
+    lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,6 @@
 """Running an experiment's jobs two at a time, resumably: trainings, fine-tunings, evaluations.
 
-The length study (:mod:`.length_study`) and the vision studies (:mod:`.vision_study`) run here.
+The length study (:mod:`.length`) and the vision studies (:mod:`.vision`) run here.
 
 A job writes its result to its own file (a run folder's checkpoint, an evaluation's json) and is
 skipped when that file holds the result of the same settings, so an interrupted study resumes
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint
-from .config import TrainConfig, config_differences
-from .trainer import Run, trained_weights
+from ..training import checkpoint
+from ..training.config import TrainConfig, config_differences
+from ..training.trainer import Run, trained_weights
 
 __all__ = ["Job", "checkpoint_hash", "ensure_trained", "read_result", "run_jobs", "write_result"]
 
@@ -131,7 +131,7 @@ def run_jobs(jobs: list[Job], execute: Callable[[Job], str], root: Path, workers
 
 def compute_seconds(root: Path) -> dict[str, float]:
     """Worker seconds per kind of job (the part of the key before ``/``), the latest record of each job."""
-    from .rundir import read_log
+    from ..training.rundir import read_log
 
     latest = {r["key"]: r["seconds"] for r in read_log(root / "jobs.jsonl")}
     out: dict[str, float] = {}

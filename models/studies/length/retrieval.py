@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..needles import KEY_LENGTH, draw_key, plant, room
+from ...training.needles import KEY_LENGTH, draw_key, plant, room
 
 __all__ = ["probe_inputs", "passes"]
 

@@ -6,9 +6,16 @@ Images (:func:`image_metrics`), for each sample of class ``c``:
 - ``objects``: how many objects (components of at least ``min_area`` pixels);
 - ``size``: the largest object's linear size relative to class ``c``'s median at the training
   resolution, ``sqrt(area / median area)``: 1 = the trained pixel size, 2 = twice as wide;
-- ``color``: distance of its median colour to the nearest palette colour ([0, 1] per channel).
+- ``color``: distance of its median colour to the nearest palette colour ([0, 1] per channel);
+- ``empty``: 1 when no object is found (a blank sample), else 0: an empty sample's ``objects`` is 0
+  and a fragmented one's more than 1, so their mean count can look like "about 1" while this cannot;
+- ``aspect``: ``log2(width / height)`` of the largest object's bounding box: about 0 for the data's
+  shapes, +1 for one stretched twice as wide (a 2:1 sample drawn with square positions).
 
-Videos (:func:`video_metrics`) add, over the frames: ``presence`` (share of frames with an object),
+:func:`per_class_accuracy` splits ``correct`` by the conditioning class.
+
+Videos (:func:`video_metrics`) add, over the frames: ``presence`` (share of frames with an object;
+``empty`` is then the share without one),
 ``speed`` and ``jerk`` of the largest object's centroid (pixels per frame, and per frame squared:
 the data moves at constant velocity between bounces), and ``repetition``: the mean foreground IoU
 of frame ``t`` with frame ``t - N`` minus that with frame ``t - ceil(N / 2)``, for ``N`` the period
@@ -25,14 +32,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data import CLASSES, MovingShapes, Shapes
+from ...training.data import CLASSES, MovingShapes, Shapes
 from .classifier import ShapeClassifier, classify, object_crops
 from .objects import Object, find_objects, foreground, palette_error
 
-__all__ = ["IMAGE_METRICS", "VIDEO_METRICS", "Reference", "image_metrics", "reference", "video_metrics"]
+__all__ = [
+    "IMAGE_METRICS", "VIDEO_METRICS", "Reference", "image_metrics", "per_class_accuracy", "reference", "video_metrics",
+]  # fmt: skip
 
-IMAGE_METRICS = ("correct", "objects", "size", "color")
-VIDEO_METRICS = ("presence", "correct", "objects", "size", "color", "speed", "jerk", "repetition")
+IMAGE_METRICS = ("correct", "objects", "size", "color", "empty", "aspect")
+VIDEO_METRICS = ("presence", "correct", "objects", "size", "color", "empty", "aspect", "speed", "jerk", "repetition")
 
 
 @dataclass(frozen=True)
@@ -61,14 +70,30 @@ def reference(resolution: int, n: int = 256, moving: bool = False) -> Reference:
 def _largest_stats(objects: list[Object], predicted: torch.Tensor, label: int, ref: Reference) -> dict:
     """The metrics of one picture from its objects (largest first) and their predicted classes."""
     if not objects:
-        return {"correct": 0.0, "objects": 0.0, "size": math.nan, "color": math.nan}
+        return {"correct": 0.0, "objects": 0.0, "size": math.nan, "color": math.nan, "empty": 1.0, "aspect": math.nan}
     largest = objects[0]
+    y0, y1, x0, x1 = largest.box
     return {
         "correct": float(int(predicted[0]) == label),
         "objects": float(len(objects)),
         "size": math.sqrt(largest.area / ref.areas[label]),
         "color": palette_error(largest.color),
+        "empty": 0.0,
+        "aspect": math.log2((x1 - x0) / (y1 - y0)),
     }
+
+
+def per_class_accuracy(correct, labels) -> np.ndarray:
+    """``[classes]``: the mean of ``correct [..., B]`` over the samples of each conditioning class (``labels [B]``;
+    NaN for a class without samples)."""
+    correct, labels = np.asarray(correct, dtype=np.float64), np.asarray(labels)
+    if correct.shape[-1] != labels.shape[-1]:
+        raise ValueError(f"correct [..., B] and labels [B] must agree on B, got {correct.shape} and {labels.shape}")
+    out = np.full(len(CLASSES), math.nan)
+    for c in range(len(CLASSES)):
+        if (labels == c).any():
+            out[c] = float(np.nanmean(correct[..., labels == c]))
+    return out
 
 
 def _per_picture(images: torch.Tensor, classifier: ShapeClassifier, ref: Reference):
@@ -131,7 +156,8 @@ def video_metrics(
         per_frame = [_largest_stats(found[b * T + t], predicted[b * T + t], y, ref) for t in range(T)]
         present = [r["objects"] > 0 for r in per_frame]
         out["presence"].append(float(np.mean(present)))
-        for m in ("correct", "size", "color"):  # over the frames that show an object
+        out["empty"].append(1.0 - out["presence"][-1])
+        for m in ("correct", "size", "color", "aspect"):  # over the frames that show an object
             values = [r[m] for r, p in zip(per_frame, present) if p]
             out[m].append(_nanmean(values))
         out["objects"].append(float(np.mean([r["objects"] for r in per_frame])))

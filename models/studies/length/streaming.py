@@ -11,7 +11,7 @@ length study has trained it) reads the study's held-out windows at up to 4x its 
   "Efficient Streaming Language Models with Attention Sinks").
 
 Every arm reads the same windows with the same models; intervals are paired bootstrap over windows and
-seeds (:mod:`models.training.bootstrap`), the three pairwise differences Bonferroni-corrected.
+seeds (:mod:`models.studies.bootstrap`), the three pairwise differences Bonferroni-corrected.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...training.trainer import load_trained
 from ..bootstrap import Bootstrap, verdict
 from ..jobs import ensure_trained
-from ..trainer import load_trained
+from ..settings import settings_to
 from . import report
 from .design import FULL, QUICK, Study, run_dir, train_configs
 from .evaluate import BIN, eval_windows, position_losses, variant
@@ -97,7 +98,9 @@ def summarise(study: Study, raw: dict[int, dict[str, np.ndarray]]) -> dict:
     curves = {a: np.mean([raw[s][a][:, : n * BIN].reshape(-1, n, BIN).mean(-1) for s in seeds], (0, 1)).tolist()
               for a in ARMS}  # fmt: skip
     per_seed = {a: {s: {L: float(raw[s][a][:, :L].mean()) for L in study.lengths} for s in seeds} for a in ARMS}
-    return {"loss": loss, "differences": diffs, "curves": curves, "per_seed": per_seed}
+    # every [seeds, windows] array the intervals above are computed from (seeds in `seeds` order)
+    cells = {a: {L: at(a, L).tolist() for L in study.lengths} for a in ARMS}
+    return {"loss": loss, "differences": diffs, "curves": curves, "per_seed": per_seed, "cells": cells}
 
 
 def plot(summary: dict, study: Study, path: Path) -> Path:
@@ -185,6 +188,21 @@ def page(summary: dict, study: Study, env: dict, picture: str) -> str:
         for seed, row in seeds.items():
             lines.append(f"| {arm} | {seed} | " + " | ".join(f"{row[n]:.4f}" for n in study.lengths) + " |")
     return "\n".join(lines) + "\n"
+
+
+def page_from_json(data: dict, picture: str = "img/streaming.png") -> str:
+    """The page from ``streaming.json`` alone (json turned the lengths and seeds into strings: back to ints)."""
+
+    def ints(d: dict) -> dict:
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in d.items()}
+
+    study = settings_to(Study, data["environment"]["study"])
+    summary = {
+        "loss": {arm: ints(row) for arm, row in data["loss"].items()},
+        "differences": data["differences"],
+        "per_seed": {arm: {int(s): ints(row) for s, row in seeds.items()} for arm, seeds in data["per_seed"].items()},
+    }
+    return page(summary, study, data["environment"], picture)
 
 
 def run(out: Path, quick: bool = False, root: str | Path | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""The length study's jobs: training runs and arm evaluations, run by :func:`models.training.jobs.run_jobs`.
+"""The length study's jobs: training runs and arm evaluations, run by :func:`models.studies.jobs.run_jobs`.
 
 Every job writes its result into its own file (a run folder's checkpoint, an arm's result
 file) and is skipped when that is already there, so an interrupted study picks up where it

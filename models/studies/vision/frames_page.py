@@ -9,13 +9,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...training.data import CLASSES
 from ..bootstrap import Bootstrap, verdict
-from ..data import CLASSES
 from . import figures
 from .frames import REFERENCE, FramesStudy, intrinsic
-from .report import Metric, Table, best_and_tied, environment_lines, interval_table, load_results
+from .report import (
+    Metric,
+    Table,
+    best_and_tied,
+    correction_lines,
+    environment_lines,
+    interval_table,
+    load_results,
+    settings_to,
+    table_from_cells,
+    table_to_cells,
+)
 
-__all__ = ["METRICS", "build_table", "page"]
+__all__ = ["METRICS", "build_table", "markdown", "page"]
 
 METRICS = [
     Metric("loss", "loss", True, 4),
@@ -86,8 +97,7 @@ def pictures(study: FramesStudy, root: Path, out: Path) -> dict[str, dict[str, s
     return paths
 
 
-def _diagnosis(root: Path, study: FramesStudy) -> list[str]:
-    saved = json.loads((root / "diagnosis.json").read_text())["result"]
+def _diagnosis(saved: dict, study: FramesStudy) -> list[str]:
     keys = ("presence", "correct", "objects", "repetition")
     lines = ["| run and setting | " + " | ".join(keys) + " | presence per frame |", "|---|" + "---|" * (len(keys) + 1)]
     for name, row in saved.items():
@@ -100,8 +110,23 @@ def _diagnosis(root: Path, study: FramesStudy) -> list[str]:
 
 
 def page(study: FramesStudy, root: Path, out: Path, env: dict) -> str:
-    """Write ``out/frames.json`` and the pictures; return the page's markdown."""
+    """Write ``out/frames.json`` (every cell included) and the pictures; return the page's markdown, which
+    :func:`markdown` rebuilds from that json alone."""
     table, images = build_table(study, root), pictures(study, root, out)
+    data = {"environment": env | {"settings": asdict(study)}, "results": _json(table, study)}
+    if study.diagnosis:
+        data["diagnosis"] = json.loads((root / "diagnosis.json").read_text())["result"]
+    data |= {"cells": table_to_cells(table), "images": images}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "frames.json").write_text(json.dumps(data, indent=1))
+    return markdown(data)
+
+
+def markdown(data: dict) -> str:
+    """The page from its json (:func:`page` writes it): intervals recomputed from the cells, the same draws."""
+    env, images = data["environment"], data["images"]
+    study = settings_to(FramesStudy, env["settings"])
+    table = table_from_cells(data["cells"], study.draws)
     k, period = intrinsic(study.preset, study.frames)
     lag = round(period)
     lines = [
@@ -143,14 +168,10 @@ def page(study: FramesStudy, root: Path, out: Path, env: dict) -> str:
             "The default video run (`RUN_DEFAULTS['video_dit']`: tiny preset, temporal rope of 12 channels with theta"
             " 10000, 16 px, 8 frames, 600 steps) and the same run trained twice as long, seed 0, 16 clips per row:",
             "",
-            *_diagnosis(root, study),
+            *_diagnosis(data["diagnosis"], study),
             "",
         ]
-    out.mkdir(parents=True, exist_ok=True)
-    data = {"environment": env | {"settings": asdict(study)}, "results": _json(table, study)}
-    if study.diagnosis:
-        data["diagnosis"] = json.loads((root / "diagnosis.json").read_text())["result"]
-    (out / "frames.json").write_text(json.dumps(data, indent=1))
+    lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
     return "\n".join(lines) + "\n"
 
 

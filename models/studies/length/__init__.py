@@ -1,6 +1,6 @@
 """The length study behind ``python -m scripts.experiments length`` (docs/experiments/length.md).
 
-Every position scheme of :mod:`models.gpt_positions` trained with the same budget at one
+Every position scheme of :mod:`.positions` trained with the same budget at one
 context, over several seeds; RoPE's scaling methods applied training-free (with the factor
 of each length, and fixed factors), fine-tuned at 4x, and against a model trained at the
 longest length; all evaluated on the same held-out windows at every length, with paired
@@ -15,16 +15,17 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from ...gpt_positions import fused_path
+from ...training.tasks import stdlib_text
+from ...training.trainer import load_trained
 from ..jobs import compute_seconds, run_jobs
-from ..tasks import stdlib_text
-from ..trainer import load_trained
 from . import paradigm, plots, report, summary
 from .design import FULL, QUICK, Arm, Study, arms, run_dir
 from .evaluate import variant
 from .jobs import execute, study_jobs
+from .positions import fused_path
 
 __all__ = ["FULL", "QUICK", "Study", "comparisons", "run"]
 
@@ -51,7 +52,7 @@ def measure_paradigm(study: Study, root: Path, all_arms: dict[str, Arm]) -> tupl
         model = variant(model, arm.change(1.0) if arm.change else {})
         row = paradigm.invariance(model, text, study.context)
         row["parameters"] = paradigm.position_parameters(model)
-        row["fused"], row["why"] = fused_path(model.config)
+        row["fused"], row["why"] = fused_path(model.positions)
         runs = arm.max_length is None or study.timing_length <= arm.max_length
         row["seconds"] = paradigm.forward_time(model, study.timing_length) if runs else None
         measured[arm.name] = row
@@ -79,7 +80,24 @@ def to_json(results: summary.Results, measured: dict, timings: dict, found: list
         "paradigm": measured,
         "sdpa_seconds": timings,
         "comparisons": {f"{c['a']} vs {c['b']} at {c['length']}": _comparison(c) for c in found},
+        "cells": cells(results),
     }
+
+
+def cells(results: summary.Results) -> dict:
+    """Every number the intervals are computed from, so a reader can recompute them: per arm and length, the
+    ``[seeds][windows]`` losses (``loss``) and the ``[seeds][depths * trials]`` probe results (``retrieval``);
+    seeds in ``results.study.seeds`` order, windows as :func:`.evaluate.eval_windows` cuts them."""
+    out = {}
+    for name in results.arms:
+        out[name] = {"loss": {}, "retrieval": {}}
+        for L in results.study.lengths:
+            losses, passes = results.losses(name, L), results.passes(name, L)
+            if losses is not None:
+                out[name]["loss"][L] = np.asarray(losses, dtype=np.float64).tolist()
+            if passes is not None:
+                out[name]["retrieval"][L] = passes.tolist()
+    return out
 
 
 def _comparison(c: dict) -> dict:

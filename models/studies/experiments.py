@@ -6,17 +6,17 @@ beyond what it was trained on:
 
 - ``resolution``: an image DiT trained at 16 x 16 tokens over 3 seeds, at 1.5x, 2x, 3x and 1:2 with
   each position mode of ``ar.positions_for_size``, Dy-YaRN (time-dependent) and a fine-tuned arm:
-  loss on two test sets and sample metrics with intervals (:mod:`models.training.vision_study`;
+  loss on two test sets and sample metrics with intervals (:mod:`models.studies.vision`;
   it trains its own runs under ``runs/resolution``);
 - ``length``: every position scheme of the byte-level language model trained at one context
   (several seeds), RoPE's scaling methods training-free and fine-tuned, held-out loss at
   1x-8x that context with intervals, per-position curves and a retrieval probe
-  (:mod:`models.training.length_study`; it trains its own runs under ``runs/length``);
+  (:mod:`models.studies.length`; it trains its own runs under ``runs/length``);
 - ``frames``: a video DiT with HunyuanVideo's temporal rope trained on 8 frames over 3 seeds, at 16
   and 24 frames with none, RIFLEx, interpolation and NTK on the time axis, sample metrics (presence,
-  motion, repetition) with intervals (:mod:`models.training.vision_study`, runs under ``runs/frames``);
+  motion, repetition) with intervals (:mod:`models.studies.vision`, runs under ``runs/frames``);
 - ``streaming``: the length study's RoPE model over 4x its context, full attention against rolling KV
-  caches with and without attention sinks (:mod:`models.training.length_study.streaming`);
+  caches with and without attention sinks (:mod:`models.studies.length.streaming`);
 - ``packing``: the image DiT trained packed on mixed sizes against the resolution study's one-size runs,
   at sizes inside and beyond the packed range, with and without scaling (runs under ``runs/packing``).
 
@@ -32,9 +32,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from . import checkpoint
-from .config import RUN_DEFAULTS, TrainConfig, config_differences
-from .trainer import load_trained, train
+from ..training import checkpoint
+from ..training.config import RUN_DEFAULTS, TrainConfig, config_differences
+from ..training.trainer import load_trained, train
 
 # the run (a model of RUN_DEFAULTS) and the evaluation sizes of each experiment; --smoke shrinks both
 SETUP = {
@@ -43,8 +43,8 @@ SETUP = {
     "frames": {"model": "video_dit"},
     "packing": {"model": "dit"},
 }
-# (length, resolution and frames: each study trains its own runs, models.training.length_study and
-# models.training.vision_study; run_for(name) stays the model's default run, the one scripts.train trains;
+# (length, resolution and frames: each study trains its own runs, models.studies.length and
+# models.studies.vision; run_for(name) stays the model's default run, the one scripts.train trains;
 # the frame study's diagnosis trains that run of the video DiT in its own root)
 
 
@@ -85,28 +85,28 @@ def trained_run(cfg: TrainConfig):
 def resolution(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
     """An image DiT trained at 16 x 16 tokens (3 seeds), at 1.5x, 2x, 3x and 1:2 with every position mode,
     Dy-YaRN and a fine-tuned arm, on two test sets, with sample metrics and intervals:
-    :mod:`models.training.vision_study.resolution` (``smoke``: its quick variant; ``run_dir``: the study's
+    :mod:`models.studies.vision.resolution` (``smoke``: its quick variant; ``run_dir``: the study's
     root folder, default ``runs/resolution``)."""
-    from .vision_study import run_resolution  # the study imports the trainer; only this experiment needs it
+    from .vision import run_resolution  # the study imports the trainer; only this experiment needs it
 
     return run_resolution(out, quick=smoke, root=run_dir)
 
 
 def length(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
     """Every position scheme trained at one context (3 seeds), RoPE scaling training-free and fine-tuned,
-    evaluated to 8x that context: :mod:`models.training.length_study` (``smoke``: its quick variant;
+    evaluated to 8x that context: :mod:`models.studies.length` (``smoke``: its quick variant;
     ``run_dir``: the study's root folder, default ``runs/length``)."""
-    from . import length_study  # the study imports the trainer; only this experiment needs it
+    from . import length  # the study imports the trainer; only this experiment needs it
 
-    return length_study.run(out, quick=smoke, root=run_dir)
+    return length.run(out, quick=smoke, root=run_dir)
 
 
 def frames(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
     """A video DiT with HunyuanVideo's temporal rope trained on 8 frames (3 seeds), at 16 and 24 frames with
     none, RIFLEx, interpolation and NTK on the time axis, with sample metrics and intervals, and why objects
-    vanished from the default run's 16-frame samples: :mod:`models.training.vision_study.frames` (``smoke``:
+    vanished from the default run's 16-frame samples: :mod:`models.studies.vision.frames` (``smoke``:
     its quick variant; ``run_dir``: the study's root folder, default ``runs/frames``)."""
-    from .vision_study import run_frames
+    from .vision import run_frames
 
     return run_frames(out, quick=smoke, root=run_dir)
 
@@ -114,18 +114,18 @@ def frames(out: Path, smoke: bool = False, run_dir: str | Path | None = None) ->
 def packing(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
     """The image DiT trained packed on mixed sizes and aspects (3 seeds) against the resolution study's
     one-size runs, at sizes inside and beyond the packed range, with and without test-time scaling:
-    :mod:`models.training.vision_study.packing` (``smoke``: its quick variant; ``run_dir``: the study's
+    :mod:`models.studies.vision.packing` (``smoke``: its quick variant; ``run_dir``: the study's
     root folder, default ``runs/packing``; the one-size runs stay under ``runs/resolution``)."""
-    from .vision_study import run_packing
+    from .vision import run_packing
 
     return run_packing(out, quick=smoke, root=run_dir)
 
 
 def streaming(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
     """The length study's RoPE model (3 seeds) over 4x its context: full attention against rolling KV caches
-    without and with attention sinks: :mod:`models.training.length_study.streaming` (``run_dir``: the length
+    without and with attention sinks: :mod:`models.studies.length.streaming` (``run_dir``: the length
     study's root, default ``runs/length``, whose RoPE runs it reuses)."""
-    from .length_study import streaming as study
+    from .length import streaming as study
 
     return study.run(out, quick=smoke, root=run_dir)
 

@@ -2,7 +2,7 @@
 
 Trained models (one run folder per model and seed, ``ROOT/train/<model>_s<seed>``):
 
-- one per position scheme (``gpt.STUDY_PRESETS``), all with the same width, steps, batch,
+- one per position scheme (``positions.STUDY_PRESETS``), all with the same width, steps, batch,
   learning rate and data order (seed ``s`` of every scheme reads the same windows);
 - ``ft-pi``, ``ft-ntk``, ``ft-yarn``: the RoPE model of seed ``s`` fine-tuned at 4x the
   context with that scaling (factor 4), the same tokens per step;
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import axial_rope as ar
 
-from ...gpt import DualChunk
-from ..config import TrainConfig
+from ...training.config import TrainConfig
+from .positions import DualChunk
 
 __all__ = ["Arm", "FULL", "QUICK", "Study", "arms", "train_configs"]
 

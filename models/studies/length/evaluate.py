@@ -20,15 +20,17 @@ import numpy as np
 import torch
 
 from ...gpt import GPT
-from ..data import StdlibText
-from ..tasks import stdlib_text
-from ..trainer import load_trained
+from ...training.data import StdlibText
+from ...training.tasks import stdlib_text
+from ...training.trainer import load_trained
 from .design import Arm, Study, run_dir
+from .positions import StudyPositions
 from .retrieval import passes, probe_inputs
 
 __all__ = ["BIN", "evaluate_arm", "eval_windows", "result_path", "variant"]
 
 BIN = 64  # positions per bin of the per-position curves
+SCHEME_FIELDS = set(StudyPositions.__dataclass_fields__)  # an arm's change to the scheme, not to the config
 PROBE_SEED = 0  # the retrieval probes: the same for every arm and seed (paired)
 
 
@@ -41,18 +43,20 @@ def eval_windows(study: Study, val: StdlibText | None = None) -> tuple[torch.Ten
 
 
 def variant(model: GPT, change: dict) -> GPT:
-    """``model`` with its config changed (a scaling, a window, Dual Chunk Attention) and the same weights."""
+    """``model`` with its config or scheme changed (a scaling; a window, Dual Chunk Attention) and the same weights."""
     if not change:
         return model
-    changed = GPT(replace(model.config, **change))
+    scheme = {k: v for k, v in change.items() if k in SCHEME_FIELDS}
+    config = {k: v for k, v in change.items() if k not in SCHEME_FIELDS}
+    changed = GPT(replace(model.config, **config), positions=replace(model.positions, **scheme))
     changed.load_state_dict(model.state_dict())  # rope tables are buffers, not state: only the config differs
     return changed.eval()
 
 
 def _batch(model: GPT, length: int) -> int:
     """Windows per forward: explicit ``S x S`` score matrices (biases, windows, DCA, linear) take few at a time."""
-    c = model.config
-    explicit = c.position in ("t5", "alibi") or c.window or c.dual_chunk or c.attention == "linear"
+    p = model.positions
+    explicit = p.position in ("t5", "alibi") or p.window or p.dual_chunk or p.attention == "linear"
     return max(1, (2 if explicit else 8) * 2048 // max(length, 2048)) if length > 512 else 16
 
 

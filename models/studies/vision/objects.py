@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..data import PALETTE
+from ...training.data import PALETTE
 
 __all__ = ["BACKGROUND", "FOREGROUND", "CROP", "Object", "components", "crops", "find_objects", "palette_error"]
 

@@ -4,7 +4,7 @@ Each trains its models over several seeds (two at a time, resumable: finished ru
 are files under its root and are reused when their settings match), measures samples with metrics
 read from pictures (:mod:`.metrics`: a shape classifier, object count, size, colour; for video
 presence, motion and repetition), reports every figure with a paired bootstrap interval
-(:mod:`models.training.bootstrap`), and writes ``OUT/NAME.md``, ``OUT/NAME.json`` and its pictures under ``OUT/img``.
+(:mod:`models.studies.bootstrap`), and writes ``OUT/NAME.md``, ``OUT/NAME.json`` and its pictures under ``OUT/img``.
 
 - :mod:`.resolution`: an image DiT trained at 16 x 16 tokens, at 1.5x, 2x, 3x and 1:2 with every
   position mode (time-dependent Dy-YaRN included) and fine-tuned, on two test sets;
@@ -28,7 +28,7 @@ def _log(line: str) -> None:
 
 def _study_root(root: Path) -> Path:
     """``root``, refused when it is a training run's folder (``--run-dir`` names the study's root here)."""
-    from ..checkpoint import CheckpointError
+    from ...training.checkpoint import CheckpointError
 
     if (root / "checkpoint.safetensors").is_file():
         raise CheckpointError(f"{root} holds a training run; the study's runs need a folder of their own (--run-dir)")
@@ -37,7 +37,7 @@ def _study_root(root: Path) -> Path:
 
 def _run_jobs(name: str, module, quick: bool, root, workers: int | None, **changes):
     """A study's settings (``module.QUICK`` or ``module.FULL``, with ``changes``), its root and the wall time of
-    its jobs (run two at a time, resumably: :func:`~models.training.jobs.run_jobs`)."""
+    its jobs (run two at a time, resumably: :func:`~models.studies.jobs.run_jobs`)."""
     from ..jobs import run_jobs
 
     changes |= {} if workers is None else {"workers": workers}

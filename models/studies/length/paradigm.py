@@ -16,7 +16,7 @@ import time
 import torch
 
 from ...gpt import GPT
-from ...gpt_positions import LinearAttention, PositionTableError, feature_map
+from .positions import LinearAttention, PositionTableError, feature_map
 
 __all__ = ["forward_time", "invariance", "pair_logits", "position_parameters", "sdpa_timings"]
 
@@ -43,7 +43,7 @@ def pair_logits(model: GPT, tok_q: torch.Tensor, tok_k: torch.Tensor, m: torch.T
     q, _, _ = attention._project(_embed(model, tok_q, m))  # [1, P, H, D]
     _, k, _ = attention._project(_embed(model, tok_k, n))
     k = k.repeat_interleave(attention.num_heads // attention.num_kv_heads, dim=2)
-    c = model.config
+    c = model.positions
     if isinstance(attention, LinearAttention):
         q, k = feature_map(q), feature_map(k)
         if model.rope is not None:
