@@ -146,8 +146,9 @@ class VideoTask(ImageTask):
     name = "video_dit"
     presets = video_dit.PRESETS
 
-    def __init__(self, preset: str, resolution: int, frames: int, seed: int):
-        self.config = video_dit.PRESETS[preset]
+    def __init__(self, preset: str, resolution: int, frames: int, seed: int, causal: bool = False):
+        # causal: frame-causal attention trained with one noise level per frame (diffusion forcing)
+        self.config = replace(video_dit.PRESETS[preset], causal=causal)
         patch = self.config.patch_size  # (t, y, x): checked here, not at the first step's patch embedding
         if frames % patch[0] or resolution % patch[1] or resolution % patch[2]:
             raise ValueError(
@@ -158,7 +159,7 @@ class VideoTask(ImageTask):
 
     @classmethod
     def from_run(cls, run: Mapping) -> VideoTask:
-        return cls(run["preset"], run["resolution"], run["frames"], run["seed"])
+        return cls(run["preset"], run["resolution"], run["frames"], run["seed"], run.get("causal", False))
 
     def build(self) -> torch.nn.Module:
         return video_dit.VideoDiT(self.config)
@@ -179,6 +180,8 @@ class VideoTask(ImageTask):
         """As :meth:`ImageTask.loss`; with ``context_parallel`` (collective over its group), this rank's
         share of the loss (:func:`models.video_dit.flow_loss_shard`), and ``rank`` / ``world`` are the
         data-parallel ones: every rank of a context group draws the same samples, noise and timesteps."""
+        if context_parallel is None and self.config.causal:
+            return self._forcing_loss(model, step, batch_size, rank, world, **kw)
         if context_parallel is None:
             return super().loss(model, step, batch_size, rank, world, **kw)
         gen = step_generator(self.seed, step, "noise")  # ImageTask.loss's draws, in its order
@@ -191,6 +194,21 @@ class VideoTask(ImageTask):
         x0, t, noise = (v.to(device) for v in (x0, t[part], noise[part]))
         kw |= {"y": y.to(device), "force_drop_ids": drop[part].to(device)}
         return video_dit.flow_loss_shard(model, x0, t, noise, context_parallel, self.config.patch_size, **kw)
+
+    def _forcing_loss(self, model, step, batch_size, rank, world, **kw) -> torch.Tensor:
+        """Diffusion forcing (Chen et al. 2024, arXiv:2407.01392): :meth:`ImageTask.loss`'s draws in its order,
+        but an independent noise level per latent frame, ``t [B, T]``, so the model learns to denoise a frame
+        whatever the noise of the others (clean context included, as the streaming sampler feeds it)."""
+        gen = step_generator(self.seed, step, "noise")
+        noise = torch.randn(batch_size, *self.shape(), generator=gen)
+        latent_frames = self.frames // self.config.patch_size[0]
+        t = logit_normal(batch_size * latent_frames, gen).view(batch_size, latent_frames)
+        drop = torch.rand(batch_size, generator=gen) < self.config.class_dropout_prob
+        part = _shard(batch_size, rank, world)
+        x0, y = self.inputs(range(step * batch_size + part.start, step * batch_size + part.stop))
+        device = next(model.parameters()).device
+        x0, t, noise = (v.to(device) for v in (x0, t[part], noise[part]))
+        return flow_loss(model, x0, t, noise, y=y.to(device), force_drop_ids=drop[part].to(device), **kw)
 
     @torch.no_grad()
     def sample(
