@@ -310,7 +310,8 @@ def frame_timesteps(t: torch.Tensor | float, batch: int, frames: int, device=Non
         return batch_timesteps(t, batch, device)
     if tuple(t.shape) != (batch, frames):
         raise ValueError(
-            f"per-frame timesteps t must be [B, T] = [{batch}, {frames}] (latent frames), got {tuple(t.shape)}"
+            f"timesteps must be one value or [B] = [{batch}], got shape {tuple(t.shape)}; one per latent frame: "
+            f"[B, T] = [{batch}, {frames}]"
         )
     return (t if t.is_floating_point() else t.float()).to(device)
 

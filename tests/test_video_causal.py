@@ -175,8 +175,13 @@ def test_streaming_sampler_generates_past_the_window_within_its_positions():
 
 def test_bad_streaming_and_causal_inputs_name_the_argument():
     model = _model()
-    with pytest.raises(ValueError, match="per-frame timesteps t must be"):
+    with pytest.raises(ValueError, match=r"got shape \(2, 2\); one per latent frame: \[B, T\] = \[2, 3\]"):
         model(_video(3), torch.zeros(2, 2, dtype=torch.float64), LABELS)
+    from axial_rope.parallel import ContextParallel
+
+    for m, t in ((model, torch.zeros(2)), (_model(replace(TINY, causal=False)), torch.zeros(2, 3))):
+        with pytest.raises(ValueError, match="context_parallel takes neither a causal config"):
+            m(_video(3), t.double(), LABELS, context_parallel=ContextParallel())
     with pytest.raises(ValueError, match="forward_packed is bidirectional"):
         model.forward_packed([_video(2)[0]], torch.zeros(1), LABELS[:1])
     with pytest.raises(ValueError, match="frame-causal model"):
@@ -247,3 +252,17 @@ def test_causal_per_frame_forward_compiles_two_graphs_over_four_frame_counts():
             torch.testing.assert_close(compiled(x, t, LABELS), model(x, t, LABELS), rtol=0, atol=0)
     # as the bidirectional model (test_compile_models): the first call specialises, the recompile is dynamic
     assert counter.frame_count == 2
+
+
+def test_causal_run_trains_saves_and_reloads_causal(tmp_path):
+    import json
+
+    from models.training.trainer import load_trained, train
+
+    out = tmp_path / "causal"
+    cfg = TrainConfig(model="video_dit", steps=2, batch_size=2, resolution=8, frames=3, causal=True, out=str(out),
+                      progress=False, val_every=2, ckpt_every=2)  # fmt: skip
+    train(cfg)
+    assert json.loads((out / "config.json").read_text())["causal"] is True
+    task, model = load_trained(out)
+    assert task.config.causal and model.config.causal
