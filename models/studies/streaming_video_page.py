@@ -21,6 +21,7 @@ from ..training.vision_study.report import (
     environment_lines,
     interval_table,
     load_results,
+    mark,
 )
 from . import streaming_video as sv
 
@@ -71,8 +72,49 @@ def _seed_signs(results: dict, length: int, a: str, b: str) -> list[str]:
     cells = []
     for m in KEY:
         d = np.subtract(_per_seed(results, length, a, m.key), _per_seed(results, length, b, m.key))
-        cells.append(" ".join(f"{v:+.{m.digits}f}" for v in d))
+        cells.append("-" if np.isnan(d).all() else " ".join(f"{v:+.{m.digits}f}" for v in d))
     return cells
+
+
+def _curve(results: dict, length: int, arm: str, block: int) -> list[float]:
+    """Presence per block of ``block`` frames, mean over seeds and clips."""
+    curve = np.mean([results[length][s][arm]["by_frame"] for s in results[length]], axis=0)  # [T]
+    return [float(curve[i : i + block].mean()) for i in range(0, length, block)]
+
+
+def _reading(study: sv.StreamingVideoStudy, table: Table, results: dict) -> list[str]:
+    """What the intervals support, in words computed from them (the verdicts are the paired intervals')."""
+    n, longest = study.frames, max(study.lengths)
+
+    def diff(length, a, b, key, digits=2):
+        d = table.difference(str(length), a, b, key)
+        return f"{d.format(digits)}{' ' + mark(d) if mark(d) else ''}"
+
+    fade = ", ".join(f"{v:.2f}" for v in _curve(results, longest, STREAM, n))
+    return [
+        f"- At the training length ({n} frames) streaming and the bidirectional model are not told apart on presence"
+        f" ({diff(n, STREAM, BI, 'presence')}) or class accuracy ({diff(n, STREAM, BI, 'correct')}).",
+        "- Past it, the stream loses its objects as it goes on: presence per block of"
+        f" {n} frames at {longest} frames is {fade}, against"
+        f" {', '.join(f'{v:.2f}' for v in _curve(results, longest, BI, n))} for the bidirectional model;"
+        + ";".join(
+            f" at {L} frames streaming - bidirectional is {diff(L, STREAM, BI, 'presence')}" for L in study.lengths
+        )
+        + ".",
+        "- The rolling cache keeps every time position within the trained 0.."
+        f"{n - 1}, so the fade is not positions past the trained range; what else differs from training is that each"
+        " frame's context is the model's own earlier output, where training gave it real clips at random noise levels"
+        " (the train-test gap of teacher-forced context that Self-Forcing, Huang et al. 2025, trains on). That this is"
+        " the cause is not tested here.",
+        f"- The causal model sampled all at once is not told apart from the bidirectional one on presence at {longest}"
+        f" frames ({diff(longest, WHOLE, BI, 'presence')}) but moves its objects faster"
+        f" ({diff(longest, WHOLE, BI, 'speed')} px/frame) and less smoothly ({diff(longest, WHOLE, BI, 'jerk')});"
+        " streaming is not told apart from it on speed"
+        f" ({diff(longest, STREAM, BI, 'speed')}).",
+        f"- Streaming repeats least ({diff(longest, STREAM, BI, 'repetition', 3)} against bidirectional at"
+        f" {longest}), but the score is computed on foreground masks, and clips whose objects vanish score low for"
+        " that reason too: read it with presence.",
+    ]
 
 
 def _fade(results: dict, length: int, arms, block: int) -> list[str]:
@@ -143,10 +185,21 @@ def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str
         f" {study.per_class} clips per class. Metrics: the frames study's (presence, class accuracy, objects, size,"
         f" speed, jerk, repetition at lag {round(period)}; see [frames.md](frames.md#what-is-measured)); *data* is the"
         " same metrics on real clips. Every figure is a mean with its 95% bootstrap interval over training seeds and"
-        " clips, paired across arms; `(+)` / `(-)`: the paired interval lies above / below 0. With three seeds the"
-        " seed part of each interval is coarse: the per-seed differences are listed with each comparison.",
+        f" clips, paired across arms; `(+)` / `(-)`: the paired interval lies above / below 0. With {len(study.seeds)}"
+        " seeds the seed part of each interval is coarse: the per-seed differences are listed with each comparison.",
+        "",
+        "What differs between the two models is only what the comparison is about: the attention mask and the"
+        " timestep draws (one per frame against one per clip, from the same seeded generator); the clips, their order,"
+        f" the noise, the optimiser and the steps are shared. At {study.resolution} px a frame is"
+        f" {study.resolution // 4} x {study.resolution // 4} tokens of 4 px, so objects are a few pixels wide and the"
+        " classifier reads real clips far from perfectly (the *data* row): class accuracy compares arms, it does not"
+        " grade them.",
         "",
         *environment_lines(env),
+        "",
+        "## What the numbers support",
+        "",
+        *_reading(study, table, results),
         "",
     ]
     for length in _lengths(study):
