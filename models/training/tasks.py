@@ -67,7 +67,7 @@ class ImageTask:
         """The loss of this rank's share of the global batch of ``step``."""
         gen = step_generator(self.seed, step, "noise")
         noise = torch.randn(batch_size, *self.shape(), generator=gen)  # drawn globally, then sharded
-        t = logit_normal(batch_size, gen)
+        t = self.timesteps(batch_size, gen)
         drop = torch.rand(batch_size, generator=gen) < self.config.class_dropout_prob
         part = _shard(batch_size, rank, world)
         x0, y = self.inputs(range(step * batch_size + part.start, step * batch_size + part.stop))
@@ -79,6 +79,10 @@ class ImageTask:
             force_drop_ids=drop[part].to(device),
             **model_kwargs,
         )
+
+    def timesteps(self, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+        """A step's noise levels ``[B]`` (logit-normal), drawn from its generator after the noise."""
+        return logit_normal(batch_size, gen)
 
     def val_inputs(self, n: int, resolution: int):
         """``n`` held-out images at ``resolution`` (a seed never trained on) and their labels."""
@@ -180,8 +184,6 @@ class VideoTask(ImageTask):
         """As :meth:`ImageTask.loss`; with ``context_parallel`` (collective over its group), this rank's
         share of the loss (:func:`models.video_dit.flow_loss_shard`), and ``rank`` / ``world`` are the
         data-parallel ones: every rank of a context group draws the same samples, noise and timesteps."""
-        if context_parallel is None and self.config.causal:
-            return self._forcing_loss(model, step, batch_size, rank, world, **kw)
         if context_parallel is None:
             return super().loss(model, step, batch_size, rank, world, **kw)
         gen = step_generator(self.seed, step, "noise")  # ImageTask.loss's draws, in its order
@@ -195,20 +197,13 @@ class VideoTask(ImageTask):
         kw |= {"y": y.to(device), "force_drop_ids": drop[part].to(device)}
         return video_dit.flow_loss_shard(model, x0, t, noise, context_parallel, self.config.patch_size, **kw)
 
-    def _forcing_loss(self, model, step, batch_size, rank, world, **kw) -> torch.Tensor:
-        """Diffusion forcing (Chen et al. 2024, arXiv:2407.01392): :meth:`ImageTask.loss`'s draws in its order,
-        but an independent noise level per latent frame, ``t [B, T]``, so the model learns to denoise a frame
-        whatever the noise of the others (clean context included, as the streaming sampler feeds it)."""
-        gen = step_generator(self.seed, step, "noise")
-        noise = torch.randn(batch_size, *self.shape(), generator=gen)
-        latent_frames = self.frames // self.config.patch_size[0]
-        t = logit_normal(batch_size * latent_frames, gen).view(batch_size, latent_frames)
-        drop = torch.rand(batch_size, generator=gen) < self.config.class_dropout_prob
-        part = _shard(batch_size, rank, world)
-        x0, y = self.inputs(range(step * batch_size + part.start, step * batch_size + part.stop))
-        device = next(model.parameters()).device
-        x0, t, noise = (v.to(device) for v in (x0, t[part], noise[part]))
-        return flow_loss(model, x0, t, noise, y=y.to(device), force_drop_ids=drop[part].to(device), **kw)
+    def timesteps(self, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+        """As :meth:`ImageTask.timesteps`; a causal model draws one per latent frame, ``[B, T]``: diffusion forcing
+        (Chen et al. 2024, arXiv:2407.01392), so it learns to denoise a frame whatever the others' noise."""
+        if not self.config.causal:
+            return super().timesteps(batch_size, gen)
+        frames = self.frames // self.config.patch_size[0]
+        return logit_normal(batch_size * frames, gen).view(batch_size, frames)
 
     @torch.no_grad()
     def sample(
