@@ -23,8 +23,14 @@ def logit_normal(n: int, generator: torch.Generator | None = None, device=None) 
 
 
 def noisy(x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """``x_t`` for ``t [B]`` broadcast over the remaining axes of ``x0``."""
-    t = t.view(-1, *([1] * (x0.ndim - 1)))
+    """``x_t`` for ``t [B]`` broadcast over the remaining axes of ``x0``; for video ``x0 [B, C, T, ...]``, ``t`` may
+    be ``[B, T]``, one noise level per frame (diffusion forcing, Chen et al. 2024, arXiv:2407.01392)."""
+    if t.ndim == 2:
+        if x0.ndim < 3 or tuple(t.shape) != (x0.shape[0], x0.shape[2]):
+            raise ValueError(f"per-frame t must be [B, T] of x0 [B, C, T, ...] {tuple(x0.shape)}, got {tuple(t.shape)}")
+        t = t.view(t.shape[0], 1, t.shape[1], *([1] * (x0.ndim - 3)))  # [B, 1, T, 1, ...]
+    else:
+        t = t.view(-1, *([1] * (x0.ndim - 1)))
     return (1 - t) * x0 + t * noise
 
 
@@ -40,7 +46,7 @@ def flow_loss(
     noise: torch.Tensor,
     **model_kwargs,
 ) -> torch.Tensor:
-    """Mean squared error of the predicted velocity at ``t [B]``; ``model(x_t, 1000 t, **kw)``."""
+    """Mean squared error of the predicted velocity at ``t [B]`` (video: or ``[B, T]``); ``model(x_t, 1000 t, **kw)``."""
     pred = model(noisy(x0, t, noise), t * T_SCALE, **model_kwargs)
     return (pred[:, : x0.shape[1]].float() - target_velocity(x0, noise).float()).square().mean()
 

@@ -26,7 +26,7 @@ from models.training.trainer import TrainingDiverged, train
 from . import cli
 
 # booleans, set by the flags below
-FLAGS = ("resume", "overwrite", "allow_changes", "fsdp", "packed", "progress", "report")
+FLAGS = ("resume", "overwrite", "allow_changes", "fsdp", "packed", "causal", "progress", "report")
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--fsdp", action="store_true", help="shard with FSDP2 under torchrun")
     parser.add_argument(
         "--packed", action="store_true", help="image DiT: mixed sizes and aspects packed per step (docs/packing.md)"
+    )
+    parser.add_argument(
+        "--causal", action="store_true", help="video DiT: frame-causal, one noise level per frame (diffusion forcing)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-report", action="store_true", help="no validation, samples or loss curve")

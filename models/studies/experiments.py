@@ -17,6 +17,8 @@ beyond what it was trained on:
   motion, repetition) with intervals (:mod:`models.studies.vision`, runs under ``runs/frames``);
 - ``streaming``: the length study's RoPE model over 4x its context, full attention against rolling KV
   caches with and without attention sinks (:mod:`models.studies.length.streaming`);
+- ``streaming-video``: a frame-causal video DiT (``--causal``) sampled a frame at a time with rolling frame caches
+  against the bidirectional one at 2x and 4x its training frames (:mod:`models.studies.streaming_video`);
 - ``packing``: the image DiT trained packed on mixed sizes against the resolution study's one-size runs,
   at sizes inside and beyond the packed range, with and without scaling (runs under ``runs/packing``).
 
@@ -130,5 +132,20 @@ def streaming(out: Path, smoke: bool = False, run_dir: str | Path | None = None)
     return study.run(out, quick=smoke, root=run_dir)
 
 
-EXPERIMENTS = {"resolution": resolution, "length": length, "frames": frames, "packing": packing}
-EXPERIMENTS["streaming"] = streaming
+def streaming_video(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
+    """A frame-causal video DiT (diffusion forcing) sampled a frame at a time with rolling frame caches against the
+    bidirectional one sampled whole, at 1x, 2x and 4x the training frames: :mod:`models.studies.streaming_video`
+    (``run_dir``: the study's root folder, default ``runs/streaming-video``)."""
+    from . import streaming_video_page
+
+    return streaming_video_page.run(out, quick=smoke, root=run_dir)
+
+
+EXPERIMENTS = {
+    "resolution": resolution,
+    "length": length,
+    "frames": frames,
+    "packing": packing,
+    "streaming": streaming,
+    "streaming-video": streaming_video,
+}

@@ -76,7 +76,7 @@ class ImageTask:
         """The loss of this rank's share of the global batch of ``step``."""
         gen = step_generator(self.seed, step, "noise")
         noise = torch.randn(batch_size, *self.shape(), generator=gen)  # drawn globally, then sharded
-        t = logit_normal(batch_size, gen)
+        t = self.timesteps(batch_size, gen)
         drop = torch.rand(batch_size, generator=gen) < self.config.class_dropout_prob
         part = _shard(batch_size, rank, world)
         x0, y = self.inputs(range(step * batch_size + part.start, step * batch_size + part.stop))
@@ -88,6 +88,10 @@ class ImageTask:
             force_drop_ids=drop[part].to(device),
             **model_kwargs,
         )
+
+    def timesteps(self, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+        """A step's noise levels ``[B]`` (logit-normal), drawn from its generator after the noise."""
+        return logit_normal(batch_size, gen)
 
     def val_inputs(self, n: int, resolution: int):
         """``n`` held-out images at ``resolution`` (a seed never trained on) and their labels."""
@@ -155,8 +159,9 @@ class VideoTask(ImageTask):
     name = "video_dit"
     presets = video_dit.PRESETS
 
-    def __init__(self, preset: str, resolution: int, frames: int, seed: int):
-        self.config = video_dit.PRESETS[preset]
+    def __init__(self, preset: str, resolution: int, frames: int, seed: int, causal: bool = False):
+        # causal: frame-causal attention trained with one noise level per frame (diffusion forcing)
+        self.config = replace(video_dit.PRESETS[preset], causal=causal)
         patch = self.config.patch_size  # (t, y, x): checked here, not at the first step's patch embedding
         if frames % patch[0] or resolution % patch[1] or resolution % patch[2]:
             raise ValueError(
@@ -167,7 +172,7 @@ class VideoTask(ImageTask):
 
     @classmethod
     def from_run(cls, run: Mapping) -> VideoTask:
-        return cls(run["preset"], run["resolution"], run["frames"], run["seed"])
+        return cls(run["preset"], run["resolution"], run["frames"], run["seed"], run.get("causal", False))
 
     def build(self) -> torch.nn.Module:
         return video_dit.VideoDiT(self.config)
@@ -200,6 +205,14 @@ class VideoTask(ImageTask):
         x0, t, noise = (v.to(device) for v in (x0, t[part], noise[part]))
         kw |= {"y": y.to(device), "force_drop_ids": drop[part].to(device)}
         return video_dit.flow_loss_shard(model, x0, t, noise, context_parallel, self.config.patch_size, **kw)
+
+    def timesteps(self, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+        """As :meth:`ImageTask.timesteps`; a causal model draws one per latent frame, ``[B, T]``: diffusion forcing
+        (Chen et al. 2024, arXiv:2407.01392), so it learns to denoise a frame whatever the others' noise."""
+        if not self.config.causal:
+            return super().timesteps(batch_size, gen)
+        frames = self.frames // self.config.patch_size[0]
+        return logit_normal(batch_size * frames, gen).view(batch_size, frames)
 
     @torch.no_grad()
     def sample(
