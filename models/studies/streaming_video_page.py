@@ -17,6 +17,7 @@ from .vision.frames_page import METRICS as FRAME_METRICS
 from .vision.report import (
     Table,
     best_lines,
+    correction_lines,
     difference_table,
     environment,
     environment_lines,
@@ -185,8 +186,10 @@ def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str
         f" {study.per_class} clips per class. Metrics: the frames study's (presence, class accuracy, objects, size,"
         f" speed, jerk, repetition at lag {round(period)}; see [frames.md](frames.md#what-is-measured)); *data* is the"
         " same metrics on real clips. Every figure is a mean with its 95% bootstrap interval over training seeds and"
-        f" clips, paired across arms; `(+)` / `(-)`: the paired interval lies above / below 0. With {len(study.seeds)}"
-        " seeds the seed part of each interval is coarse: the per-seed differences are listed with each comparison.",
+        " clips; a paired difference (every arm sees the same clips, labels and initial noise) is seed-level: seeds"
+        " resampled, with one shared draw of clips for every seed and arm (`models/studies/seed_intervals.py`,"
+        " `SeedBootstrap`); `(+)` / `(-)`: the paired interval lies above / below 0. The per-seed differences are"
+        " listed with each comparison, and the page ends with every comparison it made, Holm-corrected together.",
         "",
         "What differs between the two models is only what the comparison is about: the attention mask and the"
         " timestep draws (one per frame against one per clip, from the same seeded generator); the clips, their order,"
@@ -216,6 +219,7 @@ def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str
         lines += ["", *best_lines(table, g, arms, ranked), ""]
         lines += [f"Presence per block of {study.frames} frames (share of clips showing an object):", ""]
         lines += [*_fade(results, length, arms, study.frames), "", f"![clips at {length} frames]({gifs[g]})", ""]
+    lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
     out.mkdir(parents=True, exist_ok=True)
     data = {"environment": env | {"settings": asdict(study)}, "results": _json(study, table, results)}
     (out / "streaming-video.json").write_text(json.dumps(data, indent=1))
@@ -224,7 +228,7 @@ def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str
 
 def run(out: Path, quick: bool = False, root: str | Path | None = None) -> Path:
     """Train (or reuse) the study's runs, evaluate every arm, write ``out/streaming-video.md`` and its json."""
-    from ..training.jobs import checkpoint_hash, compute_seconds, run_jobs
+    from .jobs import checkpoint_hash, compute_seconds, run_jobs
 
     study = sv.QUICK if quick else sv.FULL
     root = Path(root or ("runs/streaming-video_quick" if quick else "runs/streaming-video"))
