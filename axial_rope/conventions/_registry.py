@@ -123,8 +123,10 @@ class DiffusersFamily:
         tables: where the model's rotary tables come from: ``("module", attr)``: the submodule computing
             them in the forward (the adapter replaces it when scaling); ``("method", name)``: a method of the
             model computing them (shadowed on the instance when scaling); ``("argument", name)``: a forward
-            argument the pipeline passes (a forward pre-hook replaces it); ``("fixed", attr)``: the model's
-            own only (no spectrum to scale: unscaled processors alone).
+            argument the pipeline passes (a forward pre-hook replaces it); ``("block argument", name)``: a forward
+            argument of each rotary block (the modules ``blocks`` names: ``layers.0``, ...), which the model
+            computes in a plain function (a pre-hook per block replaces it, from the block's ``hidden_states``);
+            ``("fixed", attr)``: the model's own only (no spectrum to scale: unscaled processors alone).
         positions: ``config -> (rope, sizing, *inputs, **kwargs) -> (pos, scaling per axis, *context)``, from
             the tables module's inputs (the argument case: the transformer's ``hidden_states``); ``pos`` is
             ``[S, A]``, or ``[B, S, A]`` for tables per item; ``context`` (optional) is what the layout needs
@@ -202,10 +204,7 @@ DIFFUSERS_UNSUPPORTED: dict[str, str] = {
 # tests/test_diffusers_coverage.py fails for a class that is none of served, unsupported or pending
 DIFFUSERS_PENDING = frozenset(
     {
-        "AceStepTransformer1DModel",
         "AnyFlowFARTransformer3DModel",
-        "BriaFibo2Transformer2DModel",
-        "Ideogram4Transformer2DModel",
         "LTX2VideoTransformer3DModel",
         "MochiTransformer3DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
@@ -255,6 +254,7 @@ def diffusers_table() -> str:
         f = DIFFUSERS[name]
         where = {"module": f"`{f.tables[1]}` replaced", "method": f"`{f.tables[1]}()` replaced",
                  "argument": f"`{f.tables[1]}` argument replaced",
+                 "block argument": f"blocks' `{f.tables[1]}` argument replaced",
                  "fixed": "the model's own (unscaled only)"}[f.tables[0]]  # fmt: skip
         time = (
             "-" if f.time_axis is None

@@ -51,7 +51,7 @@ from .diffusers_tables import RotaryTables, argument_hook, grid_hook, time_hook
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
 
 _ATTR = "_axial_rope_processors"  # where the handle lives on the transformer instance
-_TABLES = "_axial_rope_tables"  # the tables module standing in for a model method (tables ("method", name))
+_TABLES = "_axial_rope_tables"  # the tables module standing in for a model method or feeding the blocks' argument
 # axial_rope's processors, by the name a family record gives
 _PROCESSORS = {cls.__name__: cls for cls in (FluxRopeProcessor, HunyuanVideoRopeProcessor, WanRopeProcessor,
                                              CogVideoXRopeProcessor, LTXVideoRopeProcessor)}  # fmt: skip
@@ -95,13 +95,14 @@ class RopeProcessors:
             name, stock = self._replaced
             if stock is None:  # a method was shadowed on the instance: the class's own is found again
                 del self.transformer.__dict__[name]
-                delattr(self.transformer, _TABLES)
             elif isinstance(stock, torch.nn.Module):
                 stock = stock.to(next(self.tables.rope.buffers()).device)
             else:  # a plain object (Z-Image's RopeEmbedder): our module goes, the attribute is set again
                 delattr(self.transformer, name)
             if stock is not None:
                 setattr(self.transformer, name, stock)
+        if _TABLES in self.transformer._modules:  # the method's stand-in, the blocks' tables
+            delattr(self.transformer, _TABLES)
         delattr(self.transformer, _ATTR)
 
 
@@ -214,6 +215,10 @@ def set_rope_processors(
             replaced = (attr, None)
             transformer.add_module(_TABLES, tables)  # a submodule, so .to() and compile see it
             object.__setattr__(transformer, attr, tables)
+        elif where == "block argument":  # each rotary block takes them as an argument: a pre-hook per block
+            transformer.add_module(_TABLES, tables)
+            for block in _rotary_blocks(transformer, family.blocks):
+                hooks.append(argument_hook(block, attr, tables, "hidden_states"))
         else:
             hooks.append(argument_hook(transformer, attr, tables, "hidden_states"))
 
@@ -229,6 +234,13 @@ def set_rope_processors(
     handle = RopeProcessors(transformer, rope, tables, originals, names, hooks, replaced)
     setattr(transformer, _ATTR, handle)
     return handle
+
+
+def _rotary_blocks(transformer: torch.nn.Module, prefixes: tuple[str, ...]) -> list[torch.nn.Module]:
+    """The blocks the processor prefixes name (``"layers."``: ``layers.0``, ``layers.1``, ...)."""
+    return [
+        m for n, m in transformer.named_modules() if any(n.startswith(p) and n[len(p) :].isdigit() for p in prefixes)
+    ]
 
 
 def _axis_names(family: DiffusersFamily, n_axes: int) -> tuple[str, ...]:

@@ -1,0 +1,78 @@
+"""Tiny random diffusers transformers of the last families served (Bria-Fibo 2, Ideogram 4, ACE-Step 1.5) and their
+inputs at any size: :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per class name.
+"""
+
+from __future__ import annotations
+
+import diffusers
+import torch
+from diffusers.pipelines.ideogram4.pipeline_ideogram4 import Ideogram4Pipeline
+
+from models.tiny_diffusers_common import B, Tiny
+
+__all__ = ["ENTRIES"]
+
+
+def _bria_fibo2(depth):
+    return diffusers.BriaFibo2Transformer2DModel(
+        in_channels=4, patch_size=2, dim=16, n_layers=depth, n_refiner_layers=depth, n_heads=2, cap_feat_dim=8,
+        injection_layer_ids=(0,), perceiver_num_layers=1, min_num_gist_tokens=4, max_num_gist_tokens=8, gist_step=4,
+        gist_min_text_len=2, gist_max_text_len=8, axes_dims=(2, 2, 4), axes_lens=(16, 64, 64),
+    )  # fmt: skip
+
+
+def _bria_fibo2_inputs(h, w, frames, g):  # prompts of 5 and 3 tokens: 8 and 4 gist tokens, the gist padded (masked)
+    return dict(
+        hidden_states=torch.randn(B, 4, 2 * h, 2 * w, generator=g), timestep=torch.rand(B, generator=g),
+        encoder_hidden_states=torch.randn(B, 2, 5, 8, generator=g),
+        encoder_attention_mask=torch.tensor([[True] * 5, [True] * 3 + [False] * 2]), return_dict=False,
+    )  # fmt: skip
+
+
+def _ideogram4(depth):
+    return diffusers.Ideogram4Transformer2DModel(
+        in_channels=4, num_layers=depth, attention_head_dim=16, num_attention_heads=2, intermediate_size=32,
+        adaln_dim=16, llm_features_dim=8, mrope_section=(4, 2, 2),
+    )  # fmt: skip
+
+
+def _ideogram4_inputs(h, w, frames, g):  # the pipeline's packing: [left padding][text][image], texts of 5 and 3
+    position_ids, segment_ids, indicator = Ideogram4Pipeline._prepare_ids([5, 3], h, w, 5, torch.device("cpu"))
+    length = position_ids.shape[1]
+    return dict(
+        hidden_states=torch.randn(B, length, 4, generator=g), timestep=torch.rand(B, generator=g),
+        encoder_hidden_states=torch.randn(B, length, 8, generator=g), position_ids=position_ids,
+        segment_ids=segment_ids, indicator=indicator, return_dict=False,
+    )  # fmt: skip
+
+
+def _ace_step(depth):  # a sliding-window block and a full one per depth
+    return diffusers.AceStepTransformer1DModel(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=2 * depth, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, in_channels=8, audio_acoustic_hidden_dim=4, patch_size=2, sliding_window=4,
+    )  # fmt: skip
+
+
+def _ace_step_inputs(h, w, frames, g):  # 2 h w latent frames: h w tokens after the patches of 2
+    timestep = torch.rand(B, generator=g)
+    return dict(
+        hidden_states=torch.randn(B, 2 * h * w, 4, generator=g), timestep=timestep, timestep_r=timestep.clone(),
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g),
+        context_latents=torch.randn(B, 2 * h * w, 4, generator=g), return_dict=False,
+    )  # fmt: skip
+
+
+ENTRIES = {
+    "BriaFibo2Transformer2DModel": Tiny(
+        model=_bria_fibo2,
+        inputs=_bria_fibo2_inputs,
+        grid=(1, 3, 4),
+        video=False,
+        no_fullgraph="the forward reads the prompts' lengths on the host (`encoder_attention_mask.sum().tolist()`) "
+        "to count the gist tokens, and RopeEmbedder builds its lookup tables under a `with torch.device`",
+        no_repeated="its BriaFibo2TransformerBlock serves the noise refiner (image tokens) and the main layers (gist "
+        "and image tokens, the first with cross-attention): other shapes and modules per call",
+    ),  # fmt: skip
+    "Ideogram4Transformer2DModel": Tiny(model=_ideogram4, inputs=_ideogram4_inputs, grid=(1, 3, 4), video=False),
+    "AceStepTransformer1DModel": Tiny(model=_ace_step, inputs=_ace_step_inputs, grid=(1, 3, 4), video=False),
+}
