@@ -1,4 +1,4 @@
-"""Tiny random diffusers transformers of the last families served (Bria-Fibo 2, Ideogram 4, ACE-Step 1.5) and their
+"""Tiny random diffusers transformers of the last families served (Bria-Fibo 2, Ideogram 4, ACE-Step 1.5, Mochi) and their
 inputs at any size: :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per class name.
 """
 
@@ -62,6 +62,23 @@ def _ace_step_inputs(h, w, frames, g):  # 2 h w latent frames: h w tokens after 
     )  # fmt: skip
 
 
+def _mochi(depth):
+    model = diffusers.MochiTransformer3DModel(
+        patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=depth, pooled_projection_dim=16,
+        in_channels=4, text_embed_dim=16, time_embed_dim=4, max_sequence_length=16,
+    )  # fmt: skip
+    torch.nn.init.normal_(model.pos_frequencies, std=0.5)  # learned, zero at init: random ones, so RoPE turns
+    return model
+
+
+def _mochi_inputs(h, w, frames, g):  # texts of 5 and 3 tokens
+    return dict(
+        hidden_states=torch.randn(B, 4, frames, 2 * h, 2 * w, generator=g),
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g), timestep=torch.randint(0, 1000, (B,), generator=g),
+        encoder_attention_mask=torch.tensor([[1] * 5, [1] * 3 + [0] * 2]), return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES = {
     "BriaFibo2Transformer2DModel": Tiny(
         model=_bria_fibo2,
@@ -74,5 +91,6 @@ ENTRIES = {
         "and image tokens, the first with cross-attention): other shapes and modules per call",
     ),  # fmt: skip
     "Ideogram4Transformer2DModel": Tiny(model=_ideogram4, inputs=_ideogram4_inputs, grid=(1, 3, 4), video=False),
+    "MochiTransformer3DModel": Tiny(model=_mochi, inputs=_mochi_inputs, grid=(3, 3, 4)),
     "AceStepTransformer1DModel": Tiny(model=_ace_step, inputs=_ace_step_inputs, grid=(1, 3, 4), video=False),
 }

@@ -1,4 +1,4 @@
-"""The records of Bria-Fibo 2, Ideogram 4 and ACE-Step 1.5 reproduce their model's tables: :class:`RotaryTables` built
+"""The records of Bria-Fibo 2, Ideogram 4, ACE-Step 1.5 and Mochi reproduce their model's tables: :class:`RotaryTables` built
 from the record, unscaled, returns what the stock model computes on every call of a stock forward, at the tiny
 model's grid and at another one; the record's ``max_diff`` bounds the whole model with its tables replaced at the
 training size; a scaling that does not fit the axes is refused with the family and the axis named.
@@ -14,6 +14,7 @@ diffusers = pytest.importorskip("diffusers")
 from test_diffusers_families import _double, _run, _train_size  # noqa: E402
 
 from axial_rope import scaling  # noqa: E402
+from axial_rope.conventions import mochi_positions  # noqa: E402
 from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
 from axial_rope.integrations.diffusers import _rotary_blocks, set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_tables import RotaryTables  # noqa: E402
@@ -78,24 +79,36 @@ def _stock_calls(name: str, model, inputs: dict) -> list:
     return calls
 
 
-def _tolerance(name: str, inputs: dict) -> float:
+def _tolerance(name: str, model, inputs: dict) -> float:
     if "position_ids" in inputs:  # Ideogram 4: float32 angles at its largest position id (its first plane turns by 1)
         return 2 * U * inputs["position_ids"].max().item() + TABLES_TOL
+    if name == "MochiTransformer3DModel":  # learned F at the base area's coordinates: angles up to A = 180 rad; stock
+        # rounds positions (u) and sums three float32 products (3 u), ours rounds the positions too: 5 u A
+        frames, height, width = inputs["hidden_states"].shape[2], *(n // 2 for n in inputs["hidden_states"].shape[3:])
+        pos = mochi_positions(frames, height, width, dtype=torch.float64).abs()
+        largest = torch.einsum("nd,dhf->nhf", pos, model.pos_frequencies.detach().abs().double()).max().item()
+        return 5 * U * largest + TABLES_TOL
     return TABLES_TOL
+
+
+def _ours(name: str, model) -> RotaryTables:
+    family = DIFFUSERS[name]
+    frequencies = None if family.frequencies is None else family.frequencies(model.config)
+    return RotaryTables(family.rope(model.config), family.positions(model.config), family.layout, None,
+                        frequencies=frequencies)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_unscaled_tables_equal_the_stock_tables(name):
     model, _ = tiny.build(name)
-    family = DIFFUSERS[name]
-    ours = RotaryTables(family.rope(model.config), family.positions(model.config), family.layout, None)
+    ours = _ours(name, model)
     frames, h, w = tiny.TINY[name].grid
     for size in ((h, w), (5, 3)):
         inputs = tiny.inputs(name, *size)
         calls = _stock_calls(name, model, inputs)
         assert calls
         for args, kwargs, want in calls:
-            _close(ours(*args, **kwargs), want, _tolerance(name, inputs))
+            _close(ours(*args, **kwargs), want, _tolerance(name, model, inputs))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -145,3 +158,36 @@ def test_ace_step_every_block_gets_the_scaled_tables_and_remove_drops_the_hooks(
         _close(tables, (cos, sin), 1e-6)
     handle.remove()
     assert all(not b._forward_pre_hooks for b in blocks) and not hasattr(model, "_axial_rope_tables")
+
+
+def test_consisid_tables_are_the_pipelines_at_the_base_size_and_the_integer_grids_elsewhere():
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    name = "ConsisIDTransformer3DModel"
+    model, _ = tiny.build(name)
+    family = DIFFUSERS[name]
+    ours = RotaryTables(family.rope(model.config), family.positions(model.config), family.layout, None)
+    frames = tiny.TINY[name].grid[0]
+    base = tiny.inputs(name, 4, 4)  # the 4 x 4 base region: the pipeline's crop is the whole of it
+    _close(ours(base["hidden_states"]), base["image_rotary_emb"], TABLES_TOL)
+    other = tiny.inputs(name, 5, 3)  # the pipeline crops the base region; scaled, ours count the latent grid
+    integer = get_3d_rotary_pos_embed(16, ((0, 0), (5, 3)), (5, 3), frames)
+    _close(ours(other["hidden_states"]), integer, TABLES_TOL)
+
+
+def test_mochi_sized_tables_turn_by_the_learned_frequencies_and_pass_their_gradient():
+    name = "MochiTransformer3DModel"
+    model, inputs = tiny.build(name)
+    model, inputs = model.double(), _double(inputs)
+    set_rope_processors(model, mode="interpolate", train_size=(3,))
+    with torch.no_grad():
+        model.pos_frequencies.mul_(2.0)  # a training step's update: the tables follow the weight, no reinstall
+    stock, _ = tiny.build(name)
+    stock = stock.double()
+    with torch.no_grad():
+        stock.pos_frequencies.mul_(2.0)
+    # angles twice those the record's max_diff was measured at: twice their float32 rounding
+    diff = (_run(model, inputs) - _run(stock, inputs)).abs().max().item()
+    assert diff <= 2 * DIFFUSERS[name].max_diff, diff
+    model(**inputs)[0].square().sum().backward()
+    assert model.pos_frequencies.grad is not None and model.pos_frequencies.grad.abs().sum() > 0

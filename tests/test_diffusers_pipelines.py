@@ -84,3 +84,19 @@ def test_hunyuan_video_pipeline_at_twice_the_resolution_and_frames():
         output_type=output_type, generator=torch.Generator().manual_seed(0),
     ).frames  # fmt: skip
     _compare(run, lambda: set_rope_processors(pipe.transformer, mode="interpolate", train_size=(2, 2, 2)))
+
+
+def test_qwen_image_pipeline_at_twice_the_training_resolution():
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
+                                           temperal_downsample=[False, True], latents_mean=[0.0] * 4,
+                                           latents_std=[1.0] * 4)  # fmt: skip
+    transformer, _ = tiny.build("QwenImageTransformer2DModel")  # packed latents of 4 channels x 2 x 2
+    pipe = diffusers.QwenImagePipeline(diffusers.FlowMatchEulerDiscreteScheduler(), vae, None, None, transformer)
+    pipe.set_progress_bar_config(disable=True)
+    # trained at 32 x 32 px: latents 8 x 8 (vae_scale_factor 4), packed 2 x 2: a 4 x 4 token grid
+    run = lambda output_type: pipe(  # noqa: E731
+        height=64, width=64, prompt_embeds=torch.ones(1, 6, 16), prompt_embeds_mask=torch.ones(1, 6, dtype=torch.long),
+        num_inference_steps=2, true_cfg_scale=1.0, output_type=output_type, generator=torch.Generator().manual_seed(0),
+    ).images  # fmt: skip
+    _compare(run, lambda: set_rope_processors(pipe.transformer, mode="yarn", train_size=(4, 4)))

@@ -155,6 +155,9 @@ class DiffusersFamily:
             several calls (text apart from image tokens): the forward's image grid (int64 ``[len(grid_axes)]``,
             the extent of every image the forward holds), read from its arguments, so that ``mode`` sizes every
             call by the same grid (the text call sees no image); ``None``: each call's inputs show the grid.
+        frequencies: ``config -> (*inputs, **kwargs) -> F``: the frequency matrix the model hands its tables module
+            on each forward (Mochi's learned ``pos_frequencies``), which the rotation uses in place of the rope's, so
+            that the tables follow the trained weight (and its gradient flows); ``None``: the rope's own ``F``.
         max_diff: the largest output difference from the stock model at the training size, unscaled, with
             float64 models and inputs (so what remains is the float32 rounding of the model's tables), for
             the docs table; the tests hold it to their bound.
@@ -179,6 +182,7 @@ class DiffusersFamily:
     clean_timestep: float = 0.0
     timestep: str = "timestep"
     grid: tuple[tuple[str, ...], Callable] | None = None
+    frequencies: Callable | None = None
     max_diff: float = 0.0
     source: str = ""
     axes: str = ""
@@ -206,7 +210,6 @@ DIFFUSERS_PENDING = frozenset(
     {
         "AnyFlowFARTransformer3DModel",
         "LTX2VideoTransformer3DModel",
-        "MochiTransformer3DModel",
         "SanaWMLTX2RefinerTransformer3DModel",
     }
 )

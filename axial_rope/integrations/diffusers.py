@@ -201,6 +201,7 @@ def set_rope_processors(
         tables = RotaryTables(
             rope, family.positions(transformer.config), family.layout, sizing, time_dependent=rope.time_dependent,
             stock=stock, grid_axes=len(family.grid_axes) if by_grid else 0,
+            frequencies=None if family.frequencies is None else family.frequencies(transformer.config),
         ).to(device)  # fmt: skip
         if rope.time_dependent:  # registered first (hooks run in order): the time is set before the tables
             noise = family.noise_timestep if noise_timestep is None else noise_timestep

@@ -51,11 +51,15 @@ class RotaryTables(nn.Module):
             its attributes stay readable here (``transformer.rope.patch_size``), as code reading them expects.
         grid_axes: hold this forward's token grid (``grid_axes`` extents, set by :func:`grid_hook`) in the
             ``grid`` buffer, and size by it (``sizing.grid``): for models computing their tables in several calls.
+        frequencies: ``(*inputs, **kwargs) -> F`` (``[A, n]`` or per head ``[H, A, n]``): the frequency matrix the
+            replaced module receives (a learned weight), used in place of the rope's; ``None``: the rope's.
     """
 
     def __init__(self, rope: AxialRoPE, positions: Callable, layout: Callable, sizing: Sizing | None = None,
-                 *, time_dependent: bool = False, stock: object | None = None, grid_axes: int = 0):  # fmt: skip
+                 *, time_dependent: bool = False, stock: object | None = None, grid_axes: int = 0,
+                 frequencies: Callable | None = None):  # fmt: skip
         super().__init__()
+        self.frequencies = frequencies
         self.__dict__["stock"] = stock  # a module, or a plain object (Z-Image's RopeEmbedder)
         self.rope, self.positions, self.layout, self.sizing = rope, positions, layout, sizing
         self.time_dependent, self.sized_by_grid = time_dependent, bool(grid_axes)
@@ -73,6 +77,8 @@ class RotaryTables(nn.Module):
             sizing = dataclasses.replace(sizing, grid=self.grid)
         pos, scaling, *context = self.positions(self.rope, sizing, *inputs, **kwargs)
         rotation = self.rope.rotation(pos, scaling=scaling, t=self.time if self.time_dependent else None)
+        if self.frequencies is not None:  # the model's own (learned) F, as this forward passes it
+            rotation = rotation._replace(freqs=self.frequencies(*inputs, **kwargs), turns=None)
         return (*rotation_channel_tables(rotation, batched=pos.ndim == 3), *context)
 
     def forward(self, *inputs, **kwargs):
