@@ -1,4 +1,5 @@
-"""Tiny random diffusers transformers of the last families served (Bria-Fibo 2, Ideogram 4, ACE-Step 1.5, Mochi) and their
+"""Tiny random diffusers transformers of the last families served (Bria-Fibo 2, Ideogram 4, ACE-Step 1.5, Mochi,
+LTX-2, SANA-WM's LTX-2 refiner, AnyFlow-FAR) and their
 inputs at any size: :data:`ENTRIES` holds a :class:`~models.tiny_diffusers_common.Tiny` per class name.
 """
 
@@ -79,6 +80,70 @@ def _mochi_inputs(h, w, frames, g):  # texts of 5 and 3 tokens
     )  # fmt: skip
 
 
+def _ltx2(depth):
+    return diffusers.LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=4,
+        audio_cross_attention_dim=8, num_layers=depth, caption_channels=16,
+    )  # fmt: skip
+
+
+def _ltx2_inputs(h, w, frames, g):  # patchified video tokens [B, F h w, 4] and 4 audio latent frames per video frame
+    return dict(
+        hidden_states=torch.randn(B, frames * h * w, 4, generator=g),
+        audio_hidden_states=torch.randn(B, 4 * frames, 4, generator=g),
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g),
+        audio_encoder_hidden_states=torch.randn(B, 5, 16, generator=g), timestep=torch.rand(B, generator=g) * 1000,
+        num_frames=frames, height=h, width=w, audio_num_frames=4 * frames, return_dict=False,
+    )  # fmt: skip
+
+
+class SanaWMLTX2RefinerTransformer3DModel(diffusers.SanaWMLTX2RefinerTransformer3DModel):
+    """The refiner as its pipeline drives one AR window: the window's tables from the model's own
+    ``build_rotary_emb_for_absolute_positions(frame_positions, height, width)`` (which calls ``self.rope``), then the
+    forward; named as the stock class, whose record the adapter finds."""
+
+    def forward(self, hidden_states, encoder_hidden_states, timestep, frame_positions, height, width,
+                encoder_attention_mask=None, return_dict=True):  # fmt: skip
+        tables = self.build_rotary_emb_for_absolute_positions(
+            hidden_states.shape[0], frame_positions, height, width, hidden_states.device, 24.0
+        )
+        return super().forward(hidden_states, encoder_hidden_states, timestep, tables,
+                               encoder_attention_mask=encoder_attention_mask, return_dict=return_dict)  # fmt: skip
+
+
+def _refiner(depth):
+    return SanaWMLTX2RefinerTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=4,
+        audio_cross_attention_dim=8, num_layers=depth, caption_channels=16,
+    )  # fmt: skip
+
+
+def _refiner_inputs(h, w, frames, g):  # a window of `frames` latent frames from frame 2 of the source video
+    return dict(
+        hidden_states=torch.randn(B, frames * h * w, 4, generator=g),
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g), timestep=torch.rand(B, generator=g) * 1000,
+        frame_positions=list(range(2, 2 + frames)), height=h, width=w, return_dict=False,
+    )  # fmt: skip
+
+
+def _anyflow_far(depth):  # context windows of 2 x 2 full-grid tokens (compressed patches (1, 4, 4) over (1, 2, 2))
+    return diffusers.AnyFlowFARTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=16, freq_dim=32,
+        ffn_dim=32, num_layers=depth, rope_max_seq_len=32, full_chunk_limit=2,
+    )  # fmt: skip
+
+
+def _anyflow_far_inputs(h, w, frames, g):  # chunks of 1, 2, 2, ... frames: the first compressed (full_chunk_limit 2)
+    chunks = [1] + [2] * ((frames - 1) // 2) + [1] * ((frames - 1) % 2)
+    return dict(
+        hidden_states=torch.randn(B, frames, 4, 2 * h, 2 * w, generator=g),
+        timestep=torch.rand(B, frames, generator=g) * 1000, r_timestep=torch.rand(B, frames, generator=g) * 500,
+        encoder_hidden_states=torch.randn(B, 5, 16, generator=g), chunk_partition=chunks, return_dict=False,
+    )  # fmt: skip
+
+
 ENTRIES = {
     "BriaFibo2Transformer2DModel": Tiny(
         model=_bria_fibo2,
@@ -91,6 +156,29 @@ ENTRIES = {
         "and image tokens, the first with cross-attention): other shapes and modules per call",
     ),  # fmt: skip
     "Ideogram4Transformer2DModel": Tiny(model=_ideogram4, inputs=_ideogram4_inputs, grid=(1, 3, 4), video=False),
+    "LTX2VideoTransformer3DModel": Tiny(
+        model=_ltx2,
+        inputs=_ltx2_inputs,
+        grid=(3, 3, 4),
+        # the adapter's, not stock's: LTX-2 takes position modes only (no per-axis spectrum), and sizing its
+        # physical coordinates reads the token grid on the host
+        no_fullgraph="sized (its only scaling), the adapter reads the forward's token grid (num_frames, height, "
+        "width) on the host to scale LTX-2's coordinates in seconds and pixels: one graph break per forward",
+    ),  # fmt: skip
+    "SanaWMLTX2RefinerTransformer3DModel": Tiny(
+        model=_refiner,
+        inputs=_refiner_inputs,
+        grid=(3, 3, 4),
+        no_fullgraph="its pipeline builds each window's tables outside the forward from a host list of frame "
+        "positions (build_rotary_emb_for_absolute_positions), which this tiny forward calls as the pipeline would; "
+        "sized, the adapter reads the window's grid from them on the host",
+    ),  # fmt: skip
+    "AnyFlowFARTransformer3DModel": Tiny(
+        model=_anyflow_far,
+        inputs=_anyflow_far_inputs,
+        grid=(5, 4, 4),
+        no_checkpointing="its causal attention runs on flex attention, which has no backward on CPU",
+    ),  # fmt: skip
     "MochiTransformer3DModel": Tiny(model=_mochi, inputs=_mochi_inputs, grid=(3, 3, 4)),
     "AceStepTransformer1DModel": Tiny(model=_ace_step, inputs=_ace_step_inputs, grid=(1, 3, 4), video=False),
 }

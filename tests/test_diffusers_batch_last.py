@@ -14,7 +14,6 @@ diffusers = pytest.importorskip("diffusers")
 from test_diffusers_families import _double, _run, _train_size  # noqa: E402
 
 from axial_rope import scaling  # noqa: E402
-from axial_rope.conventions import mochi_positions  # noqa: E402
 from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
 from axial_rope.integrations.diffusers import _rotary_blocks, set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_tables import RotaryTables  # noqa: E402
@@ -23,15 +22,21 @@ from models.tiny_diffusers_last import ENTRIES  # noqa: E402
 
 NAMES = sorted(ENTRIES)
 U = 2.0**-24  # float32 unit roundoff
-# upstream computes its angles in float32 (inverse frequency and product rounded: |angle| 2 u) and rounds cos/sin
-# once more; ours are float64 angles rounded once: the tables differ by at most 2 u max|angle| + 3 u, which at the
-# tiny grids' angles (< 100 rad) 3e-5 bounds with room; Ideogram 4's image ids start at 65536, so there the bound
-# is 2 u max|angle| (8e-3 rad at its largest position, 65536 + 16) + the same 3e-5
+# upstream computes its angles in float32: positions, frequencies and their products (summed over up to 3 axes)
+# rounded, at most 5 u |angle|; cos/sin rounded once more, and ours (float64 angles) once: 3e-5 bounds those at the
+# tiny models' O(1) tables. The angles reach 180 rad (Mochi's learned F at the base area's coordinates), 65552 rad
+# (Ideogram 4's image ids from 65536) and 15708 rad (LTX-2's theta pi / 2 at the edge of its range)
 TABLES_TOL = 3e-5
 
 
 def _close(got, want, atol: float, path: str = "tables"):
-    """Structure by structure (tuples item by item, complex tensors as their real pairs), within ``atol``."""
+    """Structure by structure (tuples item by item, dicts key by key, complex tensors as their real pairs), within
+    ``atol``."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), path
+        for key in want:
+            _close(got[key], want[key], atol, f"{path}[{key!r}]")
+        return
     if isinstance(want, (tuple, list)):
         assert type(got) is type(want) and len(got) == len(want), path
         for i, (g, w) in enumerate(zip(got, want)):
@@ -42,9 +47,27 @@ def _close(got, want, atol: float, path: str = "tables"):
     torch.testing.assert_close(g.double(), w.double(), atol=atol, rtol=0, msg=path)
 
 
-def _stock_calls(name: str, model, inputs: dict) -> list:
-    """Every table the stock forward computes: ``(args, kwargs of the record's positions, stock tables)``."""
-    where, attr = DIFFUSERS[name].tables
+class _Recorder:
+    """Stands in for a tables module during one stock forward: records each call's inputs and stock output; other
+    attributes are the stock module's (LTX-2's forward calls ``rope.prepare_video_coords``)."""
+
+    def __init__(self, stock):
+        self.stock, self.calls = stock, []
+
+    def __call__(self, *args, **kwargs):
+        out = self.stock(*args, **kwargs)
+        self.calls.append((args, kwargs, out))
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["stock"], name)
+
+
+def _stock_calls(name: str, model, inputs: dict, attr: str | None = None) -> list:
+    """Every table the stock forward computes in the tables module ``attr`` (default the record's):
+    ``(args, kwargs of the record's positions, stock tables)``."""
+    where, own = DIFFUSERS[name].tables
+    attr = attr or own
     calls = []
     if where == "block argument":  # what each block is handed, and the block's hidden_states ours reads
 
@@ -52,63 +75,57 @@ def _stock_calls(name: str, model, inputs: dict) -> list:
             hidden = kwargs.get("hidden_states", args[0] if args else None)
             calls.append(((hidden,), {}, kwargs.get(attr, args[1] if len(args) > 1 else None)))
 
-        hooks = [
-            b.register_forward_pre_hook(record, with_kwargs=True) for b in _rotary_blocks(model, DIFFUSERS[name].blocks)
-        ]
+        blocks = _rotary_blocks(model, DIFFUSERS[name].blocks)
+        hooks = [b.register_forward_pre_hook(record, with_kwargs=True) for b in blocks]
         try:
             _run(model, inputs)
         finally:
             for hook in hooks:
                 hook.remove()
         return calls
-    stock = getattr(model, attr)
-
-    def recorder(*args, **kwargs):
-        out = stock(*args, **kwargs)
-        calls.append((args, kwargs, out))
-        return out
-
+    recorder = _Recorder(getattr(model, attr))
     object.__setattr__(model, attr, recorder)  # an instance attribute: found before a submodule of that name
     try:
         _run(model, inputs)
     finally:
-        if isinstance(stock, torch.nn.Module):
+        if isinstance(recorder.stock, torch.nn.Module):
             del model.__dict__[attr]
         else:
-            object.__setattr__(model, attr, stock)
-    return calls
+            object.__setattr__(model, attr, recorder.stock)
+    return recorder.calls
 
 
-def _tolerance(name: str, model, inputs: dict) -> float:
-    if "position_ids" in inputs:  # Ideogram 4: float32 angles at its largest position id (its first plane turns by 1)
-        return 2 * U * inputs["position_ids"].max().item() + TABLES_TOL
-    if name == "MochiTransformer3DModel":  # learned F at the base area's coordinates: angles up to A = 180 rad; stock
-        # rounds positions (u) and sums three float32 products (3 u), ours rounds the positions too: 5 u A
-        frames, height, width = inputs["hidden_states"].shape[2], *(n // 2 for n in inputs["hidden_states"].shape[3:])
-        pos = mochi_positions(frames, height, width, dtype=torch.float64).abs()
-        largest = torch.einsum("nd,dhf->nhf", pos, model.pos_frequencies.detach().abs().double()).max().item()
-        return 5 * U * largest + TABLES_TOL
-    return TABLES_TOL
+def _producers(name: str, model) -> list[tuple[str, RotaryTables]]:
+    """The record's tables modules (attribute, ours unscaled): its own, then its further producers (LTX-2)."""
+    family, config = DIFFUSERS[name], model.config
+    own = None if family.frequencies is None else family.frequencies(config)
+    made = [(family.tables[1], RotaryTables(family.rope(config), family.positions(config), family.layout, None,
+                                            frequencies=own))]  # fmt: skip
+    for p in family.producers:
+        made.append((p.tables[1], RotaryTables(p.rope(config), p.positions(config), p.layout, None)))
+    return made
 
 
-def _ours(name: str, model) -> RotaryTables:
-    family = DIFFUSERS[name]
-    frequencies = None if family.frequencies is None else family.frequencies(model.config)
-    return RotaryTables(family.rope(model.config), family.positions(model.config), family.layout, None,
-                        frequencies=frequencies)  # fmt: skip
+def _tolerance(ours: RotaryTables, args, kwargs) -> float:
+    """5 u of the largest angle of the call (see TABLES_TOL) + 3e-5."""
+    pos, *_ = ours.positions(ours.rope, None, *args, **kwargs)
+    rotation = ours.rope.rotation(pos)
+    freqs = rotation.freqs if ours.frequencies is None else ours.frequencies(*args, **kwargs)
+    largest = (rotation.pos.abs().amax() * freqs.abs().sum(-2).amax()).item()  # |pos|_max * max_plane sum_a |F_a|
+    return 5 * U * largest + TABLES_TOL
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_unscaled_tables_equal_the_stock_tables(name):
     model, _ = tiny.build(name)
-    ours = _ours(name, model)
     frames, h, w = tiny.TINY[name].grid
     for size in ((h, w), (5, 3)):
         inputs = tiny.inputs(name, *size)
-        calls = _stock_calls(name, model, inputs)
-        assert calls
-        for args, kwargs, want in calls:
-            _close(ours(*args, **kwargs), want, _tolerance(name, model, inputs))
+        for attr, ours in _producers(name, model):
+            calls = _stock_calls(name, model, inputs, attr)
+            assert calls, attr
+            for args, kwargs, want in calls:
+                _close(ours(*args, **kwargs), want, _tolerance(ours, args, kwargs), attr)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 __all__ = [
-    "Convention", "DiffusersFamily", "DIFFUSERS", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "REGISTRY", "builds_rope",
+    "Convention", "DiffusersFamily", "TablesProducer", "DIFFUSERS", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "REGISTRY", "builds_rope",
     "diffusers_family", "diffusers_table", "register", "register_diffusers", "table",
 ]  # fmt: skip
 
@@ -108,6 +108,18 @@ def table() -> str:
 
 
 @dataclass(frozen=True)
+class TablesProducer:
+    """A further tables module of a model that computes several (LTX-2: video, audio and the two cross-attention
+    ropes): replaced as the record's own ``("module", attr)`` is, sized by the record's grid, with its own rope,
+    positions and layout (the fields of :class:`DiffusersFamily` of those names)."""
+
+    tables: tuple[str, str]
+    rope: Callable
+    positions: Callable
+    layout: Callable = lambda cos, sin: (cos, sin)
+
+
+@dataclass(frozen=True)
 class DiffusersFamily:
     """How a family of diffusers transformers computes and uses its RoPE: the one place a family is described.
 
@@ -158,6 +170,8 @@ class DiffusersFamily:
         frequencies: ``config -> (*inputs, **kwargs) -> F``: the frequency matrix the model hands its tables module
             on each forward (Mochi's learned ``pos_frequencies``), which the rotation uses in place of the rope's, so
             that the tables follow the trained weight (and its gradient flows); ``None``: the rope's own ``F``.
+        producers: the model's further tables modules (:class:`TablesProducer`), where it computes several; only
+            with ``tables=("module", attr)``.
         max_diff: the largest output difference from the stock model at the training size, unscaled, with
             float64 models and inputs (so what remains is the float32 rounding of the model's tables), for
             the docs table; the tests hold it to their bound.
@@ -183,6 +197,7 @@ class DiffusersFamily:
     timestep: str = "timestep"
     grid: tuple[tuple[str, ...], Callable] | None = None
     frequencies: Callable | None = None
+    producers: tuple[TablesProducer, ...] = ()
     max_diff: float = 0.0
     source: str = ""
     axes: str = ""
@@ -206,13 +221,7 @@ DIFFUSERS_UNSUPPORTED: dict[str, str] = {
 }
 # diffusers 0.42.1 classes that use RoPE and have no record yet: the work still to do, listed so that
 # tests/test_diffusers_coverage.py fails for a class that is none of served, unsupported or pending
-DIFFUSERS_PENDING = frozenset(
-    {
-        "AnyFlowFARTransformer3DModel",
-        "LTX2VideoTransformer3DModel",
-        "SanaWMLTX2RefinerTransformer3DModel",
-    }
-)
+DIFFUSERS_PENDING: frozenset[str] = frozenset()  # none left in diffusers 0.42.1
 
 
 def register_diffusers(family: DiffusersFamily) -> DiffusersFamily:
