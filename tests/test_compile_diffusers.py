@@ -58,7 +58,7 @@ def _skip_stock(family: str, *, dynamic: bool = False) -> None:
     t = tiny.TINY[family]
     why = t.no_fullgraph or (t.no_dynamic if dynamic else "")
     if why:
-        pytest.skip(f"stock {family}: {why}")
+        pytest.skip(f"{family}: {why}")
 
 
 def _model(family: str, variant: str):

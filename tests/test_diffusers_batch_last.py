@@ -177,21 +177,6 @@ def test_ace_step_every_block_gets_the_scaled_tables_and_remove_drops_the_hooks(
     assert all(not b._forward_pre_hooks for b in blocks) and not hasattr(model, "_axial_rope_tables")
 
 
-def test_consisid_tables_are_the_pipelines_at_the_base_size_and_the_integer_grids_elsewhere():
-    from diffusers.models.embeddings import get_3d_rotary_pos_embed
-
-    name = "ConsisIDTransformer3DModel"
-    model, _ = tiny.build(name)
-    family = DIFFUSERS[name]
-    ours = RotaryTables(family.rope(model.config), family.positions(model.config), family.layout, None)
-    frames = tiny.TINY[name].grid[0]
-    base = tiny.inputs(name, 4, 4)  # the 4 x 4 base region: the pipeline's crop is the whole of it
-    _close(ours(base["hidden_states"]), base["image_rotary_emb"], TABLES_TOL)
-    other = tiny.inputs(name, 5, 3)  # the pipeline crops the base region; scaled, ours count the latent grid
-    integer = get_3d_rotary_pos_embed(16, ((0, 0), (5, 3)), (5, 3), frames)
-    _close(ours(other["hidden_states"]), integer, TABLES_TOL)
-
-
 def test_mochi_sized_tables_turn_by_the_learned_frequencies_and_pass_their_gradient():
     name = "MochiTransformer3DModel"
     model, inputs = tiny.build(name)
