@@ -345,7 +345,8 @@ register_diffusers(
         # float64 models, tables replaced: 4.8e-5 measured; upstream's angles are float32 products up to theta pi / 2
         max_diff=6e-5,
         source=LTX2_SOURCE,
-        axes="(t, y, x) cycled over the hidden size, per head; audio and cross-attention: t; `rope_theta`",
+        axes="(t, y, x) cycled over the hidden size, per head; audio and cross-attention: t; `rope_theta`; "
+        "seconds and pixels: no normalize",
     )
 )
 
@@ -386,6 +387,7 @@ register_diffusers(
         max_diff=6e-5,  # float64 models, tables replaced: 3.7e-5 measured (upstream's float32 angles, as LTX-2's)
         source="diffusers 0.42.1 `models/transformers/transformer_sana_wm_refiner.py` "
         "`build_rotary_emb_for_absolute_positions`",
-        axes="(t, y, x) cycled over the hidden size, per head (LTX-2's video rope); absolute frame positions",
+        axes="(t, y, x) cycled over the hidden size, per head (LTX-2's video rope); absolute frame positions; no "
+        "normalize",
     )
 )
