@@ -34,6 +34,7 @@ __all__ = [
     "flux",
     "flux_inputs",
     "inputs",
+    "train_size",
     "video_inputs",
 ]
 
@@ -114,6 +115,20 @@ def inputs(name: str, h: int, w: int, *, frames: int | None = None) -> dict:
     frames = tiny.grid[0] if frames is None else frames
     g = torch.Generator().manual_seed(1000 * frames + 10 * h + w)
     return tiny.inputs(h, w, frames, g)
+
+
+def train_size(name: str) -> tuple[int, ...]:
+    """The default grid on the family's grid axes (a tiny model's own ``train_size`` first): video (t, y, x),
+    images (y, x); one axis: time (frames) for video (Mochi), the sequence of ``h * w`` tokens of a 1-D model
+    (audio)."""
+    from axial_rope.conventions._registry import DIFFUSERS
+
+    tiny = _tiny(name)
+    if tiny.train_size is not None:
+        return tiny.train_size
+    frames, h, w = tiny.grid
+    n_axes = len(DIFFUSERS[ALIASES.get(name, name)].grid_axes)
+    return {3: (frames, h, w), 2: (h, w), 1: (frames,) if tiny.video else (h * w,)}[n_axes]
 
 
 def build(name: str, *, depth: int = 1, seed: int = 0) -> tuple[torch.nn.Module, dict]:
