@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..bootstrap import Bootstrap, Interval, verdict
-from ..seed_intervals import PairedTest, SeedBootstrap, correct, correction_note
+from ..seed_intervals import PairedTest, correct, correction_note, crossed_t
 from ..settings import settings_to  # noqa: F401 - the pages rebuild their study from the json with it
 
 __all__ = [
@@ -64,12 +64,12 @@ class Table:
 
     Every arm of a ``(group, metric)`` is averaged over the same cells (:func:`common_cells`);
     ``undefined[(group, metric)]`` is ``(cells dropped, cells)``. A paired difference with two or more seeds
-    is the seed-level interval (:class:`~models.studies.seed_intervals.SeedBootstrap`), recorded in ``tests``
+    is the seed-level interval (:func:`~models.studies.seed_intervals.crossed_t`: seeds and samples crossed), recorded in ``tests``
     for the page's correction (:func:`correction_lines`); with one seed (quick runs) the samples-only one."""
 
     def __init__(self, values: dict[tuple[str, str, str], np.ndarray], draws: int):
         self.values, self.undefined = common_cells(values)
-        self.draws, self._boot, self._seed_boot = draws, {}, {}
+        self.draws, self._boot = draws, {}
         self.tests: dict[tuple[str, str, str, str], PairedTest] = {}  # (group, a, b, metric) -> its test
 
     def boot(self, key) -> Bootstrap:
@@ -91,9 +91,7 @@ class Table:
         x, y = self.values[key], self.values[(group, b, metric)]
         if x.shape[0] < 2:  # one seed: no seed-level interval exists; the bootstrap over samples alone
             return self.boot(key).difference(x, y)
-        if x.shape not in self._seed_boot:
-            self._seed_boot[x.shape] = SeedBootstrap(*x.shape, draws=self.draws, seed=0)
-        test = self._seed_boot[x.shape].difference(x, y)
+        test = crossed_t(x, y)
         self.tests[(group, a, b, metric)] = test
         return test.interval
 
