@@ -184,7 +184,8 @@ def crossed_t(a, b, level: float = 0.95, *, clusters=None) -> PairedTest:
     """``a - b`` (arrays ``[S, N]``, paired cell by cell) with seeds and samples (or ``clusters [N]`` of them)
     as crossed random factors: the two-way random-effects interval with Satterthwaite's degrees of freedom.
 
-    Samples (or clusters) undefined in any seed are left out, so the design is balanced: ``d [S, C]``. Mean
+    Samples (or clusters) undefined in any seed are left out, so the design is balanced: ``d [S, C]``
+    (fewer than 2 left: a NaN interval and p-value). Mean
     squares ``MS_S = C sum_s (r_s - m)^2 / (S - 1)``, ``MS_C = S sum_c (c_c - m)^2 / (C - 1)`` and the residual
     ``MS_E``; ``Var(m) = v_S / S + v_C / C + MS_E / (S C)`` with ``v_S = max(0, (MS_S - MS_E) / C)`` and
     ``v_C = max(0, (MS_C - MS_E) / S)``; the degrees of freedom those mean squares carry, by Satterthwaite,
@@ -195,8 +196,11 @@ def crossed_t(a, b, level: float = 0.95, *, clusters=None) -> PairedTest:
     S, C = d.shape
     units = min(S, C)
     method = f"crossed t ({S} seeds x {C} {'clusters' if clusters is not None else 'samples'}, Satterthwaite)"
-    if S < 2 or C < 2:
-        raise ValueError(f"crossed_t needs at least 2 seeds and 2 samples defined in every seed, got {S} x {C}")
+    if S < 2:
+        raise ValueError(f"crossed_t needs at least 2 seeds, got {S}")
+    if C < 2:  # a metric undefined (or defined once) in every seed: no interval (a page prints "-")
+        nan = Interval(math.nan, math.nan, math.nan)
+        return PairedTest(nan, math.nan, tuple(map(float, per_seed)), units, method)
     m = float(d.mean())
     rows, cols = d.mean(1), d.mean(0)
     ms_s = C * float(((rows - m) ** 2).sum()) / (S - 1)

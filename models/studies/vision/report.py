@@ -16,7 +16,7 @@ from ..seed_intervals import PairedTest, correct, correction_note, crossed_t
 from ..settings import settings_to  # noqa: F401 - the pages rebuild their study from the json with it
 
 __all__ = [
-    "Metric", "Table", "best_and_tied", "best_lines", "common_cells", "correction_lines", "difference_table",
+    "Metric", "Table", "adjusted_p", "best_and_tied", "best_lines", "common_cells", "correction_lines", "difference_table",
     "environment",
     "interval_table", "load_results", "mark", "settings_to", "table_from_cells", "table_to_cells", "undefined_lines",
 ]  # fmt: skip
@@ -126,18 +126,26 @@ def interval_table(table: Table, group: str, arms: list[str], metrics: list[Metr
     return lines + undefined_lines(table, group, metrics)
 
 
+def adjusted_p(table: Table, method: str = "holm") -> dict[tuple[str, str, str, str], float]:
+    """``{(group, a, b, metric): adjusted p}`` over every paired comparison the page made, corrected together;
+    a pair compared both ways (``a - b`` and ``b - a``: the same test) counts once, in its first direction."""
+    tests: dict = {}
+    for (group, a, b, metric), test in table.tests.items():
+        if not np.isnan(test.p_value) and (group, b, a, metric) not in tests:
+            tests[(group, a, b, metric)] = test
+    return correct(tests, method) if tests else {}
+
+
 def correction_lines(table: Table, method: str = "holm", alpha: float = 0.05) -> list[str]:
     """The page's closing section: every paired comparison it made, corrected together (``method``, named)."""
-    tests = {k: t for k, t in table.tests.items() if not np.isnan(t.p_value)}
-    if not tests:
+    adjusted = adjusted_p(table, method)
+    if not adjusted:
         return []
-    names = {k: f"{k[1]} - {k[2]} ({k[3]}, {k[0]})" for k in tests}
-    adjusted = correct({names[k]: t for k, t in tests.items()}, method)
-    significant = [name for name, p in adjusted.items() if p < alpha]
+    significant = [f"{a} - {b} ({metric}, {group})" for (group, a, b, metric), p in adjusted.items() if p < alpha]
     return [
         "## Multiple comparisons",
         "",
-        correction_note(method, len(tests), alpha),
+        correction_note(method, len(adjusted), alpha),
         "",
         "Significant after the correction: " + ("; ".join(significant) if significant else "none") + ".",
         "",
