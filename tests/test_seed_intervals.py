@@ -102,6 +102,10 @@ def test_crossed_t_clusters_and_reduces_to_the_t_over_seeds():
     got, want = crossed_t(a, b), paired_t(a, b)
     assert got.interval == pytest.approx(tuple(want.interval), abs=1e-12)
     assert got.p_value == pytest.approx(want.p_value, abs=1e-12)
+    a[:, 1:] = np.nan  # one sample defined: nothing to estimate the sample part from
+    assert math.isnan(crossed_t(a, b).interval.mean) and math.isnan(crossed_t(a, b).p_value)
+    with pytest.raises(ValueError, match="2 seeds"):
+        crossed_t(a[:1], b[:1])
 
 
 def test_t_distribution_matches_the_tables():
