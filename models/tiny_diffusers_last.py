@@ -160,18 +160,13 @@ ENTRIES = {
         model=_ltx2,
         inputs=_ltx2_inputs,
         grid=(3, 3, 4),
-        # the adapter's, not stock's: LTX-2 takes position modes only (no per-axis spectrum), and sizing its
-        # physical coordinates reads the token grid on the host
-        no_fullgraph="sized (its only scaling), the adapter reads the forward's token grid (num_frames, height, "
-        "width) on the host to scale LTX-2's coordinates in seconds and pixels: one graph break per forward",
-    ),  # fmt: skip
+    ),
     "SanaWMLTX2RefinerTransformer3DModel": Tiny(
         model=_refiner,
         inputs=_refiner_inputs,
         grid=(3, 3, 4),
         no_fullgraph="its pipeline builds each window's tables outside the forward from a host list of frame "
-        "positions (build_rotary_emb_for_absolute_positions), which this tiny forward calls as the pipeline would; "
-        "sized, the adapter reads the window's grid from them on the host",
+        "positions (build_rotary_emb_for_absolute_positions), which this tiny forward calls as the pipeline would",
     ),  # fmt: skip
     "AnyFlowFARTransformer3DModel": Tiny(
         model=_anyflow_far,

@@ -24,7 +24,6 @@ from ..frequencies import Frequencies, PositionTransform
 from ..rope import AxialRoPE
 from ._fields import field, size
 from ._registry import Convention, DiffusersFamily, TablesProducer, builds_rope, register, register_diffusers
-from ._tables import grid_coordinates
 
 __all__ = ["ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions"]
 
@@ -273,6 +272,17 @@ def _no_normalize(sizing) -> None:
                          "centre: mode 'normalize' is refused; use 'interpolate' or 'none'")  # fmt: skip
 
 
+def _interpolation_steps(sizing, device, grid: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 ``[A]``: the spacing :func:`~axial_rope.positions_for_size` gives each axis of a token grid (``grid``,
+    default ``sizing.grid``: int ``[A]``): ``1 / max(n / N, 1)`` under ``"interpolate"``, 1 under ``"none"``. Tensor
+    ops on the grid, never a host read of it, so one compiled graph serves every size."""
+    grid = sizing.grid if grid is None else grid
+    train = torch.tensor(sizing.train_size, dtype=torch.float64, device=device)
+    factor = (grid.to(device, torch.float64) / train).clamp(min=1.0)  # s_a, as positions_for_size
+    interpolated = torch.tensor([m == "interpolate" for m in sizing.mode], device=device)
+    return torch.where(interpolated, 1.0 / factor, torch.ones_like(factor)).to(torch.float32)
+
+
 def _ltx2_positions(n_axes: int):
     """``config -> (rope, sizing, coords [B, A', N, 2], device=None) -> (pos [B, N, n_axes], None)``: the midpoints
     of the patch bounds (seconds, pixels) on the first ``n_axes`` axes; sized, each axis' coordinates scaled as
@@ -284,10 +294,8 @@ def _ltx2_positions(n_axes: int):
             pos = mid.transpose(1, 2).to(torch.float32)  # [B, N, n_axes]
             if sizing is not None:
                 _no_normalize(sizing)
-                sizes = tuple(int(n) for n in sizing.grid)
-                coords_of, _ = grid_coordinates(sizes, sizing, device=pos.device)
-                step = torch.stack([c[1] - c[0] if c.shape[0] > 1 else c.new_ones(()) for c in coords_of])  # [3]
-                pos = pos * step[:n_axes]  # time first: the audio and cross-attention ropes follow the video's time
+                pos = pos * _interpolation_steps(sizing, pos.device)[:n_axes]  # time first: audio and cross-attention
+                # ropes follow the video's time
             return pos, None, rope.pairing
 
         return positions
@@ -353,8 +361,8 @@ register_diffusers(
 
 def _refiner_positions(config):
     """SANA-WM's LTX-2 refiner: ``rope(pixel_coords)`` from ``build_rotary_emb_for_absolute_positions`` (a window's
-    absolute frames); sized, the window's (y, x) grid is read from the coordinates (one host read; the pipeline
-    builds the tables outside the forward) and time keeps the absolute frame positions."""
+    absolute frames); sized, the window's (y, x) grid comes from the coordinates (tensor ops: no host read) and time
+    keeps the absolute frame positions."""
     p = size(config, "patch_size")
     _, f_y, f_x = field(config, "vae_scale_factors")
 
@@ -363,9 +371,9 @@ def _refiner_positions(config):
         if sizing is not None:
             _no_normalize(sizing)
             starts = coords[0, 1:, :, 0].amax(-1)  # [2] the last patch's start, in pixels
-            sizes = (int(starts[0]) // (p * f_y) + 1, int(starts[1]) // (p * f_x) + 1)
-            coords_of, _ = grid_coordinates(sizes, sizing, device=pos.device)
-            step = torch.stack([c[1] - c[0] if c.shape[0] > 1 else c.new_ones(()) for c in coords_of])  # [2]
+            cell = torch.tensor([p * f_y, p * f_x], device=starts.device)
+            grid = torch.div(starts, cell, rounding_mode="floor") + 1  # [2] the window's (y, x) token grid
+            step = _interpolation_steps(sizing, pos.device, grid)
             pos = pos * torch.cat([step.new_ones(1), step])
         return pos, None, rope.pairing
 
