@@ -236,6 +236,7 @@ def test_results_rebuilt_from_the_json_cells_give_the_same_intervals():
 
 def test_streaming_summary_states_known_differences_and_keeps_per_seed_means():
     from models.studies.length import streaming
+    from models.studies.seed_intervals import SeedBootstrap, holm
 
     study = replace(streaming.study_of(False), seeds=(0, 1, 2), windows=40, draws=300)
     rng = np.random.default_rng(0)
@@ -243,10 +244,20 @@ def test_streaming_summary_states_known_differences_and_keeps_per_seed_means():
     raw = {
         s: {a: 2.0 + shift + rng.normal(0, 0.05, (40, study.longest)) for a, shift in shifts.items()} for s in (0, 1, 2)
     }
-    summary = streaming.summarise(study, raw)
+    sources = [f"f{i % 5}.py" for i in range(40)]  # 5 source files
+    summary = streaming.summarise(study, raw, sources)
     full = summary["differences"]["rolling, sinks 0 - full attention"]
-    assert full["verdict"] == "lower" and -0.32 < full["difference"][0] < -0.28 and full["level"] == 1 - 0.05 / 3
+    assert full["verdict"] == "lower" and -0.32 < full["difference"][0] < -0.28 and full["units"] == 3
+    cells = {a: np.array(summary["cells"][a][study.longest]) for a in streaming.ARMS}
+    test = SeedBootstrap(3, 40, clusters=sources, draws=study.draws, seed=0).difference(
+        cells["rolling, sinks 0"], cells["full attention"]
+    )  # the seed-level interval, windows clustered by file; the three differences Holm-corrected together
+    p = [summary["differences"][f"{a} - {b}"]["p_value"] for a, b in streaming.PAIRS]
+    assert full["difference"] == list(test.interval) and full["holm_p"] == holm(p)[1] and full["holm_p"] < 0.05
     assert summary["differences"]["rolling, sinks 4 - rolling, sinks 0"]["verdict"] == "no difference shown"
+    assert summary["windows"]["sources"] == sources
+    by_seed = streaming.differences({a: v.mean(1, keepdims=True) for a, v in cells.items()}, None, study.draws)
+    assert by_seed["rolling, sinks 0 - full attention"]["method"] == "t over seeds"  # only per-seed means known
     assert summary["per_seed"]["full attention"][1][study.context] == pytest.approx(
         raw[1]["full attention"][:, :256].mean()
     )
@@ -263,8 +274,9 @@ def test_streaming_study_runs_end_to_end(tmp_path):
     from models.studies.length import streaming
 
     page = streaming.run(tmp_path / "out", quick=True, root=tmp_path / "runs").read_text()
-    assert "rolling, sinks 4" in page and "Bonferroni" in page
+    assert "rolling, sinks 4" in page and "Holm's step-down" in page
     data = json.loads((tmp_path / "out" / "streaming.json").read_text())
+    assert streaming.page_from_json(data) == page  # byte for byte
     assert set(data["loss"]) == set(streaming.ARMS) and (tmp_path / "out" / "img" / "streaming.png").is_file()
 
 
