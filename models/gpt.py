@@ -17,7 +17,6 @@ that ``seq_len``; a plain ``forward`` without ``seq_len`` uses its own length.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +27,8 @@ import axial_rope as ar
 from axial_rope.cache import KVCache, check_rollable, roll_shift
 from axial_rope.init import deferred_init
 from axial_rope.layers import Attention
+
+from .token_sampling import check_sampling, decode, prefill_chunks, sample
 
 __all__ = ["GPT", "GPTConfig", "PRESETS", "RoPEPositions", "check_sampling", "sample"]
 
@@ -152,33 +153,6 @@ class Block(nn.Module):
         h = self.attention(self.attention_norm(x), pos, mask=mask, cache=cache, input_pos=input_pos, seq_len=seq_len)
         x = x + h
         return x + self.feed_forward(self.ffn_norm(x))
-
-
-def check_sampling(temperature: float, top_k: int | None) -> None:
-    """``temperature``: a finite number >= 0 (0: greedy); ``top_k``: ``None`` or an int >= 1.
-
-    A negative temperature would sample the least likely tokens, ``top_k=0`` keep no token at all.
-    """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a number, got {temperature!r}")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be None (every token) or an int >= 1, got {top_k!r}")
-
-
-def sample(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Next tokens ``[B, 1]`` from logits ``[B, V]``: greedy at ``temperature == 0``, else top-k sampling."""
-    check_sampling(temperature, top_k)
-    if temperature == 0:
-        return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=generator)
 
 
 class GPT(nn.Module):
@@ -326,7 +300,7 @@ class GPT(nn.Module):
                 tokens = torch.cat([tokens, nxt], 1)
                 return self(tokens, seq_len=total)[:, -1]
 
-            return _decode(idx, self(idx, seq_len=total)[:, -1], max_new_tokens, feed, sampling, return_logits)
+            return decode(idx, self(idx, seq_len=total)[:, -1], max_new_tokens, feed, sampling, return_logits)
         caches, written = self.new_caches(B, total), T
 
         def feed(nxt: torch.Tensor) -> torch.Tensor:
@@ -335,7 +309,7 @@ class GPT(nn.Module):
             return self(nxt, torch.tensor([written - 1], device=idx.device), caches, seq_len=total)[:, -1]
 
         logits = self(idx, torch.arange(T, device=idx.device), caches, seq_len=total)[:, -1]  # prefill
-        return _decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
+        return decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
 
     def _check_streaming(self, window: int, sinks: int, evict: int) -> None:
         KVCache(1, window, 1, 1, window=window, sinks=sinks, evict=evict, device="meta")  # checks the arguments
@@ -384,9 +358,9 @@ class GPT(nn.Module):
         def feed(chunk: torch.Tensor) -> torch.Tensor:
             return full(chunk)[:, -1]
 
-        for start, n in _prefill_chunks(idx.shape[1], window, sinks):
+        for start, n in prefill_chunks(idx.shape[1], window, sinks):
             logits = feed(idx[:, start : start + n])
-        return _decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
+        return decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
 
     def _stream_recomputed(self, idx, max_new_tokens, window, sinks, evict, sampling, return_logits):
         """The reference: the tokens a rolling cache would hold after each call (the same chunks and rolls), run
@@ -403,25 +377,6 @@ class GPT(nn.Module):
                 tokens = torch.cat([tokens, chunk], 1)
             return self(tokens[:, kept], seq_len=window)[:, -1]
 
-        for start, n in _prefill_chunks(idx.shape[1], window, sinks):
+        for start, n in prefill_chunks(idx.shape[1], window, sinks):
             logits = feed(idx[:, start : start + n])
-        return _decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
-
-
-def _prefill_chunks(length: int, window: int, sinks: int) -> list[tuple[int, int]]:
-    """``(start, n)`` of a prompt fed to rolling caches: the first chunk up to the window, the rest ``window - sinks``
-    (as many as a full window can take)."""
-    first = min(length, window)
-    return [(0, first)] + [(i, min(window - sinks, length - i)) for i in range(first, length, window - sinks)]
-
-
-def _decode(idx, logits, max_new_tokens, feed, sampling, return_logits):
-    """Sample a token from ``logits``, feed it (``feed(token [B, 1]) -> logits [B, V]``), ``max_new_tokens`` times."""
-    tokens, steps = idx, []
-    for i in range(max_new_tokens):
-        steps.append(logits)
-        nxt = sample(logits, *sampling)  # [B, 1]
-        tokens = torch.cat([tokens, nxt], dim=1)
-        if i + 1 < max_new_tokens:
-            logits = feed(nxt)
-    return (tokens, torch.stack(steps, dim=1)) if return_logits else tokens
+        return decode(idx, logits, max_new_tokens, feed, sampling, return_logits)

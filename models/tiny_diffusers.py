@@ -17,6 +17,7 @@ from diffusers.models.embeddings import get_3d_rotary_pos_embed
 from models.tiny_diffusers_common import COGVIDEOX, WAN, B, Tiny, flux, flux_inputs, video_inputs
 from models.tiny_diffusers_flux import ENTRIES as FLUXLIKE
 from models.tiny_diffusers_image import ENTRIES as IMAGE
+from models.tiny_diffusers_last import ENTRIES as LAST
 from models.tiny_diffusers_more import ENTRIES as MORE
 from models.tiny_diffusers_video import ENTRIES as VIDEO
 from models.tiny_diffusers_videoaudio import ENTRIES as VIDEOAUDIO
@@ -33,6 +34,7 @@ __all__ = [
     "flux",
     "flux_inputs",
     "inputs",
+    "train_size",
     "video_inputs",
 ]
 
@@ -96,7 +98,7 @@ TINY["wan_i2v"] = Tiny(
 )
 FAMILIES = tuple(ALIASES)
 # the families kept in modules of their own (models/tiny_diffusers_*.py), a Tiny per class name
-for entries in (FLUXLIKE, IMAGE, MORE, VIDEO, VIDEOAUDIO, WAN_TABLES):
+for entries in (FLUXLIKE, IMAGE, LAST, MORE, VIDEO, VIDEOAUDIO, WAN_TABLES):
     TINY.update(entries)
 
 
@@ -113,6 +115,20 @@ def inputs(name: str, h: int, w: int, *, frames: int | None = None) -> dict:
     frames = tiny.grid[0] if frames is None else frames
     g = torch.Generator().manual_seed(1000 * frames + 10 * h + w)
     return tiny.inputs(h, w, frames, g)
+
+
+def train_size(name: str) -> tuple[int, ...]:
+    """The default grid on the family's grid axes (a tiny model's own ``train_size`` first): video (t, y, x),
+    images (y, x); one axis: time (frames) for video (Mochi), the sequence of ``h * w`` tokens of a 1-D model
+    (audio)."""
+    from axial_rope.conventions._registry import DIFFUSERS
+
+    tiny = _tiny(name)
+    if tiny.train_size is not None:
+        return tiny.train_size
+    frames, h, w = tiny.grid
+    n_axes = len(DIFFUSERS[ALIASES.get(name, name)].grid_axes)
+    return {3: (frames, h, w), 2: (h, w), 1: (frames,) if tiny.video else (h * w,)}[n_axes]
 
 
 def build(name: str, *, depth: int = 1, seed: int = 0) -> tuple[torch.nn.Module, dict]:

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+import axial_rope as ar
 from axial_rope.conventions._registry import DIFFUSERS
 
 from . import cli
@@ -36,11 +37,13 @@ def time_family(name: str, repeat: int, rounds: int, compiled: bool, *, depth: i
 
     spec = tiny.TINY[name]
     frames, h, w = spec.grid
-    train = (frames, h, w) if len(DIFFUSERS[name].grid_axes) == 3 else (h, w)
     inputs = tiny.inputs(name, factor * h, factor * w, frames=factor * frames if spec.video else frames)
     stock, _ = tiny.build(name, depth=depth)
     scaled, _ = tiny.build(name, depth=depth)
-    set_rope_processors(scaled, mode="interpolate", train_size=train)
+    if DIFFUSERS[name].grid_axes:
+        set_rope_processors(scaled, mode="interpolate", train_size=tiny.train_size(name))
+    else:  # positions the pipeline computes: no grid to size, scale every axis
+        set_rope_processors(scaled, scaling=ar.scaling.Linear(float(factor)))
     runs = {"stock": stock, "scaled": scaled}
     if compiled:
         torch._dynamo.reset()

@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from ..training.config import TrainConfig
-from ..training.jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
 from ..training.tasks import VideoTask
 from ..training.trainer import load_trained
 from ..video_streaming import sample_streaming
+from .jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
 from .vision import classifier as shape_classifier
 from .vision.classifier import ClassifierConfig
 from .vision.frames import _presence_by_frame, arm_scaling, intrinsic, sample_videos, video_inputs

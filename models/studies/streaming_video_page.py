@@ -16,7 +16,9 @@ from .vision.frames import intrinsic
 from .vision.frames_page import METRICS as FRAME_METRICS
 from .vision.report import (
     Table,
+    adjusted_p,
     best_lines,
+    correction_lines,
     difference_table,
     environment,
     environment_lines,
@@ -117,6 +119,30 @@ def _reading(study: sv.StreamingVideoStudy, table: Table, results: dict) -> list
     ]
 
 
+def _corrected_reading(study: sv.StreamingVideoStudy, table: Table, results: dict) -> list[str]:
+    """Which of the presence comparisons above survive the page's Holm correction (the bullets give each interval
+    alone)."""
+    adjusted = adjusted_p(table)
+    found = [(L, adjusted.get((str(L), STREAM, BI, "presence"))) for L in study.lengths]
+    cells = [f"{L} frames p = {p:.3f}" for L, p in found if p is not None]
+    held = [L for L, p in found if p is not None and p < 0.05]
+    signs = [np.subtract(_per_seed(results, L, STREAM, "presence"), _per_seed(results, L, BI, "presence")) for L in
+             study.lengths]  # fmt: skip
+    same = sum(bool((d < 0).all()) for d in signs)
+    verdict = (
+        "both hold"
+        if len(held) == len(found)
+        else "none holds"
+        if not held
+        else f"only {', '.join(map(str, held))} holds"
+    )
+    return [
+        f"- Corrected together with the page's other comparisons (Holm, [below](#multiple-comparisons)), the"
+        f" streaming - bidirectional presence differences give adjusted {'; '.join(cells)}: {verdict} at 0.05."
+        f" Every seed's own difference is negative at {same} of {len(study.lengths)} lengths (tables below)."
+    ]
+
+
 def _fade(results: dict, length: int, arms, block: int) -> list[str]:
     """Presence per block of ``block`` frames: mean over seeds and clips, per arm."""
     spans = [(i, min(i + block, length)) for i in range(0, length, block)]
@@ -185,8 +211,11 @@ def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str
         f" {study.per_class} clips per class. Metrics: the frames study's (presence, class accuracy, objects, size,"
         f" speed, jerk, repetition at lag {round(period)}; see [frames.md](frames.md#what-is-measured)); *data* is the"
         " same metrics on real clips. Every figure is a mean with its 95% bootstrap interval over training seeds and"
-        f" clips, paired across arms; `(+)` / `(-)`: the paired interval lies above / below 0. With {len(study.seeds)}"
-        " seeds the seed part of each interval is coarse: the per-seed differences are listed with each comparison.",
+        " clips; a paired difference (every arm sees the same clips, labels and initial noise) is seed-level: seeds"
+        " and clips as crossed random factors, the two-way random-effects t interval with Satterthwaite's degrees"
+        " of freedom (`crossed_t`, `models/studies/seed_intervals.py`); `(+)` / `(-)`: the paired interval lies"
+        " above / below 0. The per-seed differences are"
+        " listed with each comparison, and the page ends with every comparison it made, Holm-corrected together.",
         "",
         "What differs between the two models is only what the comparison is about: the attention mask and the"
         " timestep draws (one per frame against one per clip, from the same seeded generator); the clips, their order,"
@@ -199,9 +228,8 @@ def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str
         "",
         "## What the numbers support",
         "",
-        *_reading(study, table, results),
-        "",
     ]
+    reading_at = len(lines)  # filled once every table's comparisons are made: the correction is over all of them
     for length in _lengths(study):
         arms = list(sv.arms_at(study, length))
         g = str(length)
@@ -216,6 +244,8 @@ def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str
         lines += ["", *best_lines(table, g, arms, ranked), ""]
         lines += [f"Presence per block of {study.frames} frames (share of clips showing an object):", ""]
         lines += [*_fade(results, length, arms, study.frames), "", f"![clips at {length} frames]({gifs[g]})", ""]
+    lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
+    lines[reading_at:reading_at] = [*_reading(study, table, results), *_corrected_reading(study, table, results), ""]
     out.mkdir(parents=True, exist_ok=True)
     data = {"environment": env | {"settings": asdict(study)}, "results": _json(study, table, results)}
     (out / "streaming-video.json").write_text(json.dumps(data, indent=1))
@@ -224,7 +254,7 @@ def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str
 
 def run(out: Path, quick: bool = False, root: str | Path | None = None) -> Path:
     """Train (or reuse) the study's runs, evaluate every arm, write ``out/streaming-video.md`` and its json."""
-    from ..training.jobs import checkpoint_hash, compute_seconds, run_jobs
+    from .jobs import checkpoint_hash, compute_seconds, run_jobs
 
     study = sv.QUICK if quick else sv.FULL
     root = Path(root or ("runs/streaming-video_quick" if quick else "runs/streaming-video"))

@@ -13,12 +13,12 @@ import torch
 
 from ...training.data import CLASSES
 from ..bootstrap import Bootstrap, Interval, verdict
-from ..seed_intervals import PairedTest, SeedBootstrap, correct, correction_note
+from ..seed_intervals import PairedTest, correct, correction_note, crossed_t
 from ..settings import settings_to  # noqa: F401 - the pages rebuild their study from the json with it
 from .metrics import per_class_accuracy
 
 __all__ = [
-    "Metric", "Table", "best_and_tied", "best_lines", "common_cells", "correction_lines", "difference_table",
+    "Metric", "Table", "adjusted_p", "best_and_tied", "best_lines", "common_cells", "correction_lines", "difference_table",
     "environment",
     "interval_table", "per_class_table", "load_results", "mark", "settings_to", "table_from_cells", "table_to_cells", "undefined_lines",
 ]  # fmt: skip
@@ -66,12 +66,12 @@ class Table:
 
     Every arm of a ``(group, metric)`` is averaged over the same cells (:func:`common_cells`);
     ``undefined[(group, metric)]`` is ``(cells dropped, cells)``. A paired difference with two or more seeds
-    is the seed-level interval (:class:`~models.studies.seed_intervals.SeedBootstrap`), recorded in ``tests``
+    is the seed-level interval (:func:`~models.studies.seed_intervals.crossed_t`: seeds and samples crossed), recorded in ``tests``
     for the page's correction (:func:`correction_lines`); with one seed (quick runs) the samples-only one."""
 
     def __init__(self, values: dict[tuple[str, str, str], np.ndarray], draws: int):
         self.values, self.undefined = common_cells(values)
-        self.draws, self._boot, self._seed_boot = draws, {}, {}
+        self.draws, self._boot = draws, {}
         self.tests: dict[tuple[str, str, str, str], PairedTest] = {}  # (group, a, b, metric) -> its test
 
     def boot(self, key) -> Bootstrap:
@@ -93,9 +93,7 @@ class Table:
         x, y = self.values[key], self.values[(group, b, metric)]
         if x.shape[0] < 2:  # one seed: no seed-level interval exists; the bootstrap over samples alone
             return self.boot(key).difference(x, y)
-        if x.shape not in self._seed_boot:
-            self._seed_boot[x.shape] = SeedBootstrap(*x.shape, draws=self.draws, seed=0)
-        test = self._seed_boot[x.shape].difference(x, y)
+        test = crossed_t(x, y)
         self.tests[(group, a, b, metric)] = test
         return test.interval
 
@@ -148,18 +146,26 @@ def per_class_table(table: Table, group: str, arms: list[str], labels) -> list[s
     return lines
 
 
+def adjusted_p(table: Table, method: str = "holm") -> dict[tuple[str, str, str, str], float]:
+    """``{(group, a, b, metric): adjusted p}`` over every paired comparison the page made, corrected together;
+    a pair compared both ways (``a - b`` and ``b - a``: the same test) counts once, in its first direction."""
+    tests: dict = {}
+    for (group, a, b, metric), test in table.tests.items():
+        if not np.isnan(test.p_value) and (group, b, a, metric) not in tests:
+            tests[(group, a, b, metric)] = test
+    return correct(tests, method) if tests else {}
+
+
 def correction_lines(table: Table, method: str = "holm", alpha: float = 0.05) -> list[str]:
     """The page's closing section: every paired comparison it made, corrected together (``method``, named)."""
-    tests = {k: t for k, t in table.tests.items() if not np.isnan(t.p_value)}
-    if not tests:
+    adjusted = adjusted_p(table, method)
+    if not adjusted:
         return []
-    names = {k: f"{k[1]} - {k[2]} ({k[3]}, {k[0]})" for k in tests}
-    adjusted = correct({names[k]: t for k, t in tests.items()}, method)
-    significant = [name for name, p in adjusted.items() if p < alpha]
+    significant = [f"{a} - {b} ({metric}, {group})" for (group, a, b, metric), p in adjusted.items() if p < alpha]
     return [
         "## Multiple comparisons",
         "",
-        correction_note(method, len(tests), alpha),
+        correction_note(method, len(adjusted), alpha),
         "",
         "Significant after the correction: " + ("; ".join(significant) if significant else "none") + ".",
         "",
