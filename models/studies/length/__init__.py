@@ -92,13 +92,14 @@ def to_json(results: summary.Results, measured: dict, timings: dict, found: list
 def cells(results: summary.Results) -> dict:
     """Every number the page is computed from, so a reader can recompute it: per arm and length, the
     ``[seeds][windows]`` losses (``loss``) and the ``[seeds][depths * trials]`` probe results (``retrieval``),
-    and the ``[seeds][windows][bins]`` per-bin losses (``bins``, of the break test); seeds in
+    and the ``[seeds][windows][bins]`` per-bin losses (``bins``, of the arms the break test reads); seeds in
     ``results.study.seeds`` order, windows as :func:`.evaluate.eval_windows` cuts them (their source files:
     the json's ``windows``)."""
-    out = {}
+    out, breaks = {}, set(results.break_arms())  # bins only where the page tests them: they are most of the json
     for name in results.arms:
-        bins = np.stack([r["bins"] for r in results.raw[name]])  # [S, W, n_bins]
-        out[name] = {"loss": {}, "retrieval": {}, "bins": bins.tolist()}
+        out[name] = {"loss": {}, "retrieval": {}}
+        if name in breaks:
+            out[name]["bins"] = np.stack([r["bins"] for r in results.raw[name]]).tolist()  # [S, W, n_bins]
         for L in results.study.lengths:
             losses, passes = results.losses(name, L), results.passes(name, L)
             if losses is not None:

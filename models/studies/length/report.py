@@ -143,12 +143,9 @@ def retrieval_text(results: Results) -> list[str]:
 def break_table(results: Results) -> list[str]:
     s = results.study
     lines = _header("arm", f"breaks at (first {BIN}-byte bin above the last trained one)", f"loss at {s.longest}")
-    for name, arm in results.arms.items():
-        if arm.family != "sweep" and (arm.max_length is None or arm.max_length >= s.longest):
-            where = results.break_position(name)
-            lines.append(
-                _row(name, "no bin, to the end" if where is None else where, fmt(results.loss(name, s.longest)))
-            )
+    for name in results.break_arms():
+        where = results.break_position(name)
+        lines.append(_row(name, "no bin, to the end" if where is None else where, fmt(results.loss(name, s.longest))))
     return lines
 
 
@@ -270,7 +267,7 @@ def body(results: Results, comparisons: list[dict], env: dict, pictures: dict) -
         f"![loss per position]({pictures['curves']})",
         "",
         "A bin counts as broken when its loss is above the last trained bin's with 95% confidence for all"
-        " bins past the context together (paired bootstrap, Bonferroni over those bins).",
+        " bins past the context together (the paired difference of the setup above, Bonferroni over those bins).",
         "",
         *break_table(results),
         "",

@@ -98,6 +98,11 @@ class Results:
             best = L
         return best
 
+    def break_arms(self) -> list[str]:
+        """The arms whose break position the page states (every arm but the sweeps that runs the longest length)."""
+        L = self.study.longest
+        return [n for n, a in self.arms.items() if a.family != "sweep" and (a.max_length is None or a.max_length >= L)]
+
     def curve(self, arm: str) -> np.ndarray:
         """``[n_bins]`` mean loss per 64-position bin over windows and seeds (longest forward)."""
         return np.mean([r["bins"] for r in self.raw[arm]], axis=(0, 1))
@@ -145,7 +150,7 @@ def from_cells(study: Study, arms: dict[str, Arm], cells: dict, sources: list[st
         raw[name] = [
             {
                 "loss": {int(L): np.asarray(v[s], dtype=np.float64) for L, v in c["loss"].items()},
-                "bins": np.asarray(c["bins"][s], dtype=np.float64),
+                "bins": np.asarray(c["bins"][s], dtype=np.float64) if "bins" in c else None,
                 "retrieval": {int(L): np.asarray(v[s], dtype=bool).reshape(shape) for L, v in c["retrieval"].items()},
             }
             for s in range(len(study.seeds))
