@@ -138,13 +138,16 @@ def test_quick_study_runs_end_to_end(tmp_path):
     assert data["paradigm"]["Learned"]["change"] is None and data["paradigm"]["RoPE"]["change"] < 1e-3
     for name in ("length.png", "length_positions.png", "length_retrieval.png"):
         assert (tmp_path / "out" / "img" / name).stat().st_size > 1000
+    # the page regenerates from its json alone, byte for byte; the windows' source files are stored with it
+    assert length_study.markdown(data) == text
+    assert data["windows"]["sources"] == evaluate.window_sources(design.QUICK)
     mtime = page.stat().st_mtime_ns
     length_study.run(tmp_path / "out", quick=True, root=tmp_path / "runs")  # everything reused: only the page
     assert page.stat().st_mtime_ns > mtime
 
 
 def test_effective_context_and_break_position_follow_the_intervals():
-    study = replace(design.FULL, seeds=(0, 1), windows=50, draws=300)
+    study = replace(design.FULL, seeds=(0, 1, 2), windows=50, draws=300)  # 3 seeds: t[2] at Bonferroni 0.05 / 27
     rng = np.random.default_rng(0)
     noise = rng.normal(0, 0.05, (50, 32))  # per window and 64-byte bin, shared by both arms: paired
 
@@ -162,11 +165,78 @@ def test_effective_context_and_break_position_follow_the_intervals():
     assert results.ratio("breaks").low > 1 and results.difference("breaks", "flat", 256) == (0.0, 0.0, 0.0)
 
 
+def test_window_sources_are_the_files_the_windows_start_in():
+    import sysconfig
+
+    val = stdlib_text("val")
+    study = replace(design.FULL, windows=40)
+    sources, (x, _) = evaluate.window_sources(study, val), evaluate.eval_windows(study, val)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    ends, total = [], 0  # the reference: every held-out file's byte range in the text, from the files themselves
+    for name in val.names:
+        total += len((stdlib / name).read_bytes()) + 1  # each file and its newline
+        ends.append(total)
+    starts = torch.linspace(0, len(val) - study.longest - 1, study.windows).long().tolist()  # as eval_windows
+    for name, start, row in zip(sources, starts, x.tolist()):
+        i = int(np.searchsorted(ends, start, side="right"))  # the first file ending after the start
+        assert name == val.names[i]
+        text, offset = (stdlib / name).read_bytes() + b"\n", start - (ends[i - 1] if i else 0)
+        n = min(16, len(text) - offset)  # the window's bytes that lie in its source file
+        assert n > 0 and bytes(row[:n]) == text[offset : offset + n]
+    assert len(sources) == study.windows and len(set(sources)) > 5
+
+
+def _two_arm_results(shift: float, seeds=(0, 1, 2), windows: int = 24) -> length_study.summary.Results:
+    """Arms "a" and "b" of a study with a seed effect and a file effect shared by both; "a" is ``shift`` higher."""
+    study = replace(design.FULL, seeds=seeds, windows=windows, draws=400, lengths=(256, 512))
+    rng = np.random.default_rng(1)
+    files = [f"f{i % 4}.py" for i in range(windows)]  # 4 source files
+    file_effect = rng.normal(0, 0.1, 4)[[i % 4 for i in range(windows)]]
+    seed_effect, raw = rng.normal(0, 0.02, len(seeds)), {}  # shared by both arms (paired), as the file effect
+    for name, extra in (("a", shift), ("b", 0.0)):
+        per_seed = []
+        for s in range(len(seeds)):
+            base = 2.0 + file_effect + seed_effect[s] + rng.normal(0, 0.01, windows) + extra
+            bins = np.repeat(base[:, None], 8, 1)
+            per_seed.append({"loss": {256: base, 512: base + 0.01}, "bins": bins, "retrieval": {}})
+        raw[name] = per_seed
+    arms = {n: design.Arm(n, "rope", "scaling") for n in raw}
+    return length_study.summary.Results(study, arms, raw, files)
+
+
+def test_stated_comparisons_are_seed_level_and_holm_corrected_together():
+    from models.studies.length import report
+    from models.studies.seed_intervals import SeedBootstrap, holm
+
+    results = _two_arm_results(0.3)
+    found = length_study.summary.compare(results, [("a", "b", 256), ("a", "b", 512), ("b", "b", 512)])
+    x, y = results.losses("a", 256), results.losses("b", 256)
+    expected = SeedBootstrap(3, 24, clusters=results.sources, draws=400, seed=0).difference(x, y)
+    assert found[0]["test"] == expected and expected.units == 3 and "4 sample clusters" in expected.method
+    assert found[0]["difference"].mean == pytest.approx(float((x - y).mean()), abs=1e-12)  # float64 means
+    lines = report.correction_lines(found)
+    assert lines[0] == "## Multiple comparisons" and "Holm's step-down" in lines[2]
+    adjusted = holm([c["test"].p_value for c in found])
+    assert lines[6] == f"| a - b at 256 | {found[0]['test'].p_value:.2g} | {adjusted[0]:.2g} |"
+    assert lines[-2] == "Significant after the correction: a - b at 256; a - b at 512."  # b - b: p = 1
+    one_seed = _two_arm_results(0.3, seeds=(0,))
+    assert report.correction_lines(length_study.summary.compare(one_seed, [("a", "b", 256)])) == []
+
+
+def test_results_rebuilt_from_the_json_cells_give_the_same_intervals():
+    results = _two_arm_results(0.1)
+    cells = json.loads(json.dumps(length_study.cells(results)))  # as the page's json holds them
+    again = length_study.summary.from_cells(results.study, results.arms, cells, results.sources)
+    assert again.test("a", "b", 512) == results.test("a", "b", 512) and again.loss("a", 256) == results.loss("a", 256)
+    assert again.break_position("a") == results.break_position("a") is None
+
+
 # -- the streaming study (rolling caches; their exactness: tests/test_rolling_cache.py) ----------------------
 
 
 def test_streaming_summary_states_known_differences_and_keeps_per_seed_means():
     from models.studies.length import streaming
+    from models.studies.seed_intervals import SeedBootstrap, holm
 
     study = replace(streaming.study_of(False), seeds=(0, 1, 2), windows=40, draws=300)
     rng = np.random.default_rng(0)
@@ -174,10 +244,20 @@ def test_streaming_summary_states_known_differences_and_keeps_per_seed_means():
     raw = {
         s: {a: 2.0 + shift + rng.normal(0, 0.05, (40, study.longest)) for a, shift in shifts.items()} for s in (0, 1, 2)
     }
-    summary = streaming.summarise(study, raw)
+    sources = [f"f{i % 5}.py" for i in range(40)]  # 5 source files
+    summary = streaming.summarise(study, raw, sources)
     full = summary["differences"]["rolling, sinks 0 - full attention"]
-    assert full["verdict"] == "lower" and -0.32 < full["difference"][0] < -0.28 and full["level"] == 1 - 0.05 / 3
+    assert full["verdict"] == "lower" and -0.32 < full["difference"][0] < -0.28 and full["units"] == 3
+    cells = {a: np.array(summary["cells"][a][study.longest]) for a in streaming.ARMS}
+    test = SeedBootstrap(3, 40, clusters=sources, draws=study.draws, seed=0).difference(
+        cells["rolling, sinks 0"], cells["full attention"]
+    )  # the seed-level interval, windows clustered by file; the three differences Holm-corrected together
+    p = [summary["differences"][f"{a} - {b}"]["p_value"] for a, b in streaming.PAIRS]
+    assert full["difference"] == list(test.interval) and full["holm_p"] == holm(p)[1] and full["holm_p"] < 0.05
     assert summary["differences"]["rolling, sinks 4 - rolling, sinks 0"]["verdict"] == "no difference shown"
+    assert summary["windows"]["sources"] == sources
+    by_seed = streaming.differences({a: v.mean(1, keepdims=True) for a, v in cells.items()}, None, study.draws)
+    assert by_seed["rolling, sinks 0 - full attention"]["method"] == "t over seeds"  # only per-seed means known
     assert summary["per_seed"]["full attention"][1][study.context] == pytest.approx(
         raw[1]["full attention"][:, :256].mean()
     )
@@ -194,8 +274,9 @@ def test_streaming_study_runs_end_to_end(tmp_path):
     from models.studies.length import streaming
 
     page = streaming.run(tmp_path / "out", quick=True, root=tmp_path / "runs").read_text()
-    assert "rolling, sinks 4" in page and "Bonferroni" in page
+    assert "rolling, sinks 4" in page and "Holm's step-down" in page
     data = json.loads((tmp_path / "out" / "streaming.json").read_text())
+    assert streaming.page_from_json(data) == page  # byte for byte
     assert set(data["loss"]) == set(streaming.ARMS) and (tmp_path / "out" / "img" / "streaming.png").is_file()
 
 

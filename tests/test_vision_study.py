@@ -161,6 +161,19 @@ def test_quick_study_writes_tables_pictures_and_reuses_its_runs(name, tmp_path, 
 
     markdown = {"resolution": resolution_page, "frames": frames_page, "packing": packing_page}[name].markdown
     assert markdown(data) == page and data["cells"]
+    if name != "frames":  # class accuracy split by conditioning class, from the cells and the stored labels
+        from models.studies.vision.metrics import per_class_accuracy
+        from models.training.data import CLASSES
+
+        group = next(iter(data["cells"]))
+        arm = next(iter(data["cells"][group]))
+        labels = data["sample_labels"][group]
+        correct = np.array(data["cells"][group][arm]["correct"], dtype=np.float64)  # [seeds, samples]
+        assert labels == sorted(labels) and set(labels) == set(range(len(CLASSES)))
+        expected = [correct[:, np.array(labels) == c].mean() for c in range(len(CLASSES))]  # independent: by mask
+        assert per_class_accuracy(correct, labels).tolist() == expected
+        row = f"| {arm} | " + " | ".join(f"{a:.2f}" for a in expected) + " |"
+        assert "| arm | " + " | ".join(CLASSES) + " |" in page and row in page
     assert all(p.stat().st_size > 100 for p in (tmp_path / "out" / "img").iterdir())
     capsys.readouterr()
     run(tmp_path / "out", quick=True, root=tmp_path / "runs")  # everything is there: nothing recomputed

@@ -271,13 +271,15 @@ class StdlibText:
         files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
         if not files:
             raise FileNotFoundError(f"no .py files under {root}: cannot build the text corpus")
-        chunks = []
+        chunks, self.names = [], []  # names: each chunk's file, relative to the standard library
         for path in files:
             name = path.relative_to(root).as_posix()
             is_val = hashlib.sha1(name.encode()).digest()[0] < 256 * held_out
             if is_val == (split == "val"):
                 chunks.append(path.read_bytes() + b"\n")
+                self.names.append(name)
         self.split, self.files = split, len(chunks)
+        self.file_starts = torch.tensor([0] + [len(c) for c in chunks[:-1]]).cumsum(0)  # [files] first byte of each
         self.data = torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8)  # [N] bytes
 
     def __len__(self) -> int:
@@ -288,6 +290,11 @@ class StdlibText:
         offsets = starts[:, None] + torch.arange(length + 1)
         tokens = self.data[offsets].long()
         return tokens[:, :-1], tokens[:, 1:]
+
+    def source(self, starts: torch.Tensor) -> list[str]:
+        """The file each window starting at ``starts [B]`` begins in (a window may run into the next)."""
+        index = torch.searchsorted(self.file_starts, starts, right=True) - 1
+        return [self.names[i] for i in index.tolist()]
 
     def batch(self, step: int, batch_size: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """A random batch of windows, a pure function of ``(seed, step)``."""

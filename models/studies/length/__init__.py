@@ -4,8 +4,9 @@ Every position scheme of :mod:`.positions` trained with the same budget at one
 context, over several seeds; RoPE's scaling methods applied training-free (with the factor
 of each length, and fixed factors), fine-tuned at 4x, and against a model trained at the
 longest length; all evaluated on the same held-out windows at every length, with paired
-bootstrap intervals, per-position curves and a retrieval probe. :func:`run` does it all,
-resumable: trained runs and evaluated arms are files under ``root`` and are reused.
+seed-level intervals (windows clustered by source file), per-position curves and a retrieval probe.
+:func:`run` does it all, resumable: trained runs and evaluated arms are files under ``root`` and are
+reused; :func:`markdown` rebuilds the page from its json alone.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ import torch
 from ...training.tasks import stdlib_text
 from ...training.trainer import load_trained
 from ..jobs import compute_seconds, run_jobs
+from ..settings import settings_to
 from . import paradigm, plots, report, summary
 from .design import FULL, QUICK, Arm, Study, arms, run_dir
 from .evaluate import variant
 from .jobs import execute, study_jobs
 from .positions import fused_path
 
-__all__ = ["FULL", "QUICK", "Study", "comparisons", "run"]
+__all__ = ["FULL", "QUICK", "PICTURES", "Study", "comparisons", "markdown", "run"]
+
+PICTURES = {"lengths": "img/length.png", "curves": "img/length_positions.png", "retrieval": "img/length_retrieval.png"}
 
 
 def comparisons(study: Study) -> list[tuple[str, str, int]]:
@@ -80,17 +84,22 @@ def to_json(results: summary.Results, measured: dict, timings: dict, found: list
         "paradigm": measured,
         "sdpa_seconds": timings,
         "comparisons": {f"{c['a']} vs {c['b']} at {c['length']}": _comparison(c) for c in found},
+        "windows": {"sources": results.sources},
         "cells": cells(results),
     }
 
 
 def cells(results: summary.Results) -> dict:
-    """Every number the intervals are computed from, so a reader can recompute them: per arm and length, the
-    ``[seeds][windows]`` losses (``loss``) and the ``[seeds][depths * trials]`` probe results (``retrieval``);
-    seeds in ``results.study.seeds`` order, windows as :func:`.evaluate.eval_windows` cuts them."""
-    out = {}
+    """Every number the page is computed from, so a reader can recompute it: per arm and length, the
+    ``[seeds][windows]`` losses (``loss``) and the ``[seeds][depths * trials]`` probe results (``retrieval``),
+    and the ``[seeds][windows][bins]`` per-bin losses (``bins``, of the arms the break test reads); seeds in
+    ``results.study.seeds`` order, windows as :func:`.evaluate.eval_windows` cuts them (their source files:
+    the json's ``windows``)."""
+    out, breaks = {}, set(results.break_arms())  # bins only where the page tests them: they are most of the json
     for name in results.arms:
         out[name] = {"loss": {}, "retrieval": {}}
+        if name in breaks:
+            out[name]["bins"] = np.stack([r["bins"] for r in results.raw[name]]).tolist()  # [S, W, n_bins]
         for L in results.study.lengths:
             losses, passes = results.losses(name, L), results.passes(name, L)
             if losses is not None:
@@ -101,7 +110,16 @@ def cells(results: summary.Results) -> dict:
 
 
 def _comparison(c: dict) -> dict:
-    return {"difference": list(c["difference"]), "verdict": c["verdict"]}
+    return c["test"].to_dict() | {"verdict": c["verdict"]}
+
+
+def markdown(data: dict) -> str:
+    """The page from ``length.json`` alone: the same tables, intervals and corrections as :func:`run` wrote."""
+    env = data["environment"]
+    study = settings_to(Study, env["study"])
+    results = summary.from_cells(study, arms(study), data["cells"], data["windows"]["sources"])
+    found = summary.compare(results, comparisons(study))
+    return report.page(results, data["paradigm"], data["sdpa_seconds"], found, env, PICTURES)
 
 
 def run(out: Path, quick: bool = False, root: str | Path | None = None, workers: int | None = None) -> Path:
@@ -127,16 +145,12 @@ def _run(study: Study, out: Path, root: Path) -> Path:
     results = summary.load(study, root, all_arms)
     found = summary.compare(results, comparisons(study))
     env = report.environment(study, wall, compute_seconds(root))
-    img = out / "img"
-    pictures = {
-        "lengths": plots.plot_lengths(results, img / "length.png"),
-        "curves": plots.plot_curves(results, img / "length_positions.png"),
-        "retrieval": plots.plot_retrieval(results, img / "length_retrieval.png"),
-    }
-    pictures = {k: p.relative_to(out).as_posix() for k, p in pictures.items()}
+    plots.plot_lengths(results, out / PICTURES["lengths"])
+    plots.plot_curves(results, out / PICTURES["curves"])
+    plots.plot_retrieval(results, out / PICTURES["retrieval"])
     out.mkdir(parents=True, exist_ok=True)
     data = to_json(results, measured, timings, found, env)
     (out / "length.json").write_text(json.dumps(data, indent=1, default=str))
     path = out / "length.md"
-    path.write_text(report.page(results, measured, timings, found, env, pictures))
+    path.write_text(report.page(results, measured, timings, found, env, PICTURES))
     return path

@@ -27,19 +27,29 @@ from .design import Arm, Study, run_dir
 from .positions import StudyPositions
 from .retrieval import passes, probe_inputs
 
-__all__ = ["BIN", "evaluate_arm", "eval_windows", "result_path", "variant"]
+__all__ = ["BIN", "evaluate_arm", "eval_windows", "result_path", "variant", "window_sources"]
 
 BIN = 64  # positions per bin of the per-position curves
 SCHEME_FIELDS = set(StudyPositions.__dataclass_fields__)  # an arm's change to the scheme, not to the config
 PROBE_SEED = 0  # the retrieval probes: the same for every arm and seed (paired)
 
 
+def _starts(study: Study, val: StdlibText) -> torch.Tensor:
+    last = len(val) - study.longest - 1  # the last valid start
+    return torch.linspace(0, last, study.windows).long()  # [W]
+
+
 def eval_windows(study: Study, val: StdlibText | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``x, y [W, longest]``: the study's held-out windows, evenly spaced (non-overlapping where the text allows)."""
     val = val or stdlib_text("val")
-    last = len(val) - study.longest - 1  # the last valid start
-    starts = torch.linspace(0, last, study.windows).long()
-    return val.windows(starts, study.longest)
+    return val.windows(_starts(study, val), study.longest)
+
+
+def window_sources(study: Study, val: StdlibText | None = None) -> list[str]:
+    """``[W]``: the held-out file each of :func:`eval_windows`'s windows starts in (the clusters of the
+    intervals: windows of one file share its style, so they are not independent samples)."""
+    val = val or stdlib_text("val")
+    return val.source(_starts(study, val))
 
 
 def variant(model: GPT, change: dict) -> GPT:

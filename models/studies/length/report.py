@@ -17,10 +17,13 @@ import axial_rope
 from ...training.needles import ALPHABETS
 from ...training.tasks import NEEDLE_RATE, stdlib_text
 from ..bootstrap import Interval
+from ..seed_intervals import correct, correction_note
 from .evaluate import BIN
 from .summary import Results
 
-__all__ = ["environment", "fmt", "page"]
+__all__ = ["CORRECTION", "correction_lines", "environment", "fmt", "page"]
+
+CORRECTION = "holm"  # the page's family of comparisons is corrected with Holm's method
 
 # the survey table's rows: (row, the arm measured, what the scheme does)
 PARADIGM = (
@@ -140,12 +143,9 @@ def retrieval_text(results: Results) -> list[str]:
 def break_table(results: Results) -> list[str]:
     s = results.study
     lines = _header("arm", f"breaks at (first {BIN}-byte bin above the last trained one)", f"loss at {s.longest}")
-    for name, arm in results.arms.items():
-        if arm.family != "sweep" and (arm.max_length is None or arm.max_length >= s.longest):
-            where = results.break_position(name)
-            lines.append(
-                _row(name, "no bin, to the end" if where is None else where, fmt(results.loss(name, s.longest)))
-            )
+    for name in results.break_arms():
+        where = results.break_position(name)
+        lines.append(_row(name, "no bin, to the end" if where is None else where, fmt(results.loss(name, s.longest))))
     return lines
 
 
@@ -159,6 +159,32 @@ def statements(comparisons: list[dict]) -> list[str]:
             f"difference {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]: {c['a']} is {c['verdict']}."
         )
     return lines
+
+
+def correction_lines(comparisons: list[dict], method: str = CORRECTION, alpha: float = 0.05) -> list[str]:
+    """The closing section: every stated comparison corrected together (``method``, named); none with one seed."""
+    tests = {_name(c): c["test"] for c in comparisons if not np.isnan(c["test"].p_value)}
+    if not tests:
+        return []
+    adjusted = correct(tests, method)
+    significant = [name for name, p in adjusted.items() if p < alpha]
+    return [
+        "## Multiple comparisons",
+        "",
+        correction_note(method, len(tests), alpha)
+        + " Effective context and break positions are per-arm readings, not in this family.",
+        "",
+        "| comparison | p | adjusted p |",
+        "|---|---|---|",
+        *(_row(name, f"{tests[name].p_value:.2g}", f"{adjusted[name]:.2g}") for name in tests),
+        "",
+        "Significant after the correction: " + ("; ".join(significant) if significant else "none") + ".",
+        "",
+    ]
+
+
+def _name(c: dict) -> str:
+    return f"{c['a']} - {c['b']} at {c['length']}"
 
 
 def setup_text(results: Results, env: dict) -> list[str]:
@@ -175,8 +201,16 @@ def setup_text(results: Results, env: dict) -> list[str]:
         f"Evaluation: {s.windows} windows of {s.longest} bytes, evenly spaced over the held-out files of the"
         f" standard library of Python {env['python']} ({h['files']} files, {h['bytes']:,} bytes; the split is"
         f" fixed by file-name hashes); the windows of a shorter length are their prefixes, so every length and"
-        f" arm sees the same text. Intervals: 95% paired bootstrap over windows and seeds ({s.draws} draws,"
-        f" fixed seed); with {len(s.seeds)} seeds the seed part of the interval is coarse.",
+        f" arm sees the same text. Intervals of one arm: 95% bootstrap over windows and seeds ({s.draws} draws,"
+        f" fixed seed). Paired differences (comparisons, effective context, break positions): "
+        + (
+            f"seed-level 95% intervals, a bootstrap over the {len(s.seeds)} seeds and, shared by every seed and"
+            f" arm, the windows clustered by the held-out file they start in"
+            f" ({len(set(results.sources or range(s.windows)))} files), with a t quantile on the scarcer of the"
+            " two (`models/studies/seed_intervals.py`)."
+            if len(s.seeds) > 1
+            else "one seed, so no seed-level interval exists: a bootstrap over windows alone (plumbing only)."
+        ),
     ]
 
 
@@ -233,7 +267,7 @@ def body(results: Results, comparisons: list[dict], env: dict, pictures: dict) -
         f"![loss per position]({pictures['curves']})",
         "",
         "A bin counts as broken when its loss is above the last trained bin's with 95% confidence for all"
-        " bins past the context together (paired bootstrap, Bonferroni over those bins).",
+        " bins past the context together (the paired difference of the setup above, Bonferroni over those bins).",
         "",
         *break_table(results),
         "",
@@ -253,6 +287,7 @@ def body(results: Results, comparisons: list[dict], env: dict, pictures: dict) -
         "",
         *statements(comparisons),
         "",
+        *correction_lines(comparisons),
         "## Configuration",
         "",
         f"`{json.dumps(env['study'])}`",

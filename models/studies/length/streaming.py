@@ -10,8 +10,11 @@ length study has trained it) reads the study's held-out windows at up to 4x its 
 - **rolling, sinks 4**: the same caches keeping the first 4 tokens as attention sinks (Xiao et al. 2024,
   "Efficient Streaming Language Models with Attention Sinks").
 
-Every arm reads the same windows with the same models; intervals are paired bootstrap over windows and
-seeds (:mod:`models.studies.bootstrap`), the three pairwise differences Bonferroni-corrected.
+Every arm reads the same windows with the same models. An arm's loss has the bootstrap interval over
+windows and seeds (:mod:`models.studies.bootstrap`); the three pairwise differences have seed-level
+intervals (:mod:`models.studies.seed_intervals`: the seed bootstrap with windows clustered by the held-out
+file they start in; a t interval over seeds where only per-seed means are known) and are Holm-corrected
+together.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ import torch
 from ...training.trainer import load_trained
 from ..bootstrap import Bootstrap, verdict
 from ..jobs import ensure_trained
+from ..seed_intervals import CORRECTIONS, PairedTest, SeedBootstrap, correct, paired_t
 from ..settings import settings_to
 from . import report
 from .design import FULL, QUICK, Study, run_dir, train_configs
-from .evaluate import BIN, eval_windows, position_losses, variant
+from .evaluate import BIN, eval_windows, position_losses, variant, window_sources
 from .plots import _pyplot, _save
 
-__all__ = ["ARMS", "run"]
+__all__ = ["ARMS", "differences", "run"]
 
 SINKS = 4
 ARMS = {"full attention": None, "rolling, sinks 0": 0, f"rolling, sinks {SINKS}": SINKS}  # name -> sinks
@@ -80,27 +84,53 @@ def evaluate_seed(study: Study, root: Path, seed: int) -> dict[str, np.ndarray]:
     return result
 
 
-def summarise(study: Study, raw: dict[int, dict[str, np.ndarray]]) -> dict:
-    """Loss per length and arm, paired differences at the longest length, per-bin curves: json-ready."""
+def _test(x: np.ndarray, y: np.ndarray, sources: list[str] | None, draws: int) -> PairedTest:
+    """``x - y`` (``[seeds, windows]`` each): the seed bootstrap clustered by ``sources``; without sources (only
+    per-seed means known) the t interval over seeds; with one seed the windows-only bootstrap (no p-value)."""
+    S, W = x.shape
+    if S < 2:
+        d = Bootstrap(S, W, draws, seed=0).difference(x, y)
+        return PairedTest(d, float("nan"), (d.mean,), 1, "bootstrap over windows (one seed)")
+    if sources is None:
+        return paired_t(x, y)
+    return SeedBootstrap(S, W, clusters=sources, draws=draws, seed=0).difference(x, y)
+
+
+def differences(cells: dict[str, np.ndarray], sources: list[str] | None, draws: int, alpha: float = 0.05) -> dict:
+    """``{"a - b": test}`` for each of :data:`PAIRS` from ``cells {arm: [seeds, windows]}`` (the longest length):
+    the test's dict, its Holm-adjusted p-value over the pairs, and the verdict at ``alpha`` after that correction."""
+    tests = {f"{a} - {b}": _test(cells[a], cells[b], sources, draws) for a, b in PAIRS}
+    defined = {k: t for k, t in tests.items() if not np.isnan(t.p_value)}
+    adjusted = correct(defined, "holm") if defined else {}
+    out = {}
+    for k, t in tests.items():
+        p = adjusted.get(k, float("nan"))
+        shown = verdict(t.interval) if np.isnan(p) or p < alpha else "no difference shown"
+        out[k] = t.to_dict() | {"holm_p": p, "verdict": shown}
+    return out
+
+
+def summarise(study: Study, raw: dict[int, dict[str, np.ndarray]], sources: list[str] | None = None) -> dict:
+    """Loss per length and arm, paired differences at the longest length, per-bin curves: json-ready.
+    ``sources``: ``[windows]`` the file each window starts in (the clusters of the differences)."""
     seeds = sorted(raw)
     draws = Bootstrap(len(seeds), study.windows, study.draws, seed=0)
-    level = 1 - 0.05 / len(PAIRS)  # Bonferroni over the differences the page states
 
     def at(arm: str, L: int) -> np.ndarray:  # [seeds, windows]
         return np.stack([raw[s][arm][:, :L].mean(1) for s in seeds])
 
     loss = {a: {L: list(draws.interval(at(a, L))) for L in study.lengths} for a in ARMS}
-    diffs = {}
-    for a, b in PAIRS:
-        d = draws.difference(at(a, study.longest), at(b, study.longest), level=level)
-        diffs[f"{a} - {b}"] = {"difference": list(d), "verdict": verdict(d), "level": level}
+    diffs = differences({a: at(a, study.longest) for a in ARMS}, sources, study.draws)
     n = study.longest // BIN
     curves = {a: np.mean([raw[s][a][:, : n * BIN].reshape(-1, n, BIN).mean(-1) for s in seeds], (0, 1)).tolist()
               for a in ARMS}  # fmt: skip
     per_seed = {a: {s: {L: float(raw[s][a][:, :L].mean()) for L in study.lengths} for s in seeds} for a in ARMS}
     # every [seeds, windows] array the intervals above are computed from (seeds in `seeds` order)
     cells = {a: {L: at(a, L).tolist() for L in study.lengths} for a in ARMS}
-    return {"loss": loss, "differences": diffs, "curves": curves, "per_seed": per_seed, "cells": cells}
+    windows = {"sources": sources}
+    return {"loss": loss, "differences": diffs, "curves": curves, "per_seed": per_seed, "cells": cells} | {
+        "windows": windows
+    }
 
 
 def plot(summary: dict, study: Study, path: Path) -> Path:
@@ -153,6 +183,7 @@ def _reading(summary: dict, study: Study) -> list[str]:
 
 def page(summary: dict, study: Study, env: dict, picture: str) -> str:
     L = study.longest
+    methods = "; ".join(sorted({d["method"] for d in summary["differences"].values()}))
     lines = [
         "# Streaming past the context: rolling caches with and without attention sinks",
         "",
@@ -164,9 +195,9 @@ def page(summary: dict, study: Study, env: dict, picture: str) -> str:
         f"held-out windows of {L} bytes (shorter lengths: their prefixes). Full attention is the plain forward "
         f"at positions up to {L}; the rolling arms stream a byte at a time through `GPT.stream_logits` with "
         f"rolling KV caches of {study.context} tokens (every kept key re-rotated to its new position as the "
-        "cache rolls), without sinks and with the first 4 bytes kept as attention sinks. Intervals: 95% paired "
-        "bootstrap over windows and seeds; differences at Bonferroni level "
-        f"{1 - 0.05 / len(PAIRS):.4f} (three comparisons).",
+        "cache rolls), without sinks and with the first 4 bytes kept as attention sinks. Intervals of an arm: 95% "
+        f"bootstrap over windows and seeds. Paired differences: 95% seed-level intervals ({methods}), uncorrected; "
+        f"a verdict is significant at 0.05 after {CORRECTIONS['holm'][1]} over the {len(PAIRS)} comparisons.",
         "",
         "| arm | " + " | ".join(str(n) for n in study.lengths) + " |",
         "|---|" + "---|" * len(study.lengths),
@@ -174,10 +205,13 @@ def page(summary: dict, study: Study, env: dict, picture: str) -> str:
     for arm, row in summary["loss"].items():
         lines.append(f"| {arm} | " + " | ".join(_fmt(row[n]) for n in study.lengths) + " |")
     lines += ["", f"Paired differences at {L} bytes (nats/byte):", ""]
-    lines += ["| comparison | difference | verdict | per seed |", "|---|---|---|---|"]
+    lines += ["| comparison | difference | p | Holm p | verdict | per seed |", "|---|---|---|---|---|---|"]
     for k, v in summary["differences"].items():
         a, b = k.split(" - ")
-        lines.append(f"| {k} | {_fmt(v['difference'])} | {v['verdict']} | {_seed_differences(summary, a, b, L)} |")
+        p = " | ".join("-" if np.isnan(v[k]) else f"{v[k]:.2g}" for k in ("p_value", "holm_p"))  # one seed: none
+        lines.append(
+            f"| {k} | {_fmt(v['difference'])} | {p} | {v['verdict']} | {_seed_differences(summary, a, b, L)} |"
+        )
     lines += ["", "What the numbers support:", "", *_reading(summary, study), "", f"![loss per position]({picture})"]
     lines += ["", "Mean loss per seed (nats/byte; also in `streaming.json`):", ""]
     lines += [
@@ -215,7 +249,7 @@ def run(out: Path, quick: bool = False, root: str | Path | None = None) -> Path:
         raw = {seed: evaluate_seed(study, root, seed) for seed in study.seeds}
     finally:
         torch.set_num_threads(threads)
-    summary = summarise(study, raw)
+    summary = summarise(study, raw, window_sources(study))
     env = report.environment(study, 0.0, {})
     picture = plot(summary, study, out / "img" / "streaming.png").relative_to(out).as_posix()
     out.mkdir(parents=True, exist_ok=True)

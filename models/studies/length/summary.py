@@ -1,7 +1,13 @@
-"""From the arms' result files to the study's numbers: means, paired bootstrap intervals, comparisons.
+"""From the arms' result files to the study's numbers: means, paired intervals, comparisons.
 
-Everything here is a pure function of the result files and the study's sizes (the bootstrap
-draws are seeded), so the page and its json can be rebuilt from ``ROOT/eval`` at any time.
+An arm's mean has the bootstrap interval of :class:`~models.studies.bootstrap.Bootstrap`; a paired
+difference (the stated comparisons, effective context, break positions) has the seed-level interval of
+:class:`~models.studies.seed_intervals.SeedBootstrap`, the windows clustered by the held-out file they
+start in (192 windows come from 16 files, 40 from one: windows of a file are not independent). With
+one seed (quick runs) no seed-level interval exists and differences fall back to the windows-only bootstrap.
+
+Everything here is a pure function of the result files (or the page's json, :func:`from_cells`) and the
+study's sizes (the bootstrap draws are seeded), so the page and its json can be rebuilt at any time.
 """
 
 from __future__ import annotations
@@ -13,20 +19,30 @@ import torch
 
 from .. import bootstrap
 from ..bootstrap import Bootstrap, Interval, overlap
+from ..seed_intervals import PairedTest, SeedBootstrap
 from .design import Arm, Study
-from .evaluate import BIN, result_path
+from .evaluate import BIN, result_path, window_sources
 
-__all__ = ["Results", "compare", "load"]
+__all__ = ["BINS_DECIMALS", "Results", "compare", "from_cells", "load"]
+
+BINS_DECIMALS = 4  # per-bin losses kept to 1e-4 nats/byte, so the json holds them in a few characters each
 
 
 class Results:
-    """The per-window numbers of every arm, stacked over seeds, with one set of bootstrap draws per array shape."""
+    """The per-window numbers of every arm, stacked over seeds, with one set of bootstrap draws per array shape.
 
-    def __init__(self, study: Study, arms: dict[str, Arm], raw: dict[str, list[dict]]):
+    ``sources``: ``[windows]`` the file each window starts in (the clusters of the seed-level intervals);
+    ``None``: every window its own cluster."""
+
+    def __init__(self, study: Study, arms: dict[str, Arm], raw: dict[str, list[dict]], sources=None):
         self.study, self.arms, self.raw = study, arms, raw
-        cells = len(study.depths) * study.trials
-        self.loss_draws = Bootstrap(len(study.seeds), study.windows, study.draws, seed=0)
-        self.probe_draws = Bootstrap(len(study.seeds), cells, study.draws, seed=1)
+        self.sources = None if sources is None else list(sources)
+        cells, seeds = len(study.depths) * study.trials, len(study.seeds)
+        self.loss_draws = Bootstrap(seeds, study.windows, study.draws, seed=0)
+        self.probe_draws = Bootstrap(seeds, cells, study.draws, seed=1)
+        self.seed_draws = (
+            SeedBootstrap(seeds, study.windows, clusters=self.sources, draws=study.draws, seed=0) if seeds > 1 else None
+        )
 
     def losses(self, arm: str, length: int) -> np.ndarray | None:
         """``[seeds, windows]`` losses of ``arm`` at ``length``, or ``None`` where it cannot run."""
@@ -48,10 +64,23 @@ class Results:
         values = self.passes(arm, length)
         return None if values is None else self.probe_draws.interval(values)
 
-    def difference(self, a: str, b: str, length: int, length_b: int | None = None) -> Interval | None:
+    def paired(self, x: np.ndarray, y: np.ndarray, level: float = 0.95) -> PairedTest:
+        """``x - y`` (``[seeds, windows]`` each, paired): the seed-level test, or with one seed the windows-only
+        interval (p-value NaN: it enters no correction)."""
+        if self.seed_draws is not None:
+            return self.seed_draws.difference(x, y, level=level)
+        d = self.loss_draws.difference(x, y, level=level)
+        per_seed = tuple(float(v) for v in np.nanmean(np.asarray(x, np.float64) - y, 1))
+        return PairedTest(d, float("nan"), per_seed, 1, "bootstrap over windows (one seed)")
+
+    def test(self, a: str, b: str, length: int, length_b: int | None = None) -> PairedTest | None:
         """Paired ``loss(a, length) - loss(b, length_b or length)``: the same windows and seeds."""
         x, y = self.losses(a, length), self.losses(b, length_b or length)
-        return None if x is None or y is None else self.loss_draws.difference(x, y)
+        return None if x is None or y is None else self.paired(x, y)
+
+    def difference(self, a: str, b: str, length: int, length_b: int | None = None) -> Interval | None:
+        test = self.test(a, b, length, length_b)
+        return None if test is None else test.interval
 
     def ratio(self, arm: str) -> Interval | None:
         """``loss(longest) / loss(context)`` of one arm (the survey table's extrapolation ratio)."""
@@ -69,20 +98,25 @@ class Results:
             best = L
         return best
 
+    def break_arms(self) -> list[str]:
+        """The arms whose break position the page states (every arm but the sweeps that runs the longest length)."""
+        L = self.study.longest
+        return [n for n, a in self.arms.items() if a.family != "sweep" and (a.max_length is None or a.max_length >= L)]
+
     def curve(self, arm: str) -> np.ndarray:
         """``[n_bins]`` mean loss per 64-position bin over windows and seeds (longest forward)."""
         return np.mean([r["bins"] for r in self.raw[arm]], axis=(0, 1))
 
     def break_position(self, arm: str) -> int | None:
         """Where the arm breaks: the start of the first 64-position bin past the training context whose loss is
-        significantly above that of the context's last bin (paired over windows and seeds; the 95% holds for
+        significantly above that of the context's last bin (paired, seed-level; the 95% holds for
         all bins together, Bonferroni: one bin in 28 of a flat curve would pass a per-bin 95% by chance);
         ``None``: none is."""
         bins = np.stack([r["bins"] for r in self.raw[arm]])  # [S, W, n_bins]
         last = self.study.context // BIN - 1
         level = 1 - 0.05 / max(1, bins.shape[2] - last - 1)
         for b in range(last + 1, bins.shape[2]):
-            if self.loss_draws.difference(bins[:, :, b], bins[:, :, last], level=level).low > 0:
+            if self.paired(bins[:, :, b], bins[:, :, last], level=level).interval.low > 0:
                 return b * BIN
         return None
 
@@ -93,12 +127,35 @@ class Results:
         return np.mean([r["retrieval"][length] for r in self.raw[arm]], axis=(0, 2)).tolist()
 
 
+def _float64(result: dict) -> dict:
+    """One result file's arrays as the json holds them: float64 (float32 widens exactly), bins rounded."""
+    loss = {L: np.asarray(v, dtype=np.float64) for L, v in result["loss"].items()}
+    bins = np.round(np.asarray(result["bins"], dtype=np.float64), BINS_DECIMALS)
+    return {"loss": loss, "bins": bins, "retrieval": result["retrieval"]}
+
+
 def load(study: Study, root: Path, arms: dict[str, Arm]) -> Results:
     """Every arm's result files (one per seed) as :class:`Results`."""
     raw = {}
     for name, arm in arms.items():
-        raw[name] = [torch.load(result_path(root, arm, s), weights_only=False) for s in study.seeds]
-    return Results(study, arms, raw)
+        raw[name] = [_float64(torch.load(result_path(root, arm, s), weights_only=False)) for s in study.seeds]
+    return Results(study, arms, raw, window_sources(study))
+
+
+def from_cells(study: Study, arms: dict[str, Arm], cells: dict, sources: list[str]) -> Results:
+    """The :class:`Results` whose numbers ``cells`` holds (the json's ``cells``: lengths as strings)."""
+    shape = (len(study.depths), study.trials)
+    raw = {}
+    for name, c in cells.items():
+        raw[name] = [
+            {
+                "loss": {int(L): np.asarray(v[s], dtype=np.float64) for L, v in c["loss"].items()},
+                "bins": np.asarray(c["bins"][s], dtype=np.float64) if "bins" in c else None,
+                "retrieval": {int(L): np.asarray(v[s], dtype=bool).reshape(shape) for L, v in c["retrieval"].items()},
+            }
+            for s in range(len(study.seeds))
+        ]
+    return Results(study, {n: arms[n] for n in cells}, raw, sources)
 
 
 def verdict(diff: Interval, a: Interval, b: Interval) -> str:
@@ -111,13 +168,13 @@ def verdict(diff: Interval, a: Interval, b: Interval) -> str:
 
 
 def compare(results: Results, pairs: list[tuple[str, str, int]]) -> list[dict]:
-    """``[{a, b, length, difference, a_loss, b_loss, verdict}]`` for each ``(a, b, length)`` both arms ran."""
+    """``[{a, b, length, difference, test, a_loss, b_loss, verdict}]`` for each ``(a, b, length)`` both arms ran."""
     out = []
     for a, b, L in pairs:
-        diff = results.difference(a, b, L)
-        if diff is None:
+        test = results.test(a, b, L)
+        if test is None:
             continue
-        la, lb = results.loss(a, L), results.loss(b, L)
-        out.append({"a": a, "b": b, "length": L, "difference": diff, "a_loss": la, "b_loss": lb})
+        diff, la, lb = test.interval, results.loss(a, L), results.loss(b, L)
+        out.append({"a": a, "b": b, "length": L, "difference": diff, "test": test, "a_loss": la, "b_loss": lb})
         out[-1]["verdict"] = verdict(diff, la, lb)
     return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +21,13 @@ from .report import (
     interval_table,
     load_results,
     mark,
+    per_class_table,
     settings_to,
     table_from_cells,
     table_to_cells,
 )
 from .resolution import samples_path, size_name
-from .resolution_page import METRICS
+from .resolution_page import METRICS, sample_labels
 
 __all__ = ["build_table", "markdown", "page"]
 
@@ -133,6 +134,7 @@ def page(study: PackingStudy, root: Path, out: Path, env: dict) -> str:
         "cells": table_to_cells(table),
         "images": images,
         "reproduction": {"text": reproduction(study, root)},  # every top-level value a dict
+        "sample_labels": sample_labels(replace(study.base, sizes=study.sizes)),  # the samples' classes, per size
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "packing.json").write_text(json.dumps(data, indent=1))
@@ -188,6 +190,7 @@ def markdown(data: dict) -> str:
         arms = [a for a, _, _ in arms_at(study, size)]
         lines += [f"## {size[0]} x {size[1]} px ({_where(study, size)})", ""]
         lines += interval_table(table, size_name(size), arms, METRICS) + [""]
+        lines += per_class_table(table, size_name(size), arms, data["sample_labels"][size_name(size)]) + [""]
         lines += [
             "Paired differences:",
             "",

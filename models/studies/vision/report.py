@@ -11,14 +11,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...training.data import CLASSES
 from ..bootstrap import Bootstrap, Interval, verdict
 from ..seed_intervals import PairedTest, correct, correction_note, crossed_t
 from ..settings import settings_to  # noqa: F401 - the pages rebuild their study from the json with it
+from .metrics import per_class_accuracy
 
 __all__ = [
     "Metric", "Table", "adjusted_p", "best_and_tied", "best_lines", "common_cells", "correction_lines", "difference_table",
     "environment",
-    "interval_table", "load_results", "mark", "settings_to", "table_from_cells", "table_to_cells", "undefined_lines",
+    "interval_table", "per_class_table", "load_results", "mark", "settings_to", "table_from_cells", "table_to_cells", "undefined_lines",
 ]  # fmt: skip
 
 
@@ -124,6 +126,24 @@ def interval_table(table: Table, group: str, arms: list[str], metrics: list[Metr
         cells = [table.interval(group, arm, m.key).format(m.digits) for m in metrics]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return lines + undefined_lines(table, group, metrics)
+
+
+def per_class_table(table: Table, group: str, arms: list[str], labels) -> list[str]:
+    """Markdown rows: each arm's class accuracy split by the conditioning class (``labels [samples]``), a mean over
+    seeds and that class's samples (no interval: a cell holds only seeds x samples-per-class pictures)."""
+    counts = np.bincount(np.asarray(labels), minlength=len(CLASSES))
+    seeds = table.values[(group, arms[0], "correct")].shape[0]
+    per = f"{counts[0]}" if (counts == counts[0]).all() else "/".join(map(str, counts))  # samples of each class
+    lines = [
+        f"Class accuracy per conditioning class (a mean over {seeds} seed(s) x {per} samples per class):",
+        "",
+        "| arm | " + " | ".join(CLASSES) + " |",
+        "|---|" + "---|" * len(CLASSES),
+    ]
+    for arm in arms:
+        accuracy = per_class_accuracy(table.values[(group, arm, "correct")], labels)  # [classes]
+        lines.append(f"| {arm} | " + " | ".join("-" if np.isnan(a) else f"{a:.2f}" for a in accuracy) + " |")
+    return lines
 
 
 def adjusted_p(table: Table, method: str = "holm") -> dict[tuple[str, str, str, str], float]:

@@ -20,13 +20,14 @@ from .report import (
     environment_lines,
     interval_table,
     load_results,
+    per_class_table,
     settings_to,
     table_from_cells,
     table_to_cells,
 )
-from .resolution import ResolutionStudy, arms_at, samples_path, size_name
+from .resolution import ResolutionStudy, arms_at, sample_inputs, samples_path, size_name
 
-__all__ = ["METRICS", "build_table", "markdown", "page"]
+__all__ = ["METRICS", "build_table", "markdown", "page", "sample_labels"]
 
 METRICS = [
     Metric("loss_grown", "loss, grown scenes", True, 4),
@@ -83,6 +84,7 @@ def page(study: ResolutionStudy, root: Path, out: Path, env: dict, check: dict) 
     :func:`markdown` rebuilds from that json alone."""
     table, images = build_table(study, root), pictures(study, root, out)
     data = _json(table, study, env, check) | {"cells": table_to_cells(table), "images": images}
+    data["sample_labels"] = sample_labels(study)
     out.mkdir(parents=True, exist_ok=True)
     (out / "resolution.json").write_text(json.dumps(data, indent=1))
     return markdown(data)
@@ -136,6 +138,7 @@ def markdown(data: dict) -> str:
         arms = [a for a, _ in arms_at(study, size)]
         lines += [f"## {size[0]} x {size[1]} px ({_factor(study, size)})", ""]
         lines += interval_table(table, size_name(size), arms, METRICS) + [""]
+        lines += per_class_table(table, size_name(size), arms, data["sample_labels"][size_name(size)]) + [""]
         if len(arms) > 1:
             lines += [
                 "Paired differences:",
@@ -149,6 +152,11 @@ def markdown(data: dict) -> str:
         lines += ["", f"![samples at {size_name(size)}]({images[size_name(size)]})", ""]
     lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
     return "\n".join(lines) + "\n"
+
+
+def sample_labels(study: ResolutionStudy) -> dict[str, list[int]]:
+    """``{size: [samples]}``: the conditioning class of each sample (the cells' sample order), for the json."""
+    return {size_name(size): sample_inputs(study, size)[0].tolist() for size in study.sizes}
 
 
 def _json(table: Table, study: ResolutionStudy, env: dict, check: dict) -> dict:
