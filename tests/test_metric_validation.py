@@ -91,7 +91,7 @@ def test_the_resolution_page_shows_the_validation_json():
 
 
 def test_paired_differences_are_seed_level_and_the_page_corrects_them_together():
-    from models.studies.seed_intervals import SeedBootstrap
+    from models.studies.seed_intervals import crossed_t
     from models.studies.vision.report import correction_lines
 
     rng = np.random.default_rng(0)
@@ -100,11 +100,13 @@ def test_paired_differences_are_seed_level_and_the_page_corrects_them_together()
     table = Table(values, draws=200)
     shifted, noisy = table.difference("g", "a", "b", "m"), table.difference("g", "c", "b", "m")
     assert shifted == (pytest.approx(0.5), pytest.approx(0.5), pytest.approx(0.5))  # the same cells moved
-    assert noisy == SeedBootstrap(3, 20, draws=200, seed=0).difference(values[("g", "c", "m")], base).interval
+    assert noisy == crossed_t(values[("g", "c", "m")], base).interval  # seeds and samples crossed
     lines = correction_lines(table)
     assert lines[0] == "## Multiple comparisons" and "Holm" in lines[2] and "2 comparisons" in lines[2]
+    # Holm over 2: the exact shift's p is 0, so c - b's adjusted p is its own
+    assert table.tests[("g", "a", "b", "m")].p_value == 0.0
     assert "a - b (m, g)" in lines[4] and ("c - b (m, g)" in lines[4]) == (
-        table.tests[("g", "c", "b", "m")].p_value < 0.025
+        table.tests[("g", "c", "b", "m")].p_value < 0.05
     )
     one_seed = Table({("g", "a", "m"): base[:1] + 0.5, ("g", "b", "m"): base[:1]}, draws=50)
     assert one_seed.difference("g", "a", "b", "m").mean == pytest.approx(0.5) and correction_lines(one_seed) == []
