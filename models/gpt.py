@@ -189,6 +189,8 @@ class GPT(nn.Module):
                 "t5": lambda: positions.T5Bias(c.num_heads, c.t5_buckets, c.t5_max_distance),
                 "alibi": lambda: positions.ALiBi(c.num_heads),
             }.get(c.position, lambda: None)()
+        if c.tie_embeddings:  # tied already when built on the meta device: FSDP2 must see one parameter, not two
+            self.output.weight = self.tok_embeddings.weight
 
     def reset_parameters(self) -> None:
         """GPT-2's init: every linear and embedding weight from ``N(0, 0.02)``, norms at 1, fixed buffers (the

@@ -26,7 +26,7 @@ from models.training.trainer import TrainingDiverged, train
 from . import cli
 
 # booleans, set by the flags below
-FLAGS = ("resume", "overwrite", "allow_changes", "fsdp", "packed", "progress", "report")
+FLAGS = ("resume", "overwrite", "allow_changes", "fsdp", "checkpointing", "compile", "packed", "progress", "report")
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -43,6 +43,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         "--allow-changes", action="store_true", help="resume with other optimisation settings (recorded in the log)"
     )
     parser.add_argument("--fsdp", action="store_true", help="shard with FSDP2 under torchrun")
+    parser.add_argument(
+        "--checkpointing", action="store_true", help="recompute each block's activations in the backward"
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block (--compile-backend)")
     parser.add_argument(
         "--packed", action="store_true", help="image DiT: mixed sizes and aspects packed per step (docs/packing.md)"
     )

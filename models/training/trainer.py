@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from axial_rope.parallel import ContextParallel, split_groups
+from axial_rope.parallel import ContextParallel
 
-from . import checkpoint, rundir
+from . import checkpoint, distributed, rundir
 from .config import HYPERPARAMETERS, RUN_KEYS, TrainConfig
 from .pictures import plot_loss
 from .run_checks import check_run
@@ -60,22 +60,22 @@ class Run:
         task = check_run(cfg)
         self.cfg = cfg
         self.distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+        # the layout is checked from the settings and the world size alone, before any collective: a bad
+        # one is the same error on every rank, never a hang (models/training/distributed.py)
+        self.layout = distributed.plan(cfg, task, int(os.environ["WORLD_SIZE"]) if self.distributed else 1)
         if self.distributed and not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
-        self.cp, self.data_rank, self.data_world = self._context_parallel()
-        if cfg.batch_size % self.data_world:  # the processes, or under context parallel the groups (world / P)
-            raise ValueError(f"batch_size {cfg.batch_size} must divide by the data-parallel ranks {self.data_world}")
         if torch.cuda.is_available():
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
+        self.mesh = distributed.build_mesh(self.layout, self.device.type) if self.distributed else None
+        self.cp, self.data_rank, self.data_world = self._context_parallel()
         self.task = task
-        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = self.task.build().to(self.device)
-        self.trained = self._wrap(self.model)
+        self.model, self.trained = self._build()
         self.ema = [p.detach().clone() for p in self.model.parameters()]  # after wrapping: FSDP2 shards
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99)
@@ -90,42 +90,42 @@ class Run:
         self.busy = False  # inside a step: the state may be half an update, never saved
         self.saved_step: int | None = None
 
-    def _wrap(self, model):
+    def _build(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """``(model, trained)``: the model (sharded in place under FSDP2) and what the loss calls (DDP's wrapper)."""
+        cfg = self.cfg
+        if self.mesh is not None and cfg.fsdp:  # built on meta, sharded, then materialised shard by shard
+            with torch.device("meta"):
+                model = self.task.build()
+            distributed.prepare(model, cfg, self.mesh)
+            distributed.sharded_init(model, self.device, cfg.seed)
+            return model, model
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+        model = distributed.prepare(self.task.build().to(self.device), cfg)
         if not self.distributed:
-            return model
-        if self.cfg.fsdp:
-            from torch.distributed.fsdp import fully_shard
-
-            for block in getattr(model, "blocks", getattr(model, "layers", [])):
-                fully_shard(block)
-            return fully_shard(model)
+            return model, model
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return model, DistributedDataParallel(model, device_ids=ids)
 
     # -- context parallel (docs/distributed.md) -------------------------------------------
 
     def _context_parallel(self) -> tuple[ContextParallel | None, int, int]:
         """``(cp, data_rank, data_world)``: this rank's sharding of a video (``None``: P = 1) and its
-        data-parallel replica. Ranks ``[kP, (k + 1) P)`` share the videos of replica ``k`` of ``W / P``."""
-        cfg, P = self.cfg, self.cfg.context_parallel
-        if P == 1:
-            return None, self.rank, self.world
-        if self.world % P:
-            raise ValueError(
-                f"context_parallel {P} must divide the number of processes {self.world} (torchrun --nproc_per_node)"
-            )
-        heads = getattr(TASKS[cfg.model].presets[cfg.preset], "num_heads", P)
-        if cfg.cp_method == "ulysses" and heads % P:
-            raise ValueError(f"cp_method 'ulysses' shards the {heads} heads over {P} ranks: use 'ring'")
-        context_group, _ = split_groups(P)  # collective: every rank makes every group
-        return ContextParallel(context_group, cfg.cp_method, cfg.cp_layout), self.rank // P, self.world // P
+        data-parallel replica: the mesh's ``cp`` group and ``dp`` coordinate (models/training/distributed.py)."""
+        if self.mesh is None:
+            return None, 0, 1
+        data_rank, data_world = self.mesh.get_local_rank("dp"), self.layout.data_parallel
+        if self.layout.context_parallel == 1:
+            return None, data_rank, data_world
+        cp = ContextParallel(self.mesh.get_group("cp"), self.cfg.cp_method, self.cfg.cp_layout)
+        return cp, data_rank, data_world
 
     def _loss(self) -> torch.Tensor:
         """The loss this rank backpropagates (under context parallel: its share, times P)."""
         cfg = self.cfg
         if self.cp is None:
-            return self.task.loss(self.trained, self.step, cfg.batch_size, self.rank, self.world)
+            return self.task.loss(self.trained, self.step, cfg.batch_size, self.data_rank, self.data_world)
         share = self.task.loss(
             self.trained, self.step, cfg.batch_size, self.data_rank, self.data_world, context_parallel=self.cp
         )
