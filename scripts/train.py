@@ -7,8 +7,10 @@ into ``runs/dit``. Each model starts from its default run (``RUN_DEFAULTS`` in
 fields, and every value is checked before anything runs. ``--resume`` continues a run;
 Ctrl-C or SIGTERM saves at the end of the current step and exits. A folder that holds a run
 is never replaced without ``--overwrite``. Runs under ``torchrun --nproc_per_node N``
-unchanged (DDP; ``--fsdp`` for FSDP2); ``--model video_dit --context-parallel P`` shards
-each video over P ranks (``--cp-method ring|ulysses``), the batch over the N / P groups.
+unchanged (DDP; ``--fsdp`` for FSDP2 over all ranks); ``--model video_dit --context-parallel P``
+shards each video over P ranks (``--cp-method ring|ulysses``), the batch over the N / P groups;
+``--checkpointing`` recomputes each block in the backward, ``--compile`` compiles each block
+(``--compile-backend``, default inductor); docs/distributed.md has the recipes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 
 from models.training.checkpoint import CheckpointError
 from models.training.config import RUN_DEFAULTS, TrainConfig, run_config
+from models.training.distributed import plan
 from models.training.run_checks import check_memory, check_run
 from models.training.rundir import RunFolderError
 from models.training.trainer import TrainingDiverged, train
@@ -58,7 +61,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     try:
         cfg = run_config(**values)
         # what the model cannot take (its preset, a side the patch does not divide) and what the machine cannot hold
-        check_memory(cfg, check_run(cfg), world=int(os.environ.get("WORLD_SIZE", 1)))
+        task, world = check_run(cfg), int(os.environ.get("WORLD_SIZE", 1))
+        check_memory(cfg, task, world=world)
+        plan(cfg, task, world)  # the (dp, cp) mesh: every rank refuses the same layout, before any collective
     except ValueError as err:  # a nonsense setting: one line and exit status 2, before anything runs
         parser.error(str(err))
     cli.out_folder(parser, "--out", cfg.out)
