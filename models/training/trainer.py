@@ -30,14 +30,23 @@ import torch.distributed as dist
 
 from axial_rope.parallel import ContextParallel
 
-from . import checkpoint, distributed, rundir
-from .config import HYPERPARAMETERS, RUN_KEYS, TrainConfig
+from . import checkpoint, distributed, run_state, rundir, sharded_checkpoint
+from .config import TrainConfig
 from .pictures import plot_loss
 from .run_checks import check_run
 from .stopping import DeferredStop
 from .tasks import TASKS
 
-__all__ = ["Run", "TrainConfig", "TrainingDiverged", "learning_rate", "load_trained", "train", "trained_weights"]
+__all__ = [
+    "Run",
+    "TrainConfig",
+    "TrainingDiverged",
+    "export_weights",
+    "learning_rate",
+    "load_trained",
+    "train",
+    "trained_weights",
+]
 
 
 class TrainingDiverged(RuntimeError):
@@ -139,96 +148,21 @@ class Run:
         """The report's model keywords, and whether this rank (not 0) takes part: rank 0's context group."""
         return ({}, False) if self.cp is None else ({"context_parallel": self.cp}, 0 < self.rank < self.cp.world)
 
-    # -- state -------------------------------------------------------------------------
-
-    def _full(self, tensors) -> list[torch.Tensor]:
-        # FSDP2 holds DTensor shards: gather (a collective, so every rank calls it)
-        return [t.full_tensor() if hasattr(t, "full_tensor") else t for t in tensors]
-
-    def state(self) -> dict:
-        state = self.model.state_dict()  # every name, tied aliases (GPT's output head) and buffers included
-        model = dict(zip(state, self._full(state.values())))
-        index = {id(p): i for i, p in enumerate(self.model.parameters())}
-        ema_full = self._full(self.ema)
-        named = self.model.named_parameters(remove_duplicate=False)
-        ema = {name: ema_full[index[id(p)]] for name, p in named}
-        if self.cfg.fsdp and self.distributed:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-            optim = get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=True))
-        else:
-            optim = self.optimizer.state_dict()
-        return {"model": model, "ema": ema, "optimizer": optim}
+    # -- state (models/training/run_state.py) --------------------------------------------
 
     def save(self) -> None:
-        """Write the checkpoint of this step (a whole number of steps: never called inside one)."""
-        state = self.state()
-        if self.rank == 0:
-            extra = {"window": self.window, "history": self.history}
-            checkpoint.save(
-                self.out / "checkpoint.safetensors", step=self.step, run=asdict(self.cfg), extra=extra, **state
-            )
+        """Write the checkpoint of this step (a whole number of steps: never called inside one; collective)."""
+        run_state.save(self)
         self.saved_step = self.step
 
     def restore(self) -> None:
-        saved = checkpoint.load(self.out / "checkpoint.safetensors", run=asdict(self.cfg), keys=RUN_KEYS)
-        changed = self._changes(saved["run"])
-        params = dict(self.model.named_parameters())
-        missing = set(params) - set(saved["model"]) | set(params) - set(saved["ema"])
-        if missing:
-            raise checkpoint.CheckpointError(f"checkpoint lacks parameters {sorted(missing)[:5]}")
-        self._check_optimizer(saved["optimizer"], saved["step"])
-        with torch.no_grad():
-            for (name, p), e in zip(params.items(), self.ema):
-                for target, source in ((p, saved["model"][name]), (e, saved["ema"][name])):
-                    if hasattr(target, "full_tensor"):  # FSDP2: copy this rank's shard
-                        from torch.distributed.tensor import distribute_tensor
-
-                        source = distribute_tensor(source.to(self.device), target.device_mesh, target.placements)
-                    target.copy_(source)
-        try:
-            if self.cfg.fsdp and self.distributed:
-                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-                options = StateDictOptions(full_state_dict=True)
-                set_optimizer_state_dict(self.model, self.optimizer, saved["optimizer"], options=options)
-            else:
-                self.optimizer.load_state_dict(saved["optimizer"])
-        except (KeyError, ValueError, TypeError, RuntimeError) as err:
-            raise checkpoint.CheckpointError(f"checkpoint's optimizer state does not fit this model ({err})") from err
-        self.step = self.saved_step = saved["step"]
-        self.window = list(saved["extra"].get("window", []))
-        self.history = list(saved["extra"].get("history", []))
-        if changed:
-            self.history.append({"step": self.step, "changed": changed})
-
-    def _changes(self, saved: dict) -> dict[str, list]:
-        """``{name: [checkpoint, now]}`` of the changed hyperparameters; refused unless ``allow_changes``."""
-        now = asdict(self.cfg)
-        changed = {k: [saved.get(k), now[k]] for k in HYPERPARAMETERS if saved.get(k) != now[k]}
-        if changed and not self.cfg.allow_changes:
-            detail = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in changed.items())
-            raise checkpoint.CheckpointError(
-                f"{self.out} was trained with other settings ({detail}): resume with the same ones, or pass "
-                "--allow-changes to continue with the new ones (recorded in log.jsonl and config.json)"
-            )
-        return changed
-
-    @staticmethod
-    def _check_optimizer(optim: dict, step: int) -> None:
-        """Every parameter's AdamW step count must be the checkpoint's: otherwise it was saved mid-step."""
-        counts = {float(entry["step"]) for entry in optim["state"].values() if "step" in entry}
-        if counts and counts != {float(step)}:
-            raise checkpoint.CheckpointError(
-                f"checkpoint of step {step} holds optimizer step counts {sorted(counts)}: saved in the middle "
-                "of a step, not resumable exactly"
-            )
+        run_state.restore(self)
 
     def ema_model(self) -> torch.nn.Module:
         """An unwrapped copy of the model holding the EMA weights (collective under FSDP)."""
         model = self.task.build().to(self.device)
         with torch.no_grad():
-            for p, e in zip(model.parameters(), self._full(self.ema)):
+            for p, e in zip(model.parameters(), run_state._full(self.ema)):
                 p.copy_(e)
         return model.eval()
 
@@ -294,8 +228,9 @@ class Run:
     def _start(self) -> None:
         """Resume or start fresh (rank 0 holds the folder's lock), and write config.json."""
         cfg = self.cfg
-        if self.rank == 0:
-            checkpoint.remove_temporaries(self.out)  # left by a save that was killed
+        if self.rank == 0:  # left by saves that were killed
+            checkpoint.remove_temporaries(self.out)
+            sharded_checkpoint.remove_temporaries(self.out)
         if cfg.resume:
             self.restore()
             if self.rank == 0:
@@ -304,6 +239,8 @@ class Run:
                     self.log(self.history[-1])
         elif self.rank == 0:
             rundir.start_fresh(self.out, cfg.overwrite)
+            if cfg.overwrite:
+                sharded_checkpoint.remove(self.out)
         if self.rank == 0:  # the settings that trained the checkpoint from here on (resumes included)
             settings = asdict(cfg) | ({"history": self.history} if self.history else {})
             (self.out / "config.json").write_text(json.dumps(settings, indent=2))
@@ -367,7 +304,7 @@ class Run:
             except KeyboardInterrupt:  # a second Ctrl-C in the final save or report. A save is atomic: the file
                 interrupted = True  # holds this step if the rename was done, else the last checkpoint, untouched
                 with contextlib.suppress(checkpoint.CheckpointError):  # none on disk: saved_step stays None
-                    self.saved_step = checkpoint.metadata(self.out)["step"] if self.rank == 0 else self.saved_step
+                    self.saved_step = run_state.saved_step(self.out) if self.rank == 0 else self.saved_step
                 consistent = consistent and self.saved_step == self.step
         result = {"step": self.step, "interrupted": interrupted, "out": str(self.out)}
         if not consistent:  # stopped inside a step: only the last checkpoint holds (None: there is none)
@@ -376,9 +313,26 @@ class Run:
 
 
 def trained_weights(path: str | Path, *, use_ema: bool = True) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The run settings and model weights of a checkpoint (EMA parameters unless ``use_ema=False``)."""
+    """The run settings and model weights of a checkpoint (EMA parameters unless ``use_ema=False``): a
+    ``checkpoint.safetensors``, or a run folder holding one or an FSDP2 run's DCP checkpoint (read whole)."""
+    if Path(path).is_dir() and sharded_checkpoint.exists(path):
+        run = sharded_checkpoint.metadata(path)["run"]
+        return run, sharded_checkpoint.export(path, TASKS[run["model"]].from_run(run), use_ema=use_ema)
     saved = checkpoint.load(path)
     return saved["run"], saved["model"] | (saved["ema"] if use_ema else {})
+
+
+def export_weights(run_dir: str | Path, path: str | Path) -> Path:
+    """One consolidated safetensors checkpoint of a run folder (either format, DCP included) for inference: the
+    model and EMA weights whole, no optimizer state; :func:`load_trained`, ``scripts.sample --checkpoint PATH``
+    and the diffusers exports (models/training/export.py) read it."""
+    run, model = trained_weights(run_dir, use_ema=False)
+    _, ema = trained_weights(run_dir, use_ema=True)
+    empty = {"state": {}, "param_groups": []}
+    extra = {"exported_from": str(run_dir)}
+    return checkpoint.save(
+        path, model=model, ema=ema, optimizer=empty, step=run_state.saved_step(run_dir), run=run, extra=extra
+    )
 
 
 def load_trained(path: str | Path, *, use_ema: bool = True, device: str | torch.device = "cpu"):
