@@ -15,6 +15,7 @@ shards each video over P ranks (``--cp-method ring|ulysses``), the batch over th
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -24,7 +25,7 @@ from models.training.config import RUN_DEFAULTS, TrainConfig, run_config
 from models.training.distributed import plan
 from models.training.run_checks import check_memory, check_run
 from models.training.rundir import RunFolderError
-from models.training.trainer import TrainingDiverged, train
+from models.training.trainer import TrainingDiverged, export_weights, train
 
 from . import cli
 
@@ -53,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument(
         "--packed", action="store_true", help="image DiT: mixed sizes and aspects packed per step (docs/packing.md)"
     )
+    parser.add_argument(
+        "--export",
+        metavar="FILE",
+        help="write OUT's run (either format) as one safetensors file for inference, then exit",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-report", action="store_true", help="no validation, samples or loss curve")
     args = parser.parse_args(argv)
@@ -71,6 +77,17 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    export = argparse.ArgumentParser(add_help=False)
+    export.add_argument("--export")
+    export.add_argument("--out")
+    wanted = export.parse_known_args(argv)[0]
+    if wanted.export:  # no training: the run of --out (parse_args checks the flags) consolidated into one file
+        cfg = parse_args(argv)
+        try:
+            print(f"exported: {export_weights(cfg.out, wanted.export)}")
+        except (CheckpointError, OSError) as err:
+            cli.fail("scripts.train", err)
+        return
     try:
         result = train(parse_args(argv))
     except (CheckpointError, RunFolderError, TrainingDiverged) as err:  # a message for a person, not a traceback

@@ -30,11 +30,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import scripts.train
 from models.training import rundir, sharded_checkpoint
 from models.training.checkpoint import CheckpointError
 from models.training.config import run_config
 from models.training.rundir import RunFolderError
-from models.training.trainer import Run, export_weights, load_trained, trained_weights
+from models.training.trainer import Run, load_trained, trained_weights
 
 LOSS_RTOL = 5e-5  # module docstring
 WEIGHT_TOL = 4 * 1e-2 * 2 * 128 * 2 * 2.0**-24  # steps * lr * 2 * N * 2 u (module docstring)
@@ -100,7 +101,8 @@ def test_language_model_resumes_from_one_to_four_processes_and_exports_whole(tmp
         assert run["steps"] == 4 and set(weights) == set(expected)
         for name, value in expected.items():
             torch.testing.assert_close(weights[name].double(), value.double(), atol=WEIGHT_TOL, rtol=0, msg=name)
-    exported = export_weights(out, tmp_path / "gpt.safetensors")  # one file, for inference: a copy, exact
+    exported = tmp_path / "gpt.safetensors"  # one file, for inference: a copy, exact
+    scripts.train.main(["--model", "gpt", "--out", out, "--export", str(exported)])  # export_weights
     _, model = load_trained(exported)
     _, weights = trained_weights(out)
     assert all(torch.equal(value, weights[name]) for name, value in model.state_dict().items())
