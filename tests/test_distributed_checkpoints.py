@@ -144,3 +144,16 @@ def test_a_corrupt_or_foreign_dcp_checkpoint_is_refused(tmp_path):
         sharded_checkpoint.load(tmp_path, **kw, run=asdict(run.cfg), keys=())
     with pytest.raises(RunFolderError, match="holds a run"):  # a fresh run never replaces it
         rundir.start_fresh(tmp_path, overwrite=False)
+
+
+def test_scripts_sample_reads_a_dcp_run_folder_and_its_ema_weights(tmp_path):
+    import scripts.sample
+
+    run = _dcp_run(tmp_path)
+    _, weights = trained_weights(tmp_path)  # the EMA parameters, read whole from the shards
+    for (name, _), ema in zip(run.model.named_parameters(), run.ema):
+        assert torch.equal(weights[name], ema), name
+    scripts.sample.main(
+        ["--checkpoint", str(tmp_path), "--steps", "1", "--per-class", "1", "--out", str(tmp_path / "s.png")]
+    )
+    assert (tmp_path / "s.png").is_file()
