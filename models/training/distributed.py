@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from .config import TrainConfig
 
-__all__ = ["Layout", "build_mesh", "compile_backends", "plan", "prepare", "sharded_init"]
+__all__ = ["Layout", "build_mesh", "compile_backends", "init_process_group", "plan", "prepare", "sharded_init"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,24 @@ def plan(cfg: TrainConfig, task, world: int) -> Layout:
             f"compile_backend must be one of torch.compile's backends {compile_backends()}, got {cfg.compile_backend!r}"
         )
     return Layout(world, dp, P)
+
+
+def init_process_group(backend: str) -> None:
+    """``torch.distributed.init_process_group`` for torchrun's workers, a restart's keys apart from the last one's.
+
+    After an elastic restart (``TORCHELASTIC_RESTART_COUNT`` > 0) the agent's store still holds the keys the
+    killed attempt wrote (a rank's address among them: a restarted rank then connects to a dead port), so
+    each attempt's process group keys its store under its own prefix.
+    """
+    import torch.distributed as dist
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend)
+        return
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{attempt}", store), rank=rank, world_size=world)
 
 
 def build_mesh(layout: Layout, device_type: str):

@@ -73,7 +73,7 @@ class Run:
         # one is the same error on every rank, never a hang (models/training/distributed.py)
         self.layout = distributed.plan(cfg, task, int(os.environ["WORLD_SIZE"]) if self.distributed else 1)
         if self.distributed and not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
         if torch.cuda.is_available():
@@ -231,7 +231,7 @@ class Run:
         if self.rank == 0:  # left by saves that were killed
             checkpoint.remove_temporaries(self.out)
             sharded_checkpoint.remove_temporaries(self.out)
-        if cfg.resume:
+        if cfg.resume or self._restarted_after_a_save():
             self.restore()
             if self.rank == 0:
                 rundir.truncate_log(self.out / "log.jsonl", self.step)  # a killed run logged steps past it
@@ -244,6 +244,14 @@ class Run:
         if self.rank == 0:  # the settings that trained the checkpoint from here on (resumes included)
             settings = asdict(cfg) | ({"history": self.history} if self.history else {})
             (self.out / "config.json").write_text(json.dumps(settings, indent=2))
+
+    def _restarted_after_a_save(self) -> bool:
+        """An elastic restart (``torchrun --max-restarts``: ``TORCHELASTIC_RESTART_COUNT`` > 0) of a run that has
+        a checkpoint: it resumes from there, whatever the command said. Without one, the command's own rules
+        hold (a fresh run into a folder that holds the killed attempt's log is refused: nothing to resume)."""
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+            return False
+        return sharded_checkpoint.exists(self.out) or (self.out / run_state.SAFETENSORS).is_file()
 
     def _stop_requested(self, stop: DeferredStop) -> bool:
         if not self.distributed:
