@@ -86,9 +86,9 @@ def plan(cfg: TrainConfig, task, world: int) -> Layout:
 def init_process_group(backend: str) -> None:
     """``torch.distributed.init_process_group`` for torchrun's workers, a restart's keys apart from the last one's.
 
-    After an elastic restart (``TORCHELASTIC_RESTART_COUNT`` > 0) the agent's store still holds the keys the
-    killed attempt wrote (a rank's address among them: a restarted rank then connects to a dead port), so
-    each attempt's process group keys its store under its own prefix.
+    After an elastic restart (``TORCHELASTIC_RESTART_COUNT`` > 0) a restarted rank was once seen connecting to
+    a dead port, most likely the killed attempt's address still in the agent's store under the same key; so
+    each attempt's process group keys the store under its own prefix (tests/test_distributed_elastic.py).
     """
     import torch.distributed as dist
 
