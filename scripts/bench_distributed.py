@@ -6,7 +6,7 @@ rank's bytes of: parameters (its shards under FSDP2), gradients, AdamW's state, 
 autograd keeps for the backward (``torch.autograd.graph.saved_tensors_hooks``, each storage counted
 once: under checkpointing only the blocks' inputs are kept). (Peak RSS is no measure here: the
 interpreter and torch hold some 700 MB, and Linux keeps a parent's peak across a spawn.) The json goes to docs/bench/distributed_memory.json;
-docs/distributed.md holds the table and checks its formulas against it.
+docs/scale.md holds the table and checks its formulas against it.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ class TrainConfig:
     context_parallel: int = 1  # P: each video's tokens sharded over P ranks (world / P data-parallel replicas)
     cp_method: str = "ring"  # "ring" or "ulysses" (num_heads divisible by P)
     cp_layout: str = "contiguous"  # or "zigzag" (balances causal masks; the DiTs attend bidirectionally)
-    data_parallel: int = 0  # replicas of the (dp, cp) mesh; 0: world / context_parallel (docs/distributed.md)
+    data_parallel: int = 0  # replicas of the (dp, cp) mesh; 0: world / context_parallel (docs/scale.md)
     checkpointing: bool = False  # recompute each block's activations in the backward (less memory, more time)
     compile: bool = False  # torch.compile each block (regional compilation)
     compile_backend: str = "inductor"  # torch.compile's backend under compile
