@@ -157,3 +157,13 @@ def test_scripts_sample_reads_a_dcp_run_folder_and_its_ema_weights(tmp_path):
         ["--checkpoint", str(tmp_path), "--steps", "1", "--per-class", "1", "--out", str(tmp_path / "s.png")]
     )
     assert (tmp_path / "s.png").is_file()
+
+
+def test_a_dcp_resume_with_other_settings_is_refused_unless_allowed(tmp_path):
+    _dcp_run(tmp_path)
+    changed = replace(DIT, steps=2, lr=2e-2, resume=True, out=str(tmp_path))
+    with pytest.raises(CheckpointError, match="trained with other settings"):
+        Run(changed).restore()
+    run = Run(replace(changed, allow_changes=True))
+    run.restore()
+    assert run.step == 1 and run.history == [{"step": 1, "changed": {"lr": [1e-2, 2e-2]}}]
