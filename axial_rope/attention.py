@@ -197,6 +197,7 @@ class Attention(nn.Module):
         rotation: Rotation | None = None,
         cache: KVCache | None = None,
         input_pos: torch.Tensor | None = None,
+        cache_write: bool = True,
         seq_len: int | Sequence[int] | None = None,
         context_parallel: ContextParallel | None = None,
         segments: Segments | None = None,
@@ -214,6 +215,9 @@ class Attention(nn.Module):
             cache: a :class:`KVCache`; the new keys are rotated once, written at ``input_pos``, and
                 the queries attend to every slot written so far (causal: those ``<= input_pos``).
             input_pos: int ``[S]``, cache slots of the new tokens (needed with ``cache``).
+            cache_write: ``False``: read without writing (:meth:`KVCache.peek`): the queries attend to the
+                cached slots and to the new tokens (causal: those before them), and the cache is left as it was;
+                ``mask`` then spans ``S_max + S`` keys (the slots, then the new tokens).
             seq_len: length per axis for length-dependent scaling (see :meth:`AxialRoPE.forward`).
             context_parallel: a :class:`~axial_rope.parallel.ContextParallel`: ``x [B, L, C]`` and ``pos``
                 are this rank's shard (``cp.shard(x)``, ``cp.positions(pos)``: global coordinates) of a
@@ -257,7 +261,15 @@ class Attention(nn.Module):
             out = sequence_parallel_attention(q, k, v, context_parallel, causal=self.causal, scale=scale)
             return self.proj(out.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
         is_causal = False
-        if cache is not None:
+        if cache is not None and not cache_write:  # the slots, then the new tokens: [B, H_kv, S_max + S, D]
+            k, v, filled = cache.peek(k, v)
+            k, v = k.to(q.dtype), v.to(q.dtype)
+            visible = filled[None, :].expand(S, -1)  # [S, S_max + S]
+            if self.causal:  # every written slot is earlier; among the new tokens, those up to each query
+                new = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
+                visible = visible & torch.cat([visible[:, : cache.max_seq_len], new], dim=1)
+            mask = _allow(mask, visible)
+        elif cache is not None:
             k, v = cache.update(input_pos, k, v)  # [B, H_kv, S_max, D], keys rotated when written
             k, v = k.to(q.dtype), v.to(q.dtype)  # a cache kept in another dtype is read in the model's
             visible = cache.filled[None, :].expand(S, -1)  # [S, S_max]: never-written slots stay hidden

@@ -178,6 +178,28 @@ class KVCache(nn.Module):
             self.length = max(self.length, int(input_pos.max()) + 1)
         return self.k[:b], self.v[:b]
 
+    def peek(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The cache with new keys (rotated) and values appended after its slots, written nowhere: what the new
+        tokens attend to while they are not final (a video frame's denoising steps, before its clean pass writes it).
+
+        Args:
+            k, v: ``[B, H_kv, S, D]`` of the new tokens.
+
+        Returns:
+            ``k``, ``v`` ``[B, H_kv, S_max + S, D]`` and ``visible`` bool ``[S_max + S]`` (the written slots, then
+            the new tokens).
+        """
+        expected = (k.shape[0], self.k.shape[1], k.shape[2], self.k.shape[3])
+        if k.ndim != 4 or tuple(k.shape) != expected or k.shape != v.shape or k.shape[0] > self.max_batch_size:
+            raise ValueError(
+                f"k and v must be [B, H_kv, S, D] with B <= {self.max_batch_size}, H_kv = {self.k.shape[1]}, "
+                f"D = {self.k.shape[3]}; got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
+        b, new = k.shape[0], torch.ones(k.shape[2], dtype=torch.bool, device=self.filled.device)
+        keys = torch.cat([self.k[:b], k.to(self.k.dtype)], dim=2)
+        values = torch.cat([self.v[:b], v.to(self.v.dtype)], dim=2)
+        return keys, values, torch.cat([self.filled, new])
+
     def advance(self, n: int, rope=None) -> torch.Tensor:
         """The slots (= positions) of ``n`` new tokens: ``length .. length + n - 1``.
 

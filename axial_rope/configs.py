@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import conventions as conv
-from .conventions._fields import axes_sum, field, kind, size
+from .conventions._fields import field, kind, size
 from .conventions._registry import DIFFUSERS
 from .conventions.model_types import REFUSED, ModelConvention, model_convention
 from .conventions.per_layer import LayerRoPE
@@ -23,24 +23,11 @@ from .rope import AxialRoPE
 __all__ = ["rope_from_config", "layers_from_config", "DIFFUSERS_CLASSES"]
 
 # config fields with errors that name them (shared with the diffusers family records)
-_get, _kind, _size, _axes_sum = field, kind, size, axes_sum
+_get, _kind, _size = field, kind, size
 
 
-def _ropes_of_records() -> dict[str, Callable]:
-    """diffusers transformer class -> the rope of its config: the family records, then the conventions whose
-    diffusers model has no record yet (its adapter is still to be written)."""
-    ropes = {name: family.rope for name, family in DIFFUSERS.items()}
-    ropes.update({
-        "HunyuanImageTransformer2DModel": lambda c: conv.hunyuan_image(
-            _axes_sum(c, "rope_axes_dim", "attention_head_dim"), _get(c, "rope_theta")
-        ),
-        "LTX2VideoTransformer3DModel": lambda c: _ltx2(c, "video"),
-        "MochiTransformer3DModel": lambda c: conv.mochi(_size(c, "num_attention_heads"), _size(c, "attention_head_dim")),
-    })  # fmt: skip
-    return ropes
-
-
-DIFFUSERS_CLASSES: dict[str, Callable] = _ropes_of_records()
+# diffusers transformer class -> the rope of its config: every family's record (one place per family)
+DIFFUSERS_CLASSES: dict[str, Callable] = {name: family.rope for name, family in DIFFUSERS.items()}
 
 
 def _text_config(config):

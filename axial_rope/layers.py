@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import FACTOR_PLACEMENTS, QK_NORMS, Attention, xavier_linear
+from .cache import KVCache
 from .init import deferred_init
 from .ops.rotation import Rotation
 from .parallel import ContextParallel
@@ -65,8 +66,11 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale) + shift
 
 
-def _per_token(mod: torch.Tensor, segments: Segments | None = None) -> torch.Tensor:
+def _per_token(mod: torch.Tensor, segments: Segments | None = None, frame: int | None = None) -> torch.Tensor:
     """A modulation ``[B, k C]`` per sample (or ``[B, S, k C]`` per token) -> broadcastable over the tokens.
+
+    With ``frame``, ``mod [B, T, k C]`` holds one row per frame of ``frame`` consecutive tokens (a video
+    with a noise level per frame): repeated to ``[B, T * frame, k C]``, the projection computed once per frame.
 
     In a packed sequence (``segments``: ``x [1, T, C]`` holds ``N`` items) it is one row per item
     ``[N, k C]``, gathered per token: the numbers of a per-token conditioning at ``N / T`` of the
@@ -74,6 +78,10 @@ def _per_token(mod: torch.Tensor, segments: Segments | None = None) -> torch.Ten
     """
     if segments is not None:
         return mod.index_select(0, segments.segment_ids)[None]  # [1, T, k C]
+    if frame is not None:
+        if mod.ndim != 3:
+            raise ValueError(f"a per-frame conditioning (frame={frame}) is [B, T, C], got {tuple(mod.shape)}")
+        return mod.repeat_interleave(frame, dim=1)  # [B, T * frame, k C]
     return mod[:, None] if mod.ndim == 2 else mod
 
 
@@ -123,21 +131,26 @@ class DiTBlock(nn.Module):
         seq_len: int | Sequence[int] | None = None,
         context_parallel: ContextParallel | None = None,
         segments: Segments | None = None,
+        frame: int | None = None,
+        cache: KVCache | None = None,
+        input_pos: torch.Tensor | None = None,
+        cache_write: bool = True,
     ) -> torch.Tensor:
-        """x ``[B, S, C]``, conditioning c ``[B, C]`` (or per token ``[B, S, C]``), pos (or rotation) as in
-        :class:`Attention`.
+        """x ``[B, S, C]``, conditioning c ``[B, C]`` (or per token ``[B, S, C]``, or per frame ``[B, T, C]``
+        with ``frame`` tokens per frame, ``S = T * frame``), pos (or rotation) as in :class:`Attention`;
+        ``cache``, ``input_pos`` and ``cache_write`` go to the attention (:class:`Attention`).
 
         With ``context_parallel`` (passed to the attention), ``x`` and ``pos`` are this rank's shard
         ``[B, L, C]`` and ``c`` is the same on every rank of the group; only attention communicates.
         With ``segments``, ``x [1, T, C]`` is a packed sequence of ``N`` items, ``c [N, C]`` one
         conditioning per item, and attention stays within each item.
         """
-        mods = _per_token(self.adaLN_modulation(c), segments).chunk(6, dim=-1)  # each [B, 1 | S, C]
+        mods = _per_token(self.adaLN_modulation(c), segments, frame).chunk(6, dim=-1)  # each [B, 1 | S, C]
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
         h = modulate(self.norm1(x), shift_msa, scale_msa)
         attn = self.attn(
             h, pos, mask=mask, rope=rope, rotation=rotation, seq_len=seq_len, context_parallel=context_parallel,
-            segments=segments,
+            segments=segments, cache=cache, input_pos=input_pos, cache_write=cache_write,
         )  # fmt: skip
         x = x + gate_msa * attn
         return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
@@ -163,9 +176,12 @@ class FinalLayer(nn.Module):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor, *, segments: Segments | None = None) -> torch.Tensor:
-        """x ``[B, S, C]``, c ``[B, C]`` -> ``[B, S, prod(patch) * out_channels]`` (packed: see :class:`DiTBlock`)."""
-        shift, scale = _per_token(self.adaLN_modulation(c), segments).chunk(2, dim=-1)
+    def forward(
+        self, x: torch.Tensor, c: torch.Tensor, *, segments: Segments | None = None, frame: int | None = None
+    ) -> torch.Tensor:
+        """x ``[B, S, C]``, c ``[B, C]`` -> ``[B, S, prod(patch) * out_channels]`` (packed, per frame: see
+        :class:`DiTBlock`)."""
+        shift, scale = _per_token(self.adaLN_modulation(c), segments, frame).chunk(2, dim=-1)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
 

@@ -32,11 +32,12 @@ from .ops.turns import fixed_turns
 from .position_checks import check_positions
 from .rotary import Rotary, as_positions
 from .scaling import Scaling
-from .time_scaling import is_time_dependent, sampling_time
+from .time_scaling import is_time_dependent, time_of_call
+from .timed_rope import OWN_SCALING as _OWN
+from .timed_rope import TimedRoPE
 
 __all__ = ["AxialRoPE", "TimedRoPE", "ANGLES", "SPECTRA", "check_positions", "plane_axes"]
 
-_OWN = object()  # rotation(scaling=...) left out: the rope's own scaling
 ANGLES = ("auto", "float64", "turns")
 
 
@@ -358,7 +359,9 @@ class AxialRoPE(nn.Module, Rotary):
         timed = any(is_time_dependent(m) for m in methods)
         device, exact = self.freqs.device, self.float64_angles()
         dtype = torch.float64 if exact else torch.float32  # a time-dependent F(t) is computed on the device
-        freqs, scale = self._spectrum(methods, seq_len, _time(t, methods, device, dtype) if timed else None, dtype)
+        freqs, scale = self._spectrum(
+            methods, seq_len, time_of_call(t, methods, device, dtype) if timed else None, dtype
+        )
         turns = None if exact else fixed_turns(freqs).to(device)  # from float64 on the CPU, or F(t)'s float32
         freqs, scale = freqs.to(device, dtype), None if scale is None else scale.to(device, dtype)
         return freqs, scale, turns
@@ -398,51 +401,3 @@ def _plane_order(order, n_pairs: int) -> tuple[int, ...] | None:
     ):
         raise ValueError(f"plane_order must be a permutation of range({n_pairs}) (the planes), got {order!r}")
     return order
-
-
-def _time(t, methods, device, dtype=torch.float64) -> torch.Tensor:
-    """A time-dependent rope's ``t`` as a 0-d ``dtype`` tensor on ``device`` (checked by :func:`sampling_time`)."""
-    if t is None:
-        names = sorted({type(m).__name__ for m in methods if is_time_dependent(m)})
-        raise ValueError(
-            f"this rope's scaling ({', '.join(names)}) depends on the sampling time: pass t= (the noise "
-            "level in [0, 1], 1 = pure noise) to the call, or rotate with rope.at_time(t)"
-        )
-    return sampling_time(t, device, dtype)
-
-
-class TimedRoPE(Rotary):
-    """An :class:`AxialRoPE` bound to one sampling time (``rope.at_time(t)``): ``F(t)`` computed once.
-
-    It takes the rope's calls without ``t``, so it goes where a rope goes (``Attention(..., rope=timed)``,
-    ``DiTBlock(..., rope=timed)``): a sampler binds once per step and every layer reuses its frequencies.
-    """
-
-    def __init__(self, rope: AxialRoPE, t: float | torch.Tensor):
-        dtype = torch.float64 if rope.float64_angles() else torch.float32
-        self.rope, self.t = rope, sampling_time(t, rope.freqs.device, dtype)
-        self.pairing, self.backend = rope.pairing, rope.backend
-        # length-dependent axes need each call's seq_len: then F is computed per call from t
-        self._bound = None if rope.length_dependent else rope._frequencies_for(None, None, self.t, _OWN)
-
-    def rotation(self, pos, *, seq_len=None, t=None) -> Rotation:
-        if t is not None:
-            raise ValueError("this rope is bound to one sampling time (rope.at_time(t)): call it without t")
-        if self._bound is None:
-            return self.rope.rotation(pos, seq_len=seq_len, t=self.t)
-        freqs, factor, turns = self._bound
-        return Rotation(self.rope.positions(pos), freqs, factor, self.pairing, turns)
-
-    def frequencies(self, seq_len=None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rope.frequencies(seq_len, t=self.t)
-
-    rot_dim = property(lambda self: self.rope.rot_dim)
-    n_axes = property(lambda self: self.rope.n_axes)
-    n_pairs = property(lambda self: self.rope.n_pairs)
-    attention_factor = property(lambda self: self.rope.attention_factor)
-    length_dependent = property(lambda self: self.rope.length_dependent)
-    scaling = property(lambda self: self.rope.scaling)
-    time_dependent = False  # the time is bound: calls need no t
-
-    def __repr__(self) -> str:
-        return f"TimedRoPE({self.rope!r}, t={self.t})"

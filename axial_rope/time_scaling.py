@@ -27,7 +27,16 @@ from .ops.common import has_float64
 from .scaling import Scaling, _yarn_mscale, base_inv_freq, inv_freq
 from .scaling_checks import check_theta_above_one
 
-__all__ = ["DyPE", "TimeAwareNTK", "TimeDependent", "DYPE_METHODS", "inv_freq_at", "is_time_dependent", "sampling_time"]
+__all__ = [
+    "DyPE",
+    "TimeAwareNTK",
+    "TimeDependent",
+    "DYPE_METHODS",
+    "inv_freq_at",
+    "is_time_dependent",
+    "sampling_time",
+    "time_of_call",
+]
 
 DYPE_METHODS = ("yarn", "ntk", "linear")
 
@@ -110,6 +119,18 @@ class TimeDependent:
 
 def is_time_dependent(method) -> bool:
     return bool(getattr(method, "time_dependent", False))
+
+
+def time_of_call(t, methods, device, dtype=torch.float64) -> torch.Tensor:
+    """A time-dependent rope's ``t`` as a 0-d ``dtype`` tensor on ``device`` (checked by :func:`sampling_time`; the
+    error names the methods that need it)."""
+    if t is None:
+        names = sorted({type(m).__name__ for m in methods if is_time_dependent(m)})
+        raise ValueError(
+            f"this rope's scaling ({', '.join(names)}) depends on the sampling time: pass t= (the noise "
+            "level in [0, 1], 1 = pure noise) to the call, or rotate with rope.at_time(t)"
+        )
+    return sampling_time(t, device, dtype)
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,7 @@ class AxialDiT3DModel(CheckedConfigMixin, ModelMixin, ConfigMixin):
         cond_dim: int = 0,
         qk_norm: str | None = "rms",
         learn_sigma: bool = False,
+        causal: bool = False,  # frame-causal attention (models/video_streaming.py samples it a frame at a time)
         temporal_scaling: dict | None = None,
     ):
         args = dict(locals())

@@ -3,7 +3,7 @@
 ``x_t = (1 - t) x_0 + t eps`` for data ``x_0`` and Gaussian ``eps``; the model predicts
 the velocity ``eps - x_0``. Sampling integrates ``dx/dt`` from ``t = 1`` (noise) to 0.
 Models take ``t`` scaled to [0, T_SCALE = 1000], the range of DiT's timestep embedding.
-The trainer (``models/training``), the reference DiTs and the diffusers pipelines
+The trainer (``models/training``), the studies (``models/studies``), the reference DiTs and the diffusers pipelines
 (``models/pipeline.py``) all take these definitions from here.
 """
 
@@ -23,9 +23,20 @@ def logit_normal(n: int, generator: torch.Generator | None = None, device=None) 
 
 
 def noisy(x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """``x_t`` for ``t [B]`` broadcast over the remaining axes of ``x0``."""
-    t = t.view(-1, *([1] * (x0.ndim - 1)))
+    """``x_t`` for ``t [B]`` broadcast over the remaining axes of ``x0``; for video ``x0 [B, C, T, ...]``, ``t`` may
+    be ``[B, T]``, one noise level per frame (diffusion forcing, Chen et al. 2024, arXiv:2407.01392)."""
+    if t.ndim == 2:
+        if x0.ndim < 3 or tuple(t.shape) != (x0.shape[0], x0.shape[2]):
+            raise ValueError(f"per-frame t must be [B, T] of x0 [B, C, T, ...] {tuple(x0.shape)}, got {tuple(t.shape)}")
+        t = t.view(t.shape[0], 1, t.shape[1], *([1] * (x0.ndim - 3)))  # [B, 1, T, 1, ...]
+    else:
+        t = t.view(-1, *([1] * (x0.ndim - 1)))
     return (1 - t) * x0 + t * noise
+
+
+def target_velocity(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The velocity the model learns, ``eps - x_0`` (the same shape as ``x0``)."""
+    return noise - x0
 
 
 def flow_loss(
@@ -35,9 +46,9 @@ def flow_loss(
     noise: torch.Tensor,
     **model_kwargs,
 ) -> torch.Tensor:
-    """Mean squared error of the predicted velocity at ``t [B]``; ``model(x_t, 1000 t, **kw)``."""
+    """Mean squared error of the predicted velocity at ``t [B]`` (video: or ``[B, T]``); ``model(x_t, 1000 t, **kw)``."""
     pred = model(noisy(x0, t, noise), t * T_SCALE, **model_kwargs)
-    return (pred[:, : x0.shape[1]].float() - (noise - x0).float()).square().mean()
+    return (pred[:, : x0.shape[1]].float() - target_velocity(x0, noise).float()).square().mean()
 
 
 def classifier_free_guidance(
@@ -80,6 +91,13 @@ def classifier_free_guidance(
     return torch.cat([guided, cond[:, c:]], dim=1)
 
 
+def euler_times(steps: int, device=None) -> torch.Tensor:
+    """``[steps + 1]`` times from 1 (noise) to 0 in equal steps: the grid of :func:`sample_euler`."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1 (Euler steps; 0 would return the noise), got {steps!r}")
+    return torch.linspace(1.0, 0.0, steps + 1, device=device)
+
+
 @torch.no_grad()
 def sample_euler(
     velocity: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -91,10 +109,8 @@ def sample_euler(
     ``velocity(x, t_scaled)`` returns the predicted ``eps - x_0`` (``[B, C, ...]``,
     extra output channels ignored).
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1 (Euler steps; 0 would return the noise), got {steps!r}")
     x = noise
-    ts = torch.linspace(1.0, 0.0, steps + 1, device=noise.device)
+    ts = euler_times(steps, noise.device)
     for t, t_next in zip(ts[:-1], ts[1:]):
         v = velocity(x, (t * T_SCALE).expand(x.shape[0]))[:, : x.shape[1]]
         x = x + (t_next - t) * v.to(x.dtype)

@@ -1,12 +1,13 @@
-"""Decoder-only language model with a choice of position scheme, grouped-query attention and a static KV cache.
+"""Decoder-only language model with RoPE, grouped-query attention and a static KV cache.
 
 Pre-norm (RMSNorm) blocks with SwiGLU feed-forward, tied input/output embeddings by
-default. Positions (``GPTConfig.position``, :mod:`models.gpt_positions`): RoPE by default,
-one axis (``AxialRoPE(head_dim, pairing="half")``, Llama's layout) with any scaling
-method of :mod:`axial_rope.scaling`; or none, sinusoidal or learned absolute, T5 buckets,
-ALiBi; and linear attention, a sliding window or Dual Chunk Attention. ``generate`` decodes
-with one :class:`~axial_rope.cache.KVCache` per layer (each key is rotated once, when
-written), or one :class:`~models.gpt_positions.LinearState` per layer for linear attention.
+default. Positions: RoPE on one axis (``AxialRoPE(head_dim, pairing="half")``, Llama's
+layout) with any scaling method of :mod:`axial_rope.scaling`. The model takes its position
+scheme as an argument (``GPT(config, positions=...)``, the calls of :class:`RoPEPositions`);
+the length study's schemes (none, sinusoidal, learned, T5, ALiBi, linear attention, a
+sliding window, Dual Chunk Attention) live with the study, in ``models/studies/length/positions``.
+``generate`` decodes with one :class:`~axial_rope.cache.KVCache` per layer (each key is
+rotated once, when written), or the per-layer state a scheme provides.
 
 Length-dependent scaling (DynamicNTK, LongRoPE) picks its frequencies from ``seq_len``.
 ``generate`` fixes it to the final length (prompt + new tokens) for every step, so all
@@ -16,8 +17,7 @@ that ``seq_len``; a plain ``forward`` without ``seq_len`` uses its own length.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,10 +28,9 @@ from axial_rope.cache import KVCache, check_rollable, roll_shift
 from axial_rope.init import deferred_init
 from axial_rope.layers import Attention
 
-from . import gpt_positions as positions
-from .gpt_positions import DualChunk
+from .token_sampling import check_sampling, decode, prefill_chunks, sample
 
-__all__ = ["GPT", "GPTConfig", "DualChunk", "PRESETS", "STUDY_PRESETS", "check_sampling", "sample"]
+__all__ = ["GPT", "GPTConfig", "PRESETS", "RoPEPositions", "check_sampling", "sample"]
 
 
 @dataclass(frozen=True)
@@ -48,15 +47,10 @@ class GPTConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     qk_norm: str | None = None
-    position: str = "rope"  # one of models.gpt_positions.POSITIONS
-    attention: str = "softmax"  # or "linear" (Su et al.'s linear attention; rope or nope)
-    window: int | None = None  # sliding window: each token attends to the last `window` tokens (itself included)
-    dual_chunk: DualChunk | None = None  # Dual Chunk Attention (rope, training-free)
-    t5_buckets: int = 32  # T5 relative bias: buckets per direction ...
-    t5_max_distance: int = 128  # ... and the distance from which all share the last bucket
 
     def __post_init__(self):
-        positions.check_config(self)
+        if isinstance(self.max_seq_len, bool) or not isinstance(self.max_seq_len, int) or self.max_seq_len < 1:
+            raise ValueError(f"GPTConfig: max_seq_len must be an int >= 1, got {self.max_seq_len!r}")
 
     @property
     def head_dim(self) -> int:
@@ -77,22 +71,58 @@ PRESETS: dict[str, GPTConfig] = {
     "small": GPTConfig(vocab_size=50304, depth=12, num_heads=12, num_kv_heads=4, hidden_size=768, max_seq_len=1024),
 }
 
-# the models of the length study (docs/experiments/length.md): one width, one preset per position scheme
-_STUDY = GPTConfig(depth=3, num_heads=4, hidden_size=128)
-STUDY_PRESETS: dict[str, GPTConfig] = {
-    "lm-rope": _STUDY,
-    "lm-nope": replace(_STUDY, position="nope"),
-    "lm-sinusoidal": replace(_STUDY, position="sinusoidal"),
-    "lm-learned": replace(_STUDY, position="learned"),
-    "lm-t5": replace(_STUDY, position="t5"),
-    "lm-alibi": replace(_STUDY, position="alibi"),
-    "lm-linear": replace(_STUDY, attention="linear"),
-    # the fine-tuned arms: RoPE scaled by 4 (trained at 256, fine-tuned at 1024)
-    "lm-rope-pi4": replace(_STUDY, scaling=ar.scaling.Linear(4.0)),
-    "lm-rope-ntk4": replace(_STUDY, scaling=ar.scaling.NTK(4.0)),
-    "lm-rope-yarn4": replace(_STUDY, scaling=ar.scaling.YaRN(4.0, 256)),
-}
-PRESETS.update(STUDY_PRESETS)
+
+class RoPEPositions:
+    """The reference GPT's position scheme: RoPE on q and k of softmax attention, SDPA's fused causal kernel.
+
+    A position scheme answers these calls of :class:`GPT` (another scheme, e.g. the length study's
+    ``StudyPositions``, answers the same ones):
+
+    - ``check(config)``: raise ``ValueError`` for a config the scheme cannot take;
+    - ``uses_rope(config) -> bool``: whether the model builds its ``AxialRoPE`` (handed to attention);
+    - ``make_attention(config, rope) -> nn.Module``: one layer's attention, ``(x, pos, mask=, cache=,
+      input_pos=, seq_len=)``, with the parameter names of :class:`~axial_rope.layers.Attention`;
+    - ``make_embedding(config)``: ``None`` or a module ``(x [B, S, C], pos [S]) -> [B, S, C]`` added at the input;
+    - ``make_bias(config)``: ``None`` or a logit bias ``(q_pos [S], k_pos [S_k]) -> [1, H, S, S_k]`` shared by layers;
+    - ``mask(bias, q_pos, k_pos)``: the SDPA mask of a forward (``None``: the fused causal path);
+    - ``new_caches(config, batch_size, max_seq_len, dtype, device)``: per-layer decoding state, or ``None``
+      for one :class:`KVCache` per layer;
+    - ``check_decode(model, last)``: raise where position ``last`` is beyond what the scheme can embed;
+    - ``streaming_refusal(config)``: ``None``, or why ``generate(window=)`` cannot stream this scheme;
+    - ``fixed_modules``: module types whose ``reset_parameters`` draws no random number (buffers recomputed).
+    """
+
+    fixed_modules: tuple[type, ...] = ()
+
+    def check(self, config: GPTConfig) -> None:
+        return None
+
+    def uses_rope(self, config: GPTConfig) -> bool:
+        return True
+
+    def make_attention(self, config: GPTConfig, rope: ar.AxialRoPE | None, **kwargs) -> nn.Module:
+        return Attention(config.hidden_size, config.num_heads, rope, **kwargs)
+
+    def make_embedding(self, config: GPTConfig) -> nn.Module | None:
+        return None
+
+    def make_bias(self, config: GPTConfig) -> nn.Module | None:
+        return None
+
+    def mask(self, bias, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def new_caches(self, config: GPTConfig, batch_size: int, max_seq_len: int, dtype, device) -> list | None:
+        return None
+
+    def check_decode(self, model: GPT, last: int) -> None:
+        return None
+
+    def streaming_refusal(self, config: GPTConfig) -> str | None:
+        return None
+
+    def __repr__(self) -> str:
+        return "RoPEPositions()"
 
 
 class FeedForward(nn.Module):
@@ -108,28 +138,13 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, rope: ar.AxialRoPE | None):
+    def __init__(self, config: GPTConfig, rope: ar.AxialRoPE | None, positions: RoPEPositions):
         super().__init__()
         c = config
         self.attention_norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
-        kwargs = {}
-        if c.attention == "linear":
-            kind = positions.LinearAttention
-        elif c.dual_chunk is not None:
-            kind, kwargs = positions.DualChunkAttention, {"dual_chunk": c.dual_chunk}
-        else:
-            kind = Attention
-        # the same parameter names for every kind: a RoPE model's weights load into its DCA variant
-        self.attention = kind(
-            c.hidden_size,
-            c.num_heads,
-            rope,
-            num_kv_heads=c.num_kv_heads,
-            qkv_bias=False,
-            out_bias=False,
-            qk_norm=c.qk_norm,
-            causal=True,
-            **kwargs,
+        # the same parameter names for every scheme's attention: a RoPE model's weights load into its variants
+        self.attention = positions.make_attention(
+            c, rope, num_kv_heads=c.num_kv_heads, qkv_bias=False, out_bias=False, qk_norm=c.qk_norm, causal=True
         )
         self.ffn_norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
         self.feed_forward = FeedForward(c.hidden_size, c.mlp_width)
@@ -140,65 +155,40 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-def check_sampling(temperature: float, top_k: int | None) -> None:
-    """``temperature``: a finite number >= 0 (0: greedy); ``top_k``: ``None`` or an int >= 1.
-
-    A negative temperature would sample the least likely tokens, ``top_k=0`` keep no token at all.
-    """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a number, got {temperature!r}")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be None (every token) or an int >= 1, got {top_k!r}")
-
-
-def sample(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Next tokens ``[B, 1]`` from logits ``[B, V]``: greedy at ``temperature == 0``, else top-k sampling."""
-    check_sampling(temperature, top_k)
-    if temperature == 0:
-        return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=generator)
-
-
 class GPT(nn.Module):
-    """Token ids ``[B, S]`` -> next-token logits ``[B, S, V]``."""
+    """Token ids ``[B, S]`` -> next-token logits ``[B, S, V]``.
 
-    def __init__(self, config: GPTConfig):
+    Args:
+        config: the sizes and RoPE settings.
+        positions: the position scheme (:class:`RoPEPositions`' calls); ``None``: RoPE.
+    """
+
+    def __init__(self, config: GPTConfig, positions: RoPEPositions | None = None):
         super().__init__()
         self.config = c = config
-        rope = c.position == "rope"
+        self.positions = p = RoPEPositions() if positions is None else positions
+        p.check(c)
         with deferred_init(self):  # built on meta, then reset_parameters: a meta-device build reproduces it
+            rope = p.uses_rope(c)
             self.rope = ar.AxialRoPE(c.head_dim, theta=c.theta, scaling=c.scaling, pairing="half") if rope else None
             self.tok_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
-            self.layers = nn.ModuleList([Block(c, self.rope) for _ in range(c.depth)])
+            self.layers = nn.ModuleList([Block(c, self.rope, p) for _ in range(c.depth)])
             self.norm = nn.RMSNorm(c.hidden_size, eps=c.norm_eps)
             self.output = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
             # absolute positions (added to the embeddings) or a logit bias (shared by the layers, as in T5)
-            self.absolute = {
-                "sinusoidal": lambda: positions.SinusoidalPositions(c.hidden_size),
-                "learned": lambda: positions.LearnedPositions(c.max_seq_len, c.hidden_size),
-            }.get(c.position, lambda: None)()
-            self.bias = {
-                "t5": lambda: positions.T5Bias(c.num_heads, c.t5_buckets, c.t5_max_distance),
-                "alibi": lambda: positions.ALiBi(c.num_heads),
-            }.get(c.position, lambda: None)()
+            self.absolute = p.make_embedding(c)
+            self.bias = p.make_bias(c)
         if c.tie_embeddings:  # tied already when built on the meta device: FSDP2 must see one parameter, not two
             self.output.weight = self.tok_embeddings.weight
 
     def reset_parameters(self) -> None:
         """GPT-2's init: every linear and embedding weight from ``N(0, 0.02)``, norms at 1, fixed buffers (the
-        rope's ``F``, ALiBi's slopes) recomputed; ties the output to the embedding (``to_empty`` unties)."""
+        rope's ``F``, a scheme's fixed modules) recomputed; ties the output to the embedding (``to_empty`` unties)."""
         if self.config.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        fixed = (nn.RMSNorm, nn.LayerNorm, ar.AxialRoPE, *self.positions.fixed_modules)
         for module in self.modules():  # the modules whose reset draws no random number
-            if isinstance(module, (nn.RMSNorm, nn.LayerNorm, ar.AxialRoPE, positions.ALiBi)):
+            if isinstance(module, fixed):
                 module.reset_parameters()
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -206,13 +196,13 @@ class GPT(nn.Module):
 
     def new_caches(self, batch_size: int, max_seq_len: int, *, dtype: torch.dtype | None = None) -> list[KVCache]:
         """One empty :class:`KVCache` per layer for ``batch_size`` sequences of up to ``max_seq_len`` tokens
-        (linear attention: one :class:`~models.gpt_positions.LinearState`, running sums instead of keys)."""
+        (or the scheme's own state, e.g. linear attention's running sums instead of keys)."""
         weight = self.tok_embeddings.weight
         c = self.config
         n_kv = c.num_kv_heads or c.num_heads
-        if c.attention == "linear":
-            kw = {"dtype": dtype or weight.dtype, "device": weight.device}
-            return [positions.LinearState(batch_size, c.num_heads, c.head_dim, max_seq_len, **kw) for _ in self.layers]
+        own = self.positions.new_caches(c, batch_size, max_seq_len, dtype or weight.dtype, weight.device)
+        if own is not None:
+            return own
         return [
             KVCache(batch_size, max_seq_len, n_kv, c.head_dim, dtype=dtype or weight.dtype, device=weight.device)
             for _ in range(c.depth)
@@ -251,7 +241,7 @@ class GPT(nn.Module):
             x = self.absolute(x, input_pos)
         # keys: this call's tokens, or every cache slot (its position); the mask is None on the fused path
         k_pos = input_pos if caches is None else torch.arange(caches[0].max_seq_len, device=idx.device)
-        mask = positions.attention_mask(self.bias, self.config.window, input_pos, k_pos)
+        mask = self.positions.mask(self.bias, input_pos, k_pos)
         for i, layer in enumerate(self.layers):
             cache = None if caches is None else caches[i]
             x = layer(x, input_pos, cache, input_pos if cache is not None else None, seq_len, mask)
@@ -303,8 +293,7 @@ class GPT(nn.Module):
             return stream(idx, max_new_tokens, window, sinks, evict, sampling, return_logits)
         if sinks:
             raise ValueError("sinks go with a rolling window (window=)")
-        if self.config.position == "learned":  # before any work: the table ends at max_seq_len
-            self.absolute.check(total - 1)
+        self.positions.check_decode(self, total - 1)  # before any work (e.g. a learned table's end)
         if not use_cache:  # the reference: the whole sequence every step
             tokens = idx
 
@@ -313,7 +302,7 @@ class GPT(nn.Module):
                 tokens = torch.cat([tokens, nxt], 1)
                 return self(tokens, seq_len=total)[:, -1]
 
-            return _decode(idx, self(idx, seq_len=total)[:, -1], max_new_tokens, feed, sampling, return_logits)
+            return decode(idx, self(idx, seq_len=total)[:, -1], max_new_tokens, feed, sampling, return_logits)
         caches, written = self.new_caches(B, total), T
 
         def feed(nxt: torch.Tensor) -> torch.Tensor:
@@ -322,16 +311,15 @@ class GPT(nn.Module):
             return self(nxt, torch.tensor([written - 1], device=idx.device), caches, seq_len=total)[:, -1]
 
         logits = self(idx, torch.arange(T, device=idx.device), caches, seq_len=total)[:, -1]  # prefill
-        return _decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
+        return decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
 
     def _check_streaming(self, window: int, sinks: int, evict: int) -> None:
-        c = self.config
         KVCache(1, window, 1, 1, window=window, sinks=sinks, evict=evict, device="meta")  # checks the arguments
-        if c.position != "rope" or c.attention != "softmax" or c.window is not None or c.dual_chunk is not None:
+        refusal = self.positions.streaming_refusal(self.config)
+        if refusal is not None:
             raise ValueError(
                 "generate(window=) streams RoPE softmax attention (it re-indexes positions by rotating cached keys); "
-                f"this model has position={c.position!r}, attention={c.attention!r}, window={c.window}, "
-                f"dual_chunk={c.dual_chunk}"
+                f"this model has {refusal}"
             )
         check_rollable(self.rope)
 
@@ -372,9 +360,9 @@ class GPT(nn.Module):
         def feed(chunk: torch.Tensor) -> torch.Tensor:
             return full(chunk)[:, -1]
 
-        for start, n in _prefill_chunks(idx.shape[1], window, sinks):
+        for start, n in prefill_chunks(idx.shape[1], window, sinks):
             logits = feed(idx[:, start : start + n])
-        return _decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
+        return decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
 
     def _stream_recomputed(self, idx, max_new_tokens, window, sinks, evict, sampling, return_logits):
         """The reference: the tokens a rolling cache would hold after each call (the same chunks and rolls), run
@@ -391,25 +379,6 @@ class GPT(nn.Module):
                 tokens = torch.cat([tokens, chunk], 1)
             return self(tokens[:, kept], seq_len=window)[:, -1]
 
-        for start, n in _prefill_chunks(idx.shape[1], window, sinks):
+        for start, n in prefill_chunks(idx.shape[1], window, sinks):
             logits = feed(idx[:, start : start + n])
-        return _decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
-
-
-def _prefill_chunks(length: int, window: int, sinks: int) -> list[tuple[int, int]]:
-    """``(start, n)`` of a prompt fed to rolling caches: the first chunk up to the window, the rest ``window - sinks``
-    (as many as a full window can take)."""
-    first = min(length, window)
-    return [(0, first)] + [(i, min(window - sinks, length - i)) for i in range(first, length, window - sinks)]
-
-
-def _decode(idx, logits, max_new_tokens, feed, sampling, return_logits):
-    """Sample a token from ``logits``, feed it (``feed(token [B, 1]) -> logits [B, V]``), ``max_new_tokens`` times."""
-    tokens, steps = idx, []
-    for i in range(max_new_tokens):
-        steps.append(logits)
-        nxt = sample(logits, *sampling)  # [B, 1]
-        tokens = torch.cat([tokens, nxt], dim=1)
-        if i + 1 < max_new_tokens:
-            logits = feed(nxt)
-    return (tokens, torch.stack(steps, dim=1)) if return_logits else tokens
+        return decode(idx, logits, max_new_tokens, feed, sampling, return_logits)

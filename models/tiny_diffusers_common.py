@@ -31,7 +31,8 @@ class Tiny:
         mode: the sizing mode the generic checks install at twice the grid: ``"yarn"`` for models whose own
             positions already interpolate (CogView4's fixed range, crop grids), where ``"interpolate"`` is stock.
         no_fullgraph: why the stock forward cannot be compiled whole (a host read of its inputs deciding the
-            shapes): the compile checks of whole forwards skip the model; its repeated blocks still compile.
+            shapes; or, where the reason says so, the adapter's sizing reading the grid on the host): the compile
+            checks of whole forwards skip the model; its repeated blocks still compile.
         no_dynamic: why the stock model recompiles per size itself (nothing the adapter adds): the dynamic-size
             compile check skips it.
         no_repeated: why the stock model's repeated blocks recompile among themselves (blocks of one class

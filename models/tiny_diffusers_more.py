@@ -201,9 +201,6 @@ ENTRIES: dict[str, Tiny] = {
         model=_consisid,
         inputs=_consisid_inputs,
         grid=(3, 4, 4),
-        # not the stock model's own recompiles: its tables come from the pipeline, so stock has none to build
-        no_dynamic="the pipeline's crop of the base region (host arithmetic on the sizes, branching on the aspect "
-        "ratio), which a fixed scaling reproduces per size, is one graph per size (sized with mode: one for all)",
     ),
     "ErnieImageTransformer2DModel": Tiny(model=_ernie_image, inputs=_ernie_image_inputs, grid=(1, 3, 4), video=False),
     "Kandinsky5Transformer3DModel": Tiny(

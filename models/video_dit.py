@@ -36,7 +36,17 @@ from .dit import initialize_weights, noise_level
 from .flow import T_SCALE, noisy
 from .packed import patch_tokens
 
-__all__ = ["VideoDiT", "VideoDiTConfig", "PRESETS", "default_axes_dim", "flow_loss_shard", "patchify"]
+__all__ = [
+    "VideoDiT",
+    "VideoDiTConfig",
+    "PRESETS",
+    "default_axes_dim",
+    "flow_loss_shard",
+    "frame_causal_mask",
+    "frame_timesteps",
+    "patchify",
+    "token_frames",
+]
 
 
 def default_axes_dim(head_dim: int) -> tuple[int, int, int]:
@@ -63,6 +73,7 @@ class VideoDiTConfig:
     cond_dim: int = 0  # vector conditioning [B, cond_dim] when > 0
     qk_norm: str | None = "rms"
     learn_sigma: bool = False
+    causal: bool = False  # frame-causal attention: a frame's tokens see their frame and the earlier ones
 
     def __post_init__(self):
         check_fields(
@@ -71,7 +82,7 @@ class VideoDiTConfig:
             counts=("num_classes", "cond_dim"),
             positive_reals=("mlp_ratio", "theta"),
             probabilities=("class_dropout_prob",),
-            bools=("learn_sigma",),
+            bools=("learn_sigma", "causal"),
         )
         # JSON gives lists: the sizes are kept as tuples (a frozen dataclass: set through object)
         for name in ("patch_size", "axes_dim"):
@@ -152,8 +163,10 @@ class VideoDiT(nn.Module):
         initialize_weights(self)
 
     def condition(self, t: torch.Tensor, y: torch.Tensor | None, cond: torch.Tensor | None, force_drop_ids=None):
-        """The adaLN conditioning vector ``[B, C]``: timestep + class + vector embeddings."""
-        c = self.t_embedder(t)
+        """The adaLN conditioning vector ``[B, C]``: timestep + class + vector embeddings; with one timestep per
+        frame, ``t [B, T]``: ``[B, T, C]`` (the class and vector embeddings the same for every frame)."""
+        c = self.t_embedder(t.flatten()).unflatten(0, t.shape)  # [B, C] | [B, T, C]
+        per_frame = (slice(None), None) if t.ndim == 2 else (slice(None),)  # a sample's embedding on each frame
         for name, value, embedder in (("y", y, self.y_embedder), ("cond", cond, self.cond_embedder)):
             if (value is None) != (embedder is None):
                 need = "is required" if value is None else "is not used by this config"
@@ -162,9 +175,9 @@ class VideoDiT(nn.Module):
                 )
         if y is not None:
             check_labels(y, self.y_embedder, t.shape[0])
-            c = c + self.y_embedder(y, force_drop_ids)
+            c = c + self.y_embedder(y, force_drop_ids)[per_frame]
         if cond is not None:
-            c = c + self.cond_embedder(cond.to(c.dtype))
+            c = c + self.cond_embedder(cond.to(c.dtype))[per_frame]
         return c
 
     def forward(
@@ -183,7 +196,8 @@ class VideoDiT(nn.Module):
 
         Args:
             x: ``[B, C, T, H, W]``, each size divisible by the patch.
-            t: timesteps ``[B]``, or one value for every sample.
+            t: timesteps ``[B]``, or one value for every sample, or one per latent frame ``[B, T / p_t]``
+                (diffusion forcing: each frame its own noise level; the adaLN modulation then varies per frame).
             y: class labels ``[B]`` (configs with ``num_classes``).
             cond: conditioning vectors ``[B, cond_dim]`` (configs with ``cond_dim``).
             temporal_scaling: a scaling method for the t axis at inference, e.g.
@@ -203,11 +217,24 @@ class VideoDiT(nn.Module):
             if context_parallel is not None or not gather:
                 raise ValueError("packed batches (a list of videos) take neither context_parallel nor gather=False")
             return self.forward_packed(x, t, y, cond, temporal_scaling=temporal_scaling, force_drop_ids=force_drop_ids)
-        t = batch_timesteps(t, x.shape[0], x.device)
+        batch = x.shape[0]
         x, grid = self.x_embedder(x)  # [B, S, C], grid (t, h, w), S = t * h * w
+        t = frame_timesteps(t, batch, grid[0], x.device)  # [B] | [B, t]
+        frame = grid[1] * grid[2] if t.ndim == 2 else None  # tokens per frame of a per-frame conditioning
+        if t.ndim == 2 and is_time_dependent(temporal_scaling):
+            raise ValueError("a time-dependent temporal_scaling follows one timestep: t must be [B], not per frame")
+        mask = None
+        if self.config.causal:  # [S, S] bool: frame i's tokens see frames 0 .. i
+            frames = token_frames(grid[0], grid[1] * grid[2], device=x.device)
+            mask = frame_causal_mask(frames, frames)
         pos = ar.grid(*grid, device=x.device)  # [S, 3], t slowest as the tokens
         cp, seq_len = None, None
         if context_parallel is not None:
+            if mask is not None or frame is not None:
+                raise ValueError(
+                    "context_parallel takes neither a causal config (its frame mask) nor per-frame timesteps "
+                    "t [B, T]: each rank holds only a shard of the tokens"
+                )
             cp = context_parallel.for_length(x.shape[1])
             # [B, L, C] and [L, 3]: this rank's tokens at their global coordinates; a length-dependent
             # scaling is told the whole grid (what it infers from unsharded positions: max + 1 per axis)
@@ -217,8 +244,8 @@ class VideoDiT(nn.Module):
         rotation = self.rope.rotation(pos, seq_len=seq_len, scaling=(temporal_scaling, None, None), t=noise_level(t))
         c = self.condition(t, y, cond, force_drop_ids)  # [B, C]: the same on every rank of the group
         for block in self.blocks:
-            x = block(x, c, rotation=rotation, context_parallel=cp)
-        x = self.final_layer(x, c)  # [B, S | L, p_t * p_y * p_x * out_channels]
+            x = block(x, c, rotation=rotation, mask=mask, context_parallel=cp, frame=frame)
+        x = self.final_layer(x, c, frame=frame)  # [B, S | L, p_t * p_y * p_x * out_channels]
         if not gather:
             # a tensor of its own: nn.Linear on [B, L, C] returns a view of its 2-D product, and FSDP2, which
             # hooks the model's outputs for its backward, warns that an in-place op on a view skips that hook
@@ -251,6 +278,8 @@ class VideoDiT(nn.Module):
         """
         if not len(xs):
             raise ValueError("forward_packed needs at least one video")
+        if self.config.causal:
+            raise ValueError("forward_packed is bidirectional: a causal config (frame mask) takes one size per call")
         if is_time_dependent(temporal_scaling):
             raise ValueError("a time-dependent temporal_scaling follows one sampling time: call forward per size")
         for name, v in (("y", y), ("cond", cond)):
@@ -275,6 +304,31 @@ class VideoDiT(nn.Module):
         x = self.final_layer(x, c, segments=segments)  # [1, T, prod(patch) * out]
         out = self.out_channels
         return [unpatchify(o.reshape(1, -1, o.shape[-1]), o.shape[:3], patch, out)[0] for o in unpack(packed, x)]
+
+
+def frame_timesteps(t: torch.Tensor | float, batch: int, frames: int, device=None) -> torch.Tensor:
+    """Timesteps as ``[batch]`` (:func:`~models.checks.batch_timesteps`) or one per latent frame ``[batch, frames]``."""
+    if not (isinstance(t, torch.Tensor) and t.ndim == 2):
+        return batch_timesteps(t, batch, device)
+    if tuple(t.shape) != (batch, frames):
+        raise ValueError(
+            f"timesteps must be one value or [B] = [{batch}], got shape {tuple(t.shape)}; one per latent frame: "
+            f"[B, T] = [{batch}, {frames}]"
+        )
+    return (t if t.is_floating_point() else t.float()).to(device)
+
+
+def token_frames(frames: int, tokens_per_frame: int, start: int = 0, device=None) -> torch.Tensor:
+    """The frame index of each token of ``frames`` frames of ``tokens_per_frame`` tokens (t-major, as
+    :func:`axial_rope.grid`), frames counted from ``start``: int ``[frames * tokens_per_frame]``."""
+    return torch.arange(start, start + frames, device=device).repeat_interleave(tokens_per_frame)
+
+
+def frame_causal_mask(query_frames: torch.Tensor, key_frames: torch.Tensor) -> torch.Tensor:
+    """Block-causal attention over frames (autoregressive video models: CausVid, Self-Forcing): a query sees the
+    keys of its own frame and the earlier ones. ``query_frames [S_q]``, ``key_frames [S_k]`` (int, from
+    :func:`token_frames`) -> bool ``[S_q, S_k]``, True = attend (SDPA's convention)."""
+    return key_frames[None, :] <= query_frames[:, None]
 
 
 def patchify(x: torch.Tensor, patch_size: tuple[int, int, int]) -> torch.Tensor:

@@ -9,7 +9,6 @@ Ratios are the figure to read: absolute times on a shared CPU move by a factor o
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
@@ -18,6 +17,7 @@ import torch
 from axial_rope.conventions._registry import DIFFUSERS
 
 from . import cli
+from .bench_report import save_rows
 from .cli import positive_int
 
 
@@ -84,11 +84,5 @@ def main(argv: list[str] | None = None) -> list[dict]:
     torch.set_num_threads(args.threads)
     rows = [time_family(name, args.repeat, args.rounds, args.compiled, depth=args.depth, factor=args.factor)
             for name in classes]  # fmt: skip
-    keys = list(rows[0])
-    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-    for row in rows:
-        print("| " + " | ".join(str(row[k]) for k in keys) + " |")
-    if args.json is not None:
-        with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    save_rows(args.json, rows, args.threads)
     return rows

@@ -26,6 +26,21 @@ def format_row(row: dict) -> str:
     )
 
 
+def markdown_table(rows: list[dict], last: str | None = None) -> str:
+    """Rows of one benchmark as a markdown table: one column per key of the first row (``last`` moved last)."""
+    keys = [k for k in rows[0] if k != last] + ([last] if last is not None else [])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def save_rows(path: str | Path | None, rows: list[dict], threads: int) -> None:
+    """Print the rows' table and, with a ``path``, write them with the thread count and torch version."""
+    print(markdown_table(rows))
+    if path is not None:
+        Path(path).write_text(json.dumps({"threads": threads, "torch": torch.__version__, "rows": rows}, indent=1))
+
+
 def machine(device: str, dtype, threads: int, peers: dict[str, str]) -> dict:
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -15,7 +15,6 @@ read: absolute times on a shared CPU move by a factor of 2 between runs.
 from __future__ import annotations
 
 import inspect
-import json
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ import time
 import torch
 
 from . import cli
+from .bench_report import save_rows
 from .cli import positive_int
 
 
@@ -124,13 +124,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cli.out_file(parser, "--json", args.json)
     torch.set_num_threads(args.threads)
     rows = [time_family(name, args.seq, args.heads, args.repeat, args.rounds) for name in names]
-    keys = list(rows[0])
-    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-    for row in rows:
-        print("| " + " | ".join(str(row[k]) for k in keys) + " |")
-    if args.json is not None:
-        with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    save_rows(args.json, rows, args.threads)
     return rows
 
 

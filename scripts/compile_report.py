@@ -22,6 +22,7 @@ import axial_rope as ar
 from axial_rope.time_scaling import DyPE
 
 from . import cli
+from .bench_report import markdown_table
 
 VARIANTS = {
     "unscaled": None,
@@ -161,13 +162,6 @@ def flux_timing(repeat: int, *, device: str = "cpu", dtype=torch.float32, side: 
     return result
 
 
-def _table(rows: list[dict]) -> str:
-    keys = [k for k in rows[0] if k != "error"] + ["error"]
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = cli.Parser(prog="scripts.compile_report", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/bench/compile-cpu.json")
@@ -189,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(report, indent=1) + "\n")
         return 0
     report["diffusers"] = diffusers_rows()
-    print(_table(report["diffusers"]), "\n", flush=True)
+    print(markdown_table(report["diffusers"], last="error"), "\n", flush=True)
     report["models"] = model_rows()
-    print(_table(report["models"]), "\n", flush=True)
+    print(markdown_table(report["models"], last="error"), "\n", flush=True)
     report["flux_cpu_ms"] = flux_timing(args.repeat)
     print(json.dumps(report["flux_cpu_ms"], indent=1))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Extrapolation experiments: ``python -m scripts.experiments resolution|length|frames|packing|streaming [--smoke | --quick]``.
+"""Extrapolation experiments: ``python -m scripts.experiments resolution|length|frames|packing|streaming|streaming-video [--smoke | --quick]``.
 
 Each trains its model's default run once into ``runs/<model>`` (``--run-dir`` elsewhere) and
 writes a table and pictures to ``docs/experiments/NAME.md``; ``length`` trains its study's
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from models.studies.experiments import EXPERIMENTS
 from models.training.checkpoint import CheckpointError
-from models.training.experiments import EXPERIMENTS
 
 
 def main(argv: list[str] | None = None) -> None:

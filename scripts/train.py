@@ -30,7 +30,18 @@ from models.training.trainer import TrainingDiverged, export_weights, train
 from . import cli
 
 # booleans, set by the flags below
-FLAGS = ("resume", "overwrite", "allow_changes", "fsdp", "checkpointing", "compile", "packed", "progress", "report")
+FLAGS = (
+    "resume",
+    "overwrite",
+    "allow_changes",
+    "fsdp",
+    "checkpointing",
+    "compile",
+    "packed",
+    "causal",
+    "progress",
+    "report",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -53,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (--compile-backend)")
     parser.add_argument(
         "--packed", action="store_true", help="image DiT: mixed sizes and aspects packed per step (docs/packing.md)"
+    )
+    parser.add_argument(
+        "--causal", action="store_true", help="video DiT: frame-causal, one noise level per frame (diffusion forcing)"
     )
     parser.add_argument(
         "--export",

@@ -1,4 +1,4 @@
-"""The studies' paired bootstrap (models/training/bootstrap.py), on data with a known answer."""
+"""The studies' paired bootstrap (models/studies/bootstrap.py), on data with a known answer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from models.training.bootstrap import Bootstrap, Interval, overlap, verdict
+from models.studies.bootstrap import Bootstrap, Interval, overlap, verdict
 
 
 def test_interval_covers_the_true_mean_about_95_percent_of_the_time():

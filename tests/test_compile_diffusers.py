@@ -58,7 +58,7 @@ def _skip_stock(family: str, *, dynamic: bool = False) -> None:
     t = tiny.TINY[family]
     why = t.no_fullgraph or (t.no_dynamic if dynamic else "")
     if why:
-        pytest.skip(f"stock {family}: {why}")
+        pytest.skip(f"{family}: {why}")
 
 
 def _model(family: str, variant: str):
@@ -67,8 +67,11 @@ def _model(family: str, variant: str):
     if variant == "sized":
         set_rope_processors(model, mode="interpolate", train_size=_train_size(family))
     else:
-        n_axes = record.rope(model.config).n_axes
-        set_rope_processors(model, scaling=_scaling(variant, n_axes, record.amplitude))
+        rope = record.rope(model.config)
+        scaling = _scaling(variant, rope.n_axes, record.amplitude)
+        if rope.spectrum in ("split", "cycled") and scaling is not None:  # one spectrum shared by the axes (M-RoPE):
+            scaling = scaling[-1]  # one method for all of them
+        set_rope_processors(model, scaling=scaling)
     return model, inputs
 
 
@@ -79,9 +82,10 @@ def _later_step(family: str, inputs: dict) -> dict:
 
 
 def _graphs(model) -> int:
-    """Graphs a compiled adapted model makes: its forward, and one per pre-hook of the adapter (the step's time
-    written into a buffer; CogVideoX's tables replacing the pipeline's argument), each traced whole."""
-    return 1 + len(model._axial_rope_processors.hooks)
+    """Graphs a compiled adapted model makes: its forward, and one per pre-hook of the adapter on the transformer
+    (the step's time written into a buffer; CogVideoX's tables replacing the pipeline's argument), each traced whole;
+    a hook on a block (ACE-Step's tables argument) is traced inside the forward."""
+    return 1 + len(model._forward_pre_hooks)
 
 
 def _run(model, inputs):

@@ -19,8 +19,7 @@ import axial_rope as ar
 from axial_rope.time_scaling import DyPE
 from models.dit import PRESETS as DIT_PRESETS
 from models.dit import DiT
-from models.gpt import GPT
-from models.gpt import PRESETS as GPT_PRESETS
+from models.studies.length.positions import STUDY_PRESETS
 from models.video_dit import PRESETS as VIDEO_PRESETS
 from models.video_dit import VideoDiT
 
@@ -110,7 +109,7 @@ def test_video_dit_compiles_two_graphs_over_six_sizes_and_frame_counts():
 
 
 def test_gpt_decoding_step_compiles_once():
-    model = GPT(GPT_PRESETS["lm-rope"]).eval()
+    model = STUDY_PRESETS["lm-rope"].build().eval()  # the length study's RoPE model (its scheme object compiles too)
     prompt = torch.randint(0, model.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(3))
     caches = model.new_caches(1, 12)
     with torch.no_grad():

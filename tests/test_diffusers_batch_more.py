@@ -11,6 +11,7 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
+from diffusers.models.embeddings import get_3d_rotary_pos_embed  # noqa: E402
 from test_diffusers_batch_imageother import _same  # noqa: E402
 from test_diffusers_families import _double, _run, _train_size  # noqa: E402
 
@@ -67,6 +68,19 @@ USED = {
 }
 
 
+def _given(inputs, size, frames):
+    return inputs["image_rotary_emb"]
+
+
+def _integer_grid(inputs, size, frames):
+    return get_3d_rotary_pos_embed(16, ((0, 0), size), size, frames)
+
+
+# ConsisID's pipeline crops its 4 x 4 base region; ours count the integer latent grid (as CogVideoX's), which is that
+# crop at the base size and, at another size, the grid the scaling is stated for
+PIPELINE = {"ConsisIDTransformer3DModel": _integer_grid}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_unscaled_tables_equal_the_stock_tables(name):
     model, _ = tiny.build(name)
@@ -77,7 +91,7 @@ def test_unscaled_tables_equal_the_stock_tables(name):
     for size in ((h, w), OTHER.get(name, (5, 3))):
         inputs = tiny.inputs(name, *size)
         if family.tables[0] == "argument":  # the pipeline's tables, from the latent
-            calls = [((inputs["hidden_states"],), {}, inputs[family.tables[1]])]
+            calls = [((inputs["hidden_states"],), {}, PIPELINE.get(name, _given)(inputs, size, frames))]
         else:
             calls = _stock_calls(name, model, inputs)
         assert calls

@@ -53,7 +53,7 @@ def test_every_served_class_builds_its_records_rope_and_the_docs_hold_the_table(
 
     for name, family in DIFFUSERS.items():
         assert name in _transformer_classes(), name
-        assert family.tables[0] in ("module", "method", "argument", "fixed")
+        assert family.tables[0] in ("module", "method", "argument", "block argument", "fixed")
         assert (family.positions is None) == (family.tables[0] == "fixed")
     page = (Path(__file__).resolve().parents[1] / "docs" / "integrations.md").read_text()
     assert diffusers_table() in page, "docs/integrations.md must hold axial_rope.conventions.diffusers_table() verbatim"

@@ -84,3 +84,46 @@ def test_hunyuan_video_pipeline_at_twice_the_resolution_and_frames():
         output_type=output_type, generator=torch.Generator().manual_seed(0),
     ).frames  # fmt: skip
     _compare(run, lambda: set_rope_processors(pipe.transformer, mode="interpolate", train_size=(2, 2, 2)))
+
+
+def test_qwen_image_pipeline_at_twice_the_training_resolution():
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
+                                           temperal_downsample=[False, True], latents_mean=[0.0] * 4,
+                                           latents_std=[1.0] * 4)  # fmt: skip
+    transformer, _ = tiny.build("QwenImageTransformer2DModel")  # packed latents of 4 channels x 2 x 2
+    pipe = diffusers.QwenImagePipeline(diffusers.FlowMatchEulerDiscreteScheduler(), vae, None, None, transformer)
+    pipe.set_progress_bar_config(disable=True)
+    # trained at 32 x 32 px: latents 8 x 8 (vae_scale_factor 4), packed 2 x 2: a 4 x 4 token grid
+    run = lambda output_type: pipe(  # noqa: E731
+        height=64, width=64, prompt_embeds=torch.ones(1, 6, 16), prompt_embeds_mask=torch.ones(1, 6, dtype=torch.long),
+        num_inference_steps=2, true_cfg_scale=1.0, output_type=output_type, generator=torch.Generator().manual_seed(0),
+    ).images  # fmt: skip
+    _compare(run, lambda: set_rope_processors(pipe.transformer, mode="yarn", train_size=(4, 4)))
+
+
+def test_hunyuan_video_1_5_pipeline_at_twice_the_resolution_and_frames():
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    torch.manual_seed(0)
+    transformer = diffusers.HunyuanVideo15Transformer3DModel(
+        in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1, num_refiner_layers=1,
+        mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=32, image_embed_dim=12,
+        rope_axes_dim=(2, 2, 4), target_size=16, task_type="t2v",
+    ).eval()  # fmt: skip
+    vae = diffusers.AutoencoderKLHunyuanVideo15(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 16), layers_per_block=1,
+        spatial_compression_ratio=4, temporal_compression_ratio=2, downsample_match_channel=False,
+        upsample_match_channel=False,
+    ).eval()  # fmt: skip
+    pipe = diffusers.HunyuanVideo15Pipeline(None, None, transformer, vae, diffusers.FlowMatchEulerDiscreteScheduler(
+        shift=7.0), None, None, ClassifierFreeGuidance(guidance_scale=1.0))  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    # trained at 8 x 8 px, 5 frames: latents 3 x 2 x 2 (x4 spatial, x2 temporal, +1), patch 1
+    run = lambda output_type: pipe(  # noqa: E731
+        height=16, width=16, num_frames=9, prompt_embeds=torch.ones(1, 6, 16),
+        prompt_embeds_mask=torch.ones(1, 6, dtype=torch.long), prompt_embeds_2=torch.ones(1, 4, 32),
+        prompt_embeds_mask_2=torch.ones(1, 4, dtype=torch.long), num_inference_steps=2, output_type=output_type,
+        generator=torch.Generator().manual_seed(0),
+    ).frames  # fmt: skip
+    _compare(run, lambda: set_rope_processors(pipe.transformer, mode="interpolate", train_size=(3, 2, 2)))

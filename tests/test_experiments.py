@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from models.training import experiments
+from models.studies import experiments
 from models.training.checkpoint import CheckpointError, metadata
 from models.training.config import RUN_DEFAULTS, WEIGHT_NEUTRAL
 from models.training.trainer import Run, TrainConfig, train

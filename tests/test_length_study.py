@@ -1,21 +1,24 @@
-"""The length study (models/training/length_study): its statistics on data with a known answer, its probe,
+"""The length study (models/studies/length): its statistics on data with a known answer, its probe,
 its evaluation shortcuts, and the whole quick variant end to end."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from helpers import U32, chain_bound
 
-from models.gpt import GPT, STUDY_PRESETS, DualChunk
-from models.training import length_study, needles
-from models.training.bootstrap import Interval
-from models.training.length_study import design, evaluate, retrieval
-from models.training.length_study.summary import verdict
+from models.gpt import GPT
+from models.studies import length as length_study
+from models.studies.bootstrap import Bootstrap, Interval
+from models.studies.length import design, evaluate, retrieval
+from models.studies.length.positions import STUDY_PRESETS, DualChunk
+from models.studies.length.summary import verdict
+from models.training import needles
 from models.training.tasks import TextTask, stdlib_text
 
 # -- statistics (the bootstrap itself: tests/test_bootstrap.py) ----------------------------------
@@ -62,7 +65,7 @@ def test_study_presets_plant_keys_in_a_quarter_of_their_windows():
     assert 6 <= sum(planted) <= 26 and torch.equal(x[:, 1:], y[:, :-1])
     assert torch.equal(task.batch(0, 64)[0], x)  # a pure function of (seed, step)
     assert not any(bytes(row).find(b"\x01") >= 0 for row in plain.batch(0, 64)[0].tolist())
-    model = GPT(STUDY_PRESETS["lm-rope"]).eval()
+    model = task.build().eval()
     assert retrieval.passes(model, x[:2], y[:2, -needles.KEY_LENGTH :]).shape == (2,)
 
 
@@ -83,7 +86,8 @@ CASES = {
 def test_prefix_losses_are_the_losses_of_shorter_windows(case):
     preset, change = CASES[case]
     torch.manual_seed(0)
-    model = evaluate.variant(GPT(replace(STUDY_PRESETS[preset], depth=1)).eval(), change).double()
+    config, positions = STUDY_PRESETS[preset]
+    model = evaluate.variant(GPT(replace(config, depth=1), positions=positions).eval(), change).double()
     x = torch.randint(0, 256, (2, 48))
     y = x.roll(-1, 1)
     full = evaluate.position_losses(model, x, y)
@@ -127,6 +131,10 @@ def test_quick_study_runs_end_to_end(tmp_path):
         assert heading in text
     data = json.loads((tmp_path / "out" / "length.json").read_text())
     assert all(isinstance(v, dict) for v in data.values())
+    rope = np.array(data["cells"]["RoPE"]["loss"][str(design.QUICK.context)])  # [seeds, windows]: recomputable
+    assert rope.shape == (len(design.QUICK.seeds), design.QUICK.windows)
+    redo = Bootstrap(*rope.shape, design.QUICK.draws, seed=0).interval(rope)
+    assert list(redo) == pytest.approx(data["loss"]["RoPE"][str(design.QUICK.context)], rel=1e-12)
     assert data["paradigm"]["Learned"]["change"] is None and data["paradigm"]["RoPE"]["change"] < 1e-3
     for name in ("length.png", "length_positions.png", "length_retrieval.png"):
         assert (tmp_path / "out" / "img" / name).stat().st_size > 1000
@@ -158,7 +166,7 @@ def test_effective_context_and_break_position_follow_the_intervals():
 
 
 def test_streaming_summary_states_known_differences_and_keeps_per_seed_means():
-    from models.training.length_study import streaming
+    from models.studies.length import streaming
 
     study = replace(streaming.study_of(False), seeds=(0, 1, 2), windows=40, draws=300)
     rng = np.random.default_rng(0)
@@ -174,13 +182,61 @@ def test_streaming_summary_states_known_differences_and_keeps_per_seed_means():
         raw[1]["full attention"][:, :256].mean()
     )
     assert len(summary["curves"]["rolling, sinks 4"]) == study.longest // evaluate.BIN
+    # the json's cells are the [seeds, windows] arrays the intervals come from: a reader recomputes them
+    cells = np.array(summary["cells"]["full attention"][study.longest])
+    assert cells.shape == (3, 40)
+    redo = Bootstrap(3, 40, study.draws, seed=0).interval(cells)
+    assert list(redo) == summary["loss"]["full attention"][study.longest]
 
 
 @pytest.mark.slow
 def test_streaming_study_runs_end_to_end(tmp_path):
-    from models.training.length_study import streaming
+    from models.studies.length import streaming
 
     page = streaming.run(tmp_path / "out", quick=True, root=tmp_path / "runs").read_text()
     assert "rolling, sinks 4" in page and "Bonferroni" in page
     data = json.loads((tmp_path / "out" / "streaming.json").read_text())
     assert set(data["loss"]) == set(streaming.ARMS) and (tmp_path / "out" / "img" / "streaming.png").is_file()
+
+
+# the models of a run folder written before the study's schemes left GPTConfig (commit 3371a2d): per preset, the
+# sha256 (first 16 hex digits) of the state dict's "key:shape" list and the mean squared float64 logit of a
+# fixed input after torch.manual_seed(0), computed then with GPT(gpt.STUDY_PRESETS[preset])
+BEFORE_THE_MOVE = {
+    "lm-alibi": ("599e096f803afb2a", 0.048912888006605336),
+    "lm-learned": ("0e8482edf34cd096", 0.053252412974977334),
+    "lm-linear": ("599e096f803afb2a", 0.053498117072388385),
+    "lm-nope": ("599e096f803afb2a", 0.04858132667290454),
+    "lm-rope": ("599e096f803afb2a", 0.04860549846095157),
+    "lm-rope-ntk4": ("599e096f803afb2a", 0.04861094200736991),
+    "lm-rope-pi4": ("599e096f803afb2a", 0.04861775722183777),
+    "lm-rope-yarn4": ("599e096f803afb2a", 0.04861016564582328),
+    "lm-sinusoidal": ("599e096f803afb2a", 0.04750176053710383),
+    "lm-t5": ("cd3dbf95d816e9f6", 0.04858899569151598),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(BEFORE_THE_MOVE))
+def test_trainer_builds_the_study_models_saved_runs_hold(preset):
+    import hashlib
+
+    from models.training.tasks import TextTask
+
+    torch.manual_seed(0)
+    model = TextTask.from_run({"preset": preset, "context": 256, "seed": 0}).build().eval()  # how load_trained builds
+    sd = model.state_dict()
+    signature = hashlib.sha256(";".join(f"{k}:{tuple(v.shape)}" for k, v in sd.items()).encode()).hexdigest()[:16]
+    idx = torch.arange(40)[None] * 7 % 256
+    with torch.no_grad():
+        checksum = float(model.double()(idx).square().mean())
+    # the same weights (same draws, same order) and the same float64 function: equal but for summation order
+    # (a few thousand float64 roundings, u = 1.1e-16: below 1e-12 relative)
+    assert (signature, checksum) == (BEFORE_THE_MOVE[preset][0], pytest.approx(BEFORE_THE_MOVE[preset][1], rel=1e-12))
+
+
+def test_the_streaming_page_regenerates_from_its_json():
+    from models.studies.length import streaming
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "experiments"
+    data = json.loads((root / "streaming.json").read_text())
+    assert streaming.page_from_json(data) == (root / "streaming.md").read_text()  # byte for byte

@@ -1,4 +1,4 @@
-"""The language model's position schemes (models/gpt_positions): formulas against the papers, cached decoding
+"""The language model's position schemes (models/studies/length/positions): formulas against the papers, cached decoding
 equal to recomputation for every scheme, and the invariances each scheme claims."""
 
 from __future__ import annotations
@@ -17,37 +17,40 @@ if str(ROOT) not in sys.path:  # models/ is not installed: import it from the re
 
 import axial_rope as ar  # noqa: E402
 from models.gpt import GPT, GPTConfig  # noqa: E402
-from models.gpt_positions import (  # noqa: E402
+from models.studies.length.positions import (  # noqa: E402
     DualChunk,
     PositionTableError,
+    StudyPositions,
     alibi_slopes,
     feature_map,
     fused_path,
     sinusoids,
     t5_bucket,
 )
-from models.gpt_positions.dual_chunk import INTER, INTRA, SUCCESSIVE  # noqa: E402
+from models.studies.length.positions.dual_chunk import INTER, INTRA, SUCCESSIVE  # noqa: E402
+from models.studies.length.positions.presets import StudyModel  # noqa: E402
 
 TINY = GPTConfig(vocab_size=64, depth=2, num_heads=4, num_kv_heads=2, hidden_size=32, max_seq_len=16)
-SCHEMES = {
-    "rope": TINY,
-    "rope-yarn": replace(TINY, scaling=ar.scaling.YaRN(2.0, 8)),
-    "nope": replace(TINY, position="nope"),
-    "sinusoidal": replace(TINY, position="sinusoidal"),
-    "learned": replace(TINY, position="learned"),
-    "t5": replace(TINY, position="t5", t5_buckets=8, t5_max_distance=6),
-    "alibi": replace(TINY, position="alibi"),
-    "linear-rope": replace(TINY, attention="linear"),
-    "linear-nope": replace(TINY, attention="linear", position="nope"),
-    "window": replace(TINY, window=4),
-    "alibi-window": replace(TINY, position="alibi", window=4),
-    "dual-chunk": replace(TINY, dual_chunk=DualChunk(6, 2)),
+P = StudyPositions
+SCHEMES = {  # (config, position scheme) pairs
+    "rope": StudyModel(TINY, P()),
+    "rope-yarn": StudyModel(replace(TINY, scaling=ar.scaling.YaRN(2.0, 8)), P()),
+    "nope": StudyModel(TINY, P(position="nope")),
+    "sinusoidal": StudyModel(TINY, P(position="sinusoidal")),
+    "learned": StudyModel(TINY, P(position="learned")),
+    "t5": StudyModel(TINY, P(position="t5", t5_buckets=8, t5_max_distance=6)),
+    "alibi": StudyModel(TINY, P(position="alibi")),
+    "linear-rope": StudyModel(TINY, P(attention="linear")),
+    "linear-nope": StudyModel(TINY, P(attention="linear", position="nope")),
+    "window": StudyModel(TINY, P(window=4)),
+    "alibi-window": StudyModel(TINY, P(position="alibi", window=4)),
+    "dual-chunk": StudyModel(TINY, P(dual_chunk=DualChunk(6, 2))),
 }
 
 
-def _randomized(config: GPTConfig, dtype=torch.float64) -> GPT:
+def _randomized(spec: StudyModel, dtype=torch.float64) -> GPT:
     torch.manual_seed(0)
-    model = GPT(config).to(dtype).eval()
+    model = spec.build().to(dtype).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)  # larger logit gaps: an argmax tie cannot decide a test
@@ -69,7 +72,7 @@ def test_cached_decoding_equals_full_recomputation_for_every_scheme(name):
 
 @pytest.mark.parametrize("name", list(SCHEMES))
 def test_every_scheme_trains(name):
-    model = GPT(SCHEMES[name])
+    model = SCHEMES[name].build()
     idx = torch.randint(0, 64, (2, 12))
     loss = torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.roll(-1, 1).flatten())
     loss.backward()
@@ -77,7 +80,7 @@ def test_every_scheme_trains(name):
 
 
 def test_fused_path_only_without_masks():
-    fused = {name: fused_path(c)[0] for name, c in SCHEMES.items()}
+    fused = {name: fused_path(spec.positions)[0] for name, spec in SCHEMES.items()}
     assert fused == {
         "rope": True,
         "rope-yarn": True,
@@ -92,21 +95,24 @@ def test_fused_path_only_without_masks():
         "alibi-window": False,
         "dual-chunk": False,
     }
-    assert "mask" in fused_path(SCHEMES["alibi"])[1]
+    assert "mask" in fused_path(SCHEMES["alibi"].positions)[1]
 
 
 def test_config_refuses_combinations_that_mean_nothing():
     for bad, match in (
         ({"position": "xpos"}, "position must be one of"),
         ({"attention": "flash"}, "attention must be one of"),
-        ({"position": "alibi", "scaling": ar.scaling.Linear(2.0)}, "scaling needs position='rope'"),
         ({"position": "alibi", "dual_chunk": DualChunk(8, 2)}, "dual_chunk"),
         ({"attention": "linear", "position": "t5"}, "linear attention takes"),
         ({"attention": "linear", "window": 4}, "no sliding window"),
         ({"window": 0}, "window must be an int >= 1"),
     ):
         with pytest.raises(ValueError, match=match):
-            replace(TINY, **bad)
+            P(**bad)
+    with pytest.raises(ValueError, match="scaling needs position='rope'"):  # the scheme against the config
+        GPT(replace(TINY, scaling=ar.scaling.Linear(2.0)), positions=P(position="alibi"))
+    with pytest.raises(ValueError, match="max_seq_len must be an int >= 1"):
+        replace(TINY, max_seq_len=0)
     with pytest.raises(ValueError, match="local_size"):
         DualChunk(8, 8)
 
@@ -126,7 +132,7 @@ def test_sinusoids_are_vaswanis_formula():
 
 
 def test_learned_positions_raise_past_their_table():
-    model = GPT(SCHEMES["learned"]).eval()
+    model = SCHEMES["learned"].build().eval()
     model(torch.zeros(1, 16, dtype=torch.long))  # the whole table: fine
     with pytest.raises(PositionTableError, match=r"rows 0..15 .*position 16"):
         model(torch.zeros(1, 17, dtype=torch.long))
@@ -147,7 +153,7 @@ def test_t5_buckets_equal_transformers(bidirectional, buckets, distance):
 
 
 def test_t5_bias_is_one_table_shared_by_the_layers():
-    model = GPT(SCHEMES["t5"])
+    model = SCHEMES["t5"].build()
     tables = [name for name, _ in model.named_parameters() if "table" in name]
     assert tables == ["bias.table.weight"] and model.bias.table.weight.shape == (8, 4)
     bias = model.bias(torch.arange(10), torch.arange(10))[0]  # [H, S, S]
@@ -162,7 +168,7 @@ def test_alibi_slopes_are_the_papers():
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
-    model = GPT(SCHEMES["alibi"])
+    model = SCHEMES["alibi"].build()
     bias = model.bias(torch.arange(5, 9), torch.arange(9))[0]  # [H, 4, 9]
     slopes = alibi_slopes(4)
     for h in range(4):
@@ -194,7 +200,7 @@ def test_linear_attention_score_depends_on_the_offset_only():
 
 def test_linear_attention_is_su_et_al_eq_19():
     # out_m = sum_n (R_m phi(q_m)) . (R_n phi(k_n)) v_n / sum_n phi(q_m) . phi(k_n): a direct loop
-    model = _randomized(replace(SCHEMES["linear-rope"], num_kv_heads=4, depth=1))
+    model = _randomized(StudyModel(replace(TINY, num_kv_heads=4, depth=1), P(attention="linear")))
     attention = model.layers[0].attention
     x = torch.randn(1, 6, 32, dtype=torch.float64)
     q, k, v = attention._project(x)  # [1, S, H, D]
@@ -235,13 +241,13 @@ def _paper_relative(i: int, j: int, c: int, w: int) -> int:
 
 def test_dual_chunk_scores_follow_the_papers_index_rules():
     c, w = 10, 3
-    config = replace(TINY, num_kv_heads=4, dual_chunk=DualChunk(c, w), depth=1)
-    model = _randomized(config)
+    positions = P(dual_chunk=DualChunk(c, w))
+    model = _randomized(StudyModel(replace(TINY, num_kv_heads=4, depth=1), positions))
     attention, rope = model.layers[0].attention, model.rope
     S = 30  # four chunks of 7: intra, successive and inter pairs
     q, k = torch.randn(2, 1, S, 4, 8, dtype=torch.float64)
     pos = torch.arange(S)
-    k_rot = rope.rotate(k, config.dual_chunk.key_index(pos)).transpose(1, 2)
+    k_rot = rope.rotate(k, positions.dual_chunk.key_index(pos)).transpose(1, 2)
     scores = attention.scores(q, k_rot, pos, pos)[0]  # [H, S, S]
     for i in range(S):
         for j in range(i + 1):
@@ -251,13 +257,13 @@ def test_dual_chunk_scores_follow_the_papers_index_rules():
             qr = rope.rotate(q[:, i : i + 1], torch.tensor([rel]))[0, 0]
             expected = (qr * k[0, j]).sum(-1) / math.sqrt(8)
             torch.testing.assert_close(scores[:, i, j], expected)
-    regions = config.dual_chunk.regions(pos, pos)
+    regions = positions.dual_chunk.regions(pos, pos)
     assert {INTRA, SUCCESSIVE, INTER} == set(regions.tril().unique().tolist())
 
 
 def test_dual_chunk_is_rope_within_one_chunk_and_loads_rope_weights():
-    rope_model = _randomized(TINY)
-    dca = GPT(replace(TINY, dual_chunk=DualChunk(12, 4))).to(torch.float64).eval()
+    rope_model = _randomized(SCHEMES["rope"])
+    dca = GPT(TINY, positions=P(dual_chunk=DualChunk(12, 4))).to(torch.float64).eval()
     dca.load_state_dict(rope_model.state_dict())  # the same parameters: training-free
     idx = torch.randint(0, 64, (2, 8))
     # 8 tokens = one chunk: plain RoPE, to the float32 softmax DualChunkAttention takes (float64 models too):

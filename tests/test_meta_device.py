@@ -16,6 +16,7 @@ from models.dit import PRESETS as DIT_PRESETS
 from models.dit import DiT
 from models.gpt import GPT
 from models.gpt import PRESETS as GPT_PRESETS
+from models.studies.length.positions import STUDY_PRESETS
 from models.video_dit import PRESETS as VIDEO_PRESETS
 from models.video_dit import VideoDiT
 
@@ -42,9 +43,9 @@ def _builders():
     yield "KVCache", lambda: ar.KVCache(1, 8, 2, 16)
     yield "DiT tiny", lambda: DiT(DIT_PRESETS["tiny"])
     yield "VideoDiT tiny", lambda: VideoDiT(VIDEO_PRESETS["tiny"])
-    for name in ("lm-rope", "lm-alibi", "lm-learned", "lm-t5"):
-        if name in GPT_PRESETS:
-            yield f"GPT {name}", lambda name=name: GPT(GPT_PRESETS[name])
+    yield "GPT tiny", lambda: GPT(GPT_PRESETS["tiny"])
+    for name in ("lm-rope", "lm-alibi", "lm-learned", "lm-t5"):  # the length study's schemes
+        yield f"GPT {name}", lambda name=name: STUDY_PRESETS[name].build()
 
 
 BUILDERS = dict(_builders())

@@ -16,6 +16,7 @@ import axial_rope as ar
 from axial_rope.cache import KVCache, roll_shift
 from axial_rope.layers import Attention
 from models.gpt import GPT, GPTConfig
+from models.studies.length.positions import StudyPositions
 
 
 def _raw(n_tokens, dtype, heads=2, dim=16, seed=0):
@@ -189,7 +190,8 @@ def test_stream_logits_without_sinks_are_a_sliding_window_at_every_depth_float64
     # re-indexed to 0 .. W - 1 keep their distances to the query, which is all RoPE's scores read
     model, window = _gpt(torch.float64, depth), 8
     idx = torch.randint(0, 64, (2, 5 * window), generator=torch.Generator().manual_seed(4))
-    sliding = GPT(replace(model.config, window=window, max_seq_len=5 * window)).double().eval()
+    sliding = GPT(replace(model.config, max_seq_len=5 * window), positions=StudyPositions(window=window)).double()
+    sliding = sliding.eval()
     sliding.load_state_dict(model.state_dict())
     with torch.no_grad():
         streamed, expected = model.stream_logits(idx, window), sliding(idx)
@@ -291,7 +293,9 @@ def test_static_cache_advance_raises_past_its_length_and_generate_refuses_other_
     with pytest.raises(ValueError, match="exceed max_seq_len=4 .*window=, keeps a stream going"):
         cache.advance(1)
     idx = torch.zeros(1, 3, dtype=torch.long)
-    alibi = GPT(GPTConfig(vocab_size=16, depth=1, num_heads=2, hidden_size=16, position="alibi"))
+    alibi = GPT(
+        GPTConfig(vocab_size=16, depth=1, num_heads=2, hidden_size=16), positions=StudyPositions(position="alibi")
+    )
     with pytest.raises(ValueError, match="streams RoPE softmax attention.*position='alibi'"):
         alibi.generate(idx, 2, window=8)
     with pytest.raises(ValueError, match="sinks go with a rolling window"):

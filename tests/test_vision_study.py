@@ -1,4 +1,4 @@
-"""The resolution, frame and packing studies (models/training/vision_study): RIFLEx's k, the test sets, the
+"""The resolution, frame and packing studies (models/studies/vision): RIFLEx's k, the test sets, the
 object metrics and their statistics on inputs with known answers, and the studies' quick variants end to end."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import torch
 from helpers import one_torch_thread
 
 import axial_rope as ar
+from models.studies.vision import figures, run_frames, run_packing, run_resolution
+from models.studies.vision.metrics import image_metrics, reference, repetition, video_metrics
+from models.studies.vision.objects import BACKGROUND, components, find_objects
 from models.training.data import Canvas, MovingShapes, Shapes
-from models.training.vision_study import figures, run_frames, run_packing, run_resolution
-from models.training.vision_study.metrics import image_metrics, reference, repetition, video_metrics
-from models.training.vision_study.objects import BACKGROUND, components, find_objects
 
 _one_thread = one_torch_thread()
 
@@ -156,6 +156,11 @@ def test_quick_study_writes_tables_pictures_and_reuses_its_runs(name, tmp_path, 
     assert re.search(r"\| -?\d+\.\d+ \[-?\d+\.\d+, -?\d+\.\d+\] \|", page)  # a mean and its interval in a table
     data = json.loads((tmp_path / "out" / f"{name}.json").read_text())
     assert data["environment"]["versions"]["torch"] == torch.__version__ and data["results"]
+    # the page regenerates from its json alone, byte for byte (every cell and the draws are stored)
+    from models.studies.vision import frames_page, packing_page, resolution_page
+
+    markdown = {"resolution": resolution_page, "frames": frames_page, "packing": packing_page}[name].markdown
+    assert markdown(data) == page and data["cells"]
     assert all(p.stat().st_size > 100 for p in (tmp_path / "out" / "img").iterdir())
     capsys.readouterr()
     run(tmp_path / "out", quick=True, root=tmp_path / "runs")  # everything is there: nothing recomputed

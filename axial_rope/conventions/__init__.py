@@ -10,6 +10,7 @@ version its tests compare against (``tests/test_conventions_*.py``); :func:`tabl
 """
 
 from . import (  # noqa: F401  (diffusers family records: they register on import)
+    ace_step,
     allegro,
     anyflow,
     bria,
@@ -18,6 +19,7 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     ernie_image,
     flux2,
     hidream,
+    ideogram,
     joyimage,
     kandinsky,
     krea2,

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 __all__ = [
-    "Convention", "DiffusersFamily", "DIFFUSERS", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "REGISTRY", "builds_rope",
+    "Convention", "DiffusersFamily", "TablesProducer", "DIFFUSERS", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "REGISTRY", "builds_rope",
     "diffusers_family", "diffusers_table", "register", "register_diffusers", "table",
 ]  # fmt: skip
 
@@ -108,6 +108,18 @@ def table() -> str:
 
 
 @dataclass(frozen=True)
+class TablesProducer:
+    """A further tables module of a model that computes several (LTX-2: video, audio and the two cross-attention
+    ropes): replaced as the record's own ``("module", attr)`` is, sized by the record's grid, with its own rope,
+    positions and layout (the fields of :class:`DiffusersFamily` of those names)."""
+
+    tables: tuple[str, str]
+    rope: Callable
+    positions: Callable
+    layout: Callable = lambda cos, sin: (cos, sin)
+
+
+@dataclass(frozen=True)
 class DiffusersFamily:
     """How a family of diffusers transformers computes and uses its RoPE: the one place a family is described.
 
@@ -123,8 +135,10 @@ class DiffusersFamily:
         tables: where the model's rotary tables come from: ``("module", attr)``: the submodule computing
             them in the forward (the adapter replaces it when scaling); ``("method", name)``: a method of the
             model computing them (shadowed on the instance when scaling); ``("argument", name)``: a forward
-            argument the pipeline passes (a forward pre-hook replaces it); ``("fixed", attr)``: the model's
-            own only (no spectrum to scale: unscaled processors alone).
+            argument the pipeline passes (a forward pre-hook replaces it); ``("block argument", name)``: a forward
+            argument of each rotary block (the modules ``blocks`` names: ``layers.0``, ...), which the model
+            computes in a plain function (a pre-hook per block replaces it, from the block's ``hidden_states``);
+            ``("fixed", attr)``: the model's own only (no spectrum to scale: unscaled processors alone).
         positions: ``config -> (rope, sizing, *inputs, **kwargs) -> (pos, scaling per axis, *context)``, from
             the tables module's inputs (the argument case: the transformer's ``hidden_states``); ``pos`` is
             ``[S, A]``, or ``[B, S, A]`` for tables per item; ``context`` (optional) is what the layout needs
@@ -153,6 +167,11 @@ class DiffusersFamily:
             several calls (text apart from image tokens): the forward's image grid (int64 ``[len(grid_axes)]``,
             the extent of every image the forward holds), read from its arguments, so that ``mode`` sizes every
             call by the same grid (the text call sees no image); ``None``: each call's inputs show the grid.
+        frequencies: ``config -> (*inputs, **kwargs) -> F``: the frequency matrix the model hands its tables module
+            on each forward (Mochi's learned ``pos_frequencies``), which the rotation uses in place of the rope's, so
+            that the tables follow the trained weight (and its gradient flows); ``None``: the rope's own ``F``.
+        producers: the model's further tables modules (:class:`TablesProducer`), where it computes several; only
+            with ``tables=("module", attr)``.
         max_diff: the largest output difference from the stock model at the training size, unscaled, with
             float64 models and inputs (so what remains is the float32 rounding of the model's tables), for
             the docs table; the tests hold it to their bound.
@@ -177,6 +196,8 @@ class DiffusersFamily:
     clean_timestep: float = 0.0
     timestep: str = "timestep"
     grid: tuple[tuple[str, ...], Callable] | None = None
+    frequencies: Callable | None = None
+    producers: tuple[TablesProducer, ...] = ()
     max_diff: float = 0.0
     source: str = ""
     axes: str = ""
@@ -200,17 +221,7 @@ DIFFUSERS_UNSUPPORTED: dict[str, str] = {
 }
 # diffusers 0.42.1 classes that use RoPE and have no record yet: the work still to do, listed so that
 # tests/test_diffusers_coverage.py fails for a class that is none of served, unsupported or pending
-DIFFUSERS_PENDING = frozenset(
-    {
-        "AceStepTransformer1DModel",
-        "AnyFlowFARTransformer3DModel",
-        "BriaFibo2Transformer2DModel",
-        "Ideogram4Transformer2DModel",
-        "LTX2VideoTransformer3DModel",
-        "MochiTransformer3DModel",
-        "SanaWMLTX2RefinerTransformer3DModel",
-    }
-)
+DIFFUSERS_PENDING: frozenset[str] = frozenset()  # none left in diffusers 0.42.1
 
 
 def register_diffusers(family: DiffusersFamily) -> DiffusersFamily:
@@ -255,6 +266,7 @@ def diffusers_table() -> str:
         f = DIFFUSERS[name]
         where = {"module": f"`{f.tables[1]}` replaced", "method": f"`{f.tables[1]}()` replaced",
                  "argument": f"`{f.tables[1]}` argument replaced",
+                 "block argument": f"blocks' `{f.tables[1]}` argument replaced",
                  "fixed": "the model's own (unscaled only)"}[f.tables[0]]  # fmt: skip
         time = (
             "-" if f.time_axis is None

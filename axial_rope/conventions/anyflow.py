@@ -14,7 +14,7 @@ import torch
 from ..ops.common import has_float64
 from ._fields import field, kind, size
 from ._registry import DiffusersFamily, register_diffusers
-from ._tables import grid_positions
+from ._tables import grid_coordinates, grid_positions
 from .wan import wan
 
 __all__ = []
@@ -81,5 +81,62 @@ register_diffusers(
         max_diff=3e-9,  # float64 models, tables replaced; the GDN recurrence runs in float32
         source=SANA_WM_SOURCE,
         axes="(t, y, x) of `linear_head_dim`: D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000",
+    )
+)
+
+
+FAR_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_anyflow_far.py` `AnyFlowCausalRotaryPosEmbed`"
+
+
+def _far_positions(config):
+    """``rope(far_cfg, device, clean_hidden_states=None)``: Wan's table on the full token grid for the full frames,
+    and for the compressed context frames the table average-pooled over windows of ``d = compressed_patch_size /
+    patch_size`` and renormalised. The mean of ``exp(i f k)`` over ``k = d j .. d j + d - 1`` is
+    ``exp(i f (d j + (d - 1) / 2)) sin(d f / 2) / sin(f / 2)``, whose phase is the window's centre while ``d f / 2 <
+    pi`` (every ``f <= 1`` for ``d <= 6``): the compressed tokens sit at the centres of their windows of full-grid
+    tokens. Order: compressed frames, full frames (and the full frames again for the clean copy)."""
+    down = tuple(c // p for c, p in zip(field(config, "compressed_patch_size"), field(config, "patch_size")))
+    if max(down) > 6:
+        raise ValueError(f"{kind(config)} config: compressed_patch_size / patch_size {down} above 6 pools the fastest "
+                         "planes past a half turn (the pooled phase is then not a position)")  # fmt: skip
+
+    def positions(rope, sizing, far_cfg, device=None, clean_hidden_states=None):
+        frames, compressed = far_cfg["total_frames"], far_cfg["num_compressed_frames"]
+        sizes = (frames, *far_cfg["full_frame_shape"])
+        coords, sized_scaling = grid_coordinates(sizes, sizing, device=device)  # per axis [n_a]: affine in the index
+
+        def at(a, index):  # the coordinate of (fractional) full-grid index `index` on axis a
+            c = coords[a]
+            return c[0] + (c[1] - c[0] if c.shape[0] > 1 else 1.0) * index
+
+        def mesh(t, y, x):
+            return torch.stack(torch.meshgrid(t, y, x, indexing="ij"), dim=-1).reshape(-1, 3)
+
+        def window_centres(a, n):
+            return at(a, down[a] * torch.arange(n, dtype=torch.float32, device=device) + (down[a] - 1) / 2)
+
+        full = mesh(*(at(a, torch.arange(lo, n, dtype=torch.float32, device=device))
+                      for a, (lo, n) in enumerate(zip((compressed, 0, 0), sizes))))  # fmt: skip
+        pooled = mesh(window_centres(0, compressed), *(window_centres(a, n) for a, n in
+                                                       zip((1, 2), far_cfg["compressed_frame_shape"])))  # fmt: skip
+        parts = [pooled, full] + ([full] if clean_hidden_states is not None else [])
+        return torch.cat(parts), rope.scaling if sizing is None else sized_scaling
+
+    return positions
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="anyflow_far",
+        classes=("AnyFlowFARTransformer3DModel",),
+        rope=lambda c: wan(size(c, "attention_head_dim")),  # AnyFlowCausalRotaryPosEmbed: Wan's split, theta 10000
+        tables=("module", "rope"),  # rope(far_cfg=..., device=..., clean_hidden_states=...)
+        positions=_far_positions,
+        layout=_anyflow_layout,
+        blocks=("blocks.",),
+        max_diff=2e-7,  # float64 models, tables replaced: 1.2e-7 measured (stock complex128, ours float32 tables)
+        source=FAR_SOURCE,
+        axes="(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000; compressed frames at window "
+        "centres",
     )
 )

@@ -1,11 +1,15 @@
-"""Bria (diffusers ``BriaEmbedND``, ``BriaFiboEmbedND``): Flux's per-axis spectra over Flux-style ids."""
+"""Bria (diffusers ``BriaEmbedND``, ``BriaFiboEmbedND``, Bria-Fibo 2's ``RopeEmbedder``): Flux's per-axis spectra over
+Flux-style ids."""
 
 from __future__ import annotations
+
+import torch
 
 from ._fields import axes_sum, field
 from ._registry import DiffusersFamily, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
+from .z_image import _rope as z_image_rope
 
 __all__: list[str] = []
 
@@ -36,3 +40,37 @@ def _record(name: str, cls: str, processor: str, source: str) -> DiffusersFamily
 
 register_diffusers(_record("bria", "BriaTransformer2DModel", "BriaAttnProcessor", BRIA_SOURCE))
 register_diffusers(_record("bria_fibo", "BriaFiboTransformer2DModel", "BriaFiboAttnProcessor", FIBO_SOURCE))
+
+FIBO2_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_bria_fibo2.py` `RopeEmbedder`"
+
+
+def _fibo2_grid(config):
+    def grid(hidden_states):  # the image grid (y, x) in tokens, from the latents [B, C, H, W]
+        patch = field(config, "patch_size", 2)
+        return torch.tensor([hidden_states.shape[-2] // patch, hidden_states.shape[-1] // patch])
+
+    return grid
+
+
+# Bria-Fibo 2 looks its tables up as Z-Image does (a plain `RopeEmbedder` object, float32 complex lookup tables),
+# over ids (index, y, x): the image at index `max_num_gist_tokens + 1`, each context image on the next index with
+# its own rows and columns, the gist tokens at (1 + i, 0, 0); called once for the image and context ids, once for
+# the gist ids, so a sized forward reads the image grid from `hidden_states` and sizes both calls by it.
+register_diffusers(
+    DiffusersFamily(
+        name="bria_fibo2",
+        classes=("BriaFibo2Transformer2DModel",),
+        rope=z_image_rope,  # the same config fields: dim, n_heads, axes_dims, rope_theta
+        tables=("module", "rope_embedder"),  # rope_embedder(ids [N, 3]) -> complex64 [N, D/2]
+        positions=lambda c: lambda rope, sizing, ids: ids_positions(ids, rope, sizing),
+        layout=lambda cos, sin: torch.complex(cos[:, ::2], sin[:, ::2]),
+        grid_axes=(1, 2),
+        time_axis=None,
+        blocks=("noise_refiner.", "layers."),
+        noise_timestep=1.0,  # its timestep is the noise level in [0, 1]: 1 pure noise, 0 clean
+        grid=(("hidden_states",), _fibo2_grid),
+        max_diff=4e-8,  # float64 models, tables replaced: 3.0e-8 measured (upstream float32 lookup tables)
+        source=FIBO2_SOURCE,
+        axes="(index, y, x): `axes_dims` (summing to `dim / n_heads`), `rope_theta` (256)",
+    )
+)

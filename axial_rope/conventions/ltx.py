@@ -22,8 +22,9 @@ import torch
 
 from ..frequencies import Frequencies, PositionTransform
 from ..rope import AxialRoPE
-from ._fields import size
-from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
+from ._fields import field, size
+from ._registry import Convention, DiffusersFamily, TablesProducer, builds_rope, register, register_diffusers
+from ._tables import grid_coordinates
 
 __all__ = ["ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions"]
 
@@ -239,5 +240,154 @@ register_diffusers(
         max_diff=3e-8,  # float64 models: upstream's float32 tables, rotated as given
         source=LTX_SOURCE,
         axes="(t, y, x) over the hidden size, per head",
+    )
+)
+
+
+def _ltx2_rope(config, *, heads: str, head_dim: int | None = None, max_pos: int | None = None, modality="video"):
+    """One of LTX-2's four ropes: ``heads`` the config field of its head count; ``head_dim`` its width (default the
+    config's ``attention_head_dim`` or ``audio_attention_head_dim``), ``max_pos`` its time base."""
+    audio = heads.startswith("audio")
+    width = head_dim or size(config, "audio_attention_head_dim" if audio else "attention_head_dim")
+    return ltx2(
+        size(config, heads), width, pos_embed_max_pos=max_pos or size(config, "audio_pos_embed_max_pos" if audio
+        else "pos_embed_max_pos"), base_height=size(config, "base_height"), base_width=size(config, "base_width"),
+        rope_theta=float(field(config, "rope_theta")), rope_double_precision=bool(field(config, "rope_double_precision")),
+        rope_type=field(config, "rope_type"), modality=modality,
+    )  # fmt: skip
+
+
+def _cross_rope(heads: str):
+    def rope(config):  # the cross-attention ropes: time only, `audio_cross_attention_dim` wide, the longer base
+        cross = size(config, "audio_cross_attention_dim")
+        base = max(size(config, "pos_embed_max_pos"), size(config, "audio_pos_embed_max_pos"))
+        return _ltx2_rope(config, heads=heads, head_dim=cross // size(config, heads), max_pos=base, modality="audio")
+
+    return rope
+
+
+def _no_normalize(sizing) -> None:
+    """LTX-2's coordinates are seconds and pixels scaled about 0 (interpolation): no grid cells to centre."""
+    if "normalize" in sizing.mode:
+        raise ValueError("LTX-2 (ltx2, sana_wm_ltx2_refiner): its coordinates are seconds and pixels, not a grid to "
+                         "centre: mode 'normalize' is refused; use 'interpolate' or 'none'")  # fmt: skip
+
+
+def _ltx2_positions(n_axes: int):
+    """``config -> (rope, sizing, coords [B, A', N, 2], device=None) -> (pos [B, N, n_axes], None)``: the midpoints
+    of the patch bounds (seconds, pixels) on the first ``n_axes`` axes; sized, each axis' coordinates scaled as
+    :func:`~axial_rope.positions_for_size` scales the token grid's (interpolation: ``n / train``)."""
+
+    def of_config(config):
+        def positions(rope, sizing, coords, device=None):
+            mid = coords[:, :n_axes].mean(-1) if coords.ndim == 4 else coords[:, :n_axes]  # [B, n_axes, N]
+            pos = mid.transpose(1, 2).to(torch.float32)  # [B, N, n_axes]
+            if sizing is not None:
+                _no_normalize(sizing)
+                sizes = tuple(int(n) for n in sizing.grid)
+                coords_of, _ = grid_coordinates(sizes, sizing, device=pos.device)
+                step = torch.stack([c[1] - c[0] if c.shape[0] > 1 else c.new_ones(()) for c in coords_of])  # [3]
+                pos = pos * step[:n_axes]  # time first: the audio and cross-attention ropes follow the video's time
+            return pos, None, rope.pairing
+
+        return positions
+
+    return of_config
+
+
+def _ltx2_layout(cos: torch.Tensor, sin: torch.Tensor, pairing: str):
+    """Per-head tables ``[B, N, H, D]`` in the rope's pairing -> upstream's: interleaved ``[B, N, H D]`` over the
+    hidden size; ``rope_type="split"`` (half pairing) ``[B, H, N, D/2]``, each half's table once."""
+    if pairing == "half":
+        return tuple(t[..., : t.shape[-1] // 2].transpose(1, 2) for t in (cos, sin))
+    return cos.flatten(-2), sin.flatten(-2)
+
+
+def _ltx2_grid(config):
+    def grid(num_frames, height, width):  # the latent token grid (t, y, x), from the forward's arguments
+        if num_frames is None or height is None or width is None:
+            raise ValueError("a sized LTX2VideoTransformer3DModel reads its token grid from the forward's "
+                             "num_frames, height and width: pass them (not only video_coords)")  # fmt: skip
+        p_t, p = size(config, "patch_size_t"), size(config, "patch_size")
+        return torch.tensor([-(-num_frames // p_t), -(-height // p), -(-width // p)])
+
+    return grid
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="ltx2",
+        classes=("LTX2VideoTransformer3DModel",),
+        rope=lambda c: _ltx2_rope(c, heads="num_attention_heads"),
+        tables=("module", "rope"),  # rope(video_coords [B, 3, N, 2]) -> (cos, sin) over the hidden size
+        positions=_ltx2_positions(3),
+        layout=_ltx2_layout,
+        producers=(
+            TablesProducer(
+                ("module", "audio_rope"),
+                lambda c: _ltx2_rope(c, heads="audio_num_attention_heads", modality="audio"),
+                _ltx2_positions(1),
+                _ltx2_layout,
+            ),  # audio_coords [B, 1, N, 2]
+            TablesProducer(
+                ("module", "cross_attn_rope"), _cross_rope("num_attention_heads"), _ltx2_positions(1), _ltx2_layout
+            ),  # video_coords[:, :1]: the video's time, for audio-video attention
+            TablesProducer(
+                ("module", "cross_attn_audio_rope"),
+                _cross_rope("audio_num_attention_heads"),
+                _ltx2_positions(1),
+                _ltx2_layout,
+            ),  # audio_coords[:, :1]
+        ),  # fmt: skip
+        spectrum=False,  # per-head bands of one schedule over the hidden size: position modes
+        grid=(("num_frames", "height", "width"), _ltx2_grid),
+        blocks=("transformer_blocks.",),
+        # float64 models, tables replaced: 4.8e-5 measured; upstream's angles are float32 products up to theta pi / 2
+        max_diff=6e-5,
+        source=LTX2_SOURCE,
+        axes="(t, y, x) cycled over the hidden size, per head; audio and cross-attention: t; `rope_theta`; "
+        "seconds and pixels: no normalize",
+    )
+)
+
+
+def _refiner_positions(config):
+    """SANA-WM's LTX-2 refiner: ``rope(pixel_coords)`` from ``build_rotary_emb_for_absolute_positions`` (a window's
+    absolute frames); sized, the window's (y, x) grid is read from the coordinates (one host read; the pipeline
+    builds the tables outside the forward) and time keeps the absolute frame positions."""
+    p = size(config, "patch_size")
+    _, f_y, f_x = field(config, "vae_scale_factors")
+
+    def positions(rope, sizing, coords, device=None):
+        pos = coords[:, :3].mean(-1).transpose(1, 2).to(torch.float32)  # [B, N, 3] patch midpoints
+        if sizing is not None:
+            _no_normalize(sizing)
+            starts = coords[0, 1:, :, 0].amax(-1)  # [2] the last patch's start, in pixels
+            sizes = (int(starts[0]) // (p * f_y) + 1, int(starts[1]) // (p * f_x) + 1)
+            coords_of, _ = grid_coordinates(sizes, sizing, device=pos.device)
+            step = torch.stack([c[1] - c[0] if c.shape[0] > 1 else c.new_ones(()) for c in coords_of])  # [2]
+            pos = pos * torch.cat([step.new_ones(1), step])
+        return pos, None, rope.pairing
+
+    return positions
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="sana_wm_ltx2_refiner",
+        classes=("SanaWMLTX2RefinerTransformer3DModel",),
+        rope=lambda c: _ltx2_rope(c, heads="num_attention_heads"),
+        # rope(pixel_coords), called by build_rotary_emb_for_absolute_positions for each AR window (and the sink)
+        tables=("module", "rope"),
+        positions=_refiner_positions,
+        layout=_ltx2_layout,
+        grid_axes=(1, 2),  # mode sizes (y, x); time is the frames' absolute index in the source video
+        spectrum=False,
+        blocks=("transformer_blocks.",),
+        max_diff=6e-5,  # float64 models, tables replaced: 3.7e-5 measured (upstream's float32 angles, as LTX-2's)
+        source="diffusers 0.42.1 `models/transformers/transformer_sana_wm_refiner.py` "
+        "`build_rotary_emb_for_absolute_positions`",
+        axes="(t, y, x) cycled over the hidden size, per head (LTX-2's video rope); absolute frame positions; no "
+        "normalize",
     )
 )

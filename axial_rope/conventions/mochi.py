@@ -7,8 +7,10 @@ import math
 import torch
 
 from ..frequencies import Frequencies
+from ..positions import positions_for_size
 from ..rope import AxialRoPE
-from ._registry import Convention, builds_rope, register
+from ._fields import size
+from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
 
 __all__ = ["mochi", "mochi_positions"]
 
@@ -69,5 +71,41 @@ register(
         positions="frame index; y, x cell centres scaled to the 192 x 192 base area",
         max_diff=5e-06,
         example=_example,
+    )
+)
+
+
+def _diffusers_positions(config):
+    def positions(rope, sizing, pos_frequencies, num_frames, height, width, device=None, dtype=None):
+        # MochiRoPE(pos_frequencies, frames, height, width): frames at their index (sized with mode), y and x the
+        # cell centres over the base area, which the model keeps at every resolution itself
+        yx = mochi_positions(1, height, width, dtype=torch.float32).to(pos_frequencies.device)[:, 1:]  # [h w, 2]
+        if sizing is None:
+            t = torch.arange(num_frames, dtype=torch.float32, device=yx.device)
+        else:  # position modes only (the record has no spectrum): F stays the model's
+            t = positions_for_size((num_frames,), sizing.train_size, sizing.mode, device=yx.device).pos[:, 0]
+        hw = yx.shape[0]
+        tt = t[:, None, None].expand(num_frames, hw, 1)
+        return torch.cat([tt, yx.expand(num_frames, hw, 2)], dim=-1).flatten(0, 1), None  # [F h w, 3], unscaled
+
+    return positions
+
+
+register_diffusers(
+    DiffusersFamily(
+        name="mochi",
+        classes=("MochiTransformer3DModel",),
+        rope=lambda c: mochi(size(c, "num_attention_heads"), size(c, "attention_head_dim")),
+        tables=("module", "rope"),  # rope(pos_frequencies, frames, height, width) -> (cos, sin) [S, H, D/2]
+        positions=_diffusers_positions,
+        # F is the learned pos_frequencies [3, H, D/2] passed in each forward: the rotation turns by it, [H, 3, D/2]
+        frequencies=lambda c: lambda pos_frequencies, *rest, **kw: pos_frequencies.float().permute(1, 0, 2),
+        layout=lambda cos, sin: (cos[..., ::2], sin[..., ::2]),  # [S, H, D] interleaved -> per plane [S, H, D/2]
+        grid_axes=(0,),  # mode sizes time; y and x already span the base area at every resolution
+        spectrum=False,
+        blocks=("transformer_blocks.",),
+        max_diff=2e-6,  # float64 models, tables replaced: 1.6e-6 measured (stock: float32 angles up to 100 rad)
+        source=SOURCE,
+        axes="(t, y, x) mixed in every plane by the learned `pos_frequencies` [3, H, D/2], per head",
     )
 )

@@ -51,7 +51,7 @@ from .diffusers_tables import RotaryTables, argument_hook, grid_hook, time_hook
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
 
 _ATTR = "_axial_rope_processors"  # where the handle lives on the transformer instance
-_TABLES = "_axial_rope_tables"  # the tables module standing in for a model method (tables ("method", name))
+_TABLES = "_axial_rope_tables"  # the tables module standing in for a model method or feeding the blocks' argument
 # axial_rope's processors, by the name a family record gives
 _PROCESSORS = {cls.__name__: cls for cls in (FluxRopeProcessor, HunyuanVideoRopeProcessor, WanRopeProcessor,
                                              CogVideoXRopeProcessor, LTXVideoRopeProcessor)}  # fmt: skip
@@ -74,7 +74,7 @@ class RopeProcessors:
         self.transformer, self.rope, self.tables, self.hooks = transformer, rope, tables, hooks
         self.originals = originals  # every processor before installation, by name ({}: none replaced)
         self.names = names
-        self._replaced = replaced  # (attribute, the stock tables module) when the tables module was replaced
+        self._replaced = replaced or []  # (attribute, the stock tables module or None) per tables module replaced
 
     def remove(self) -> None:
         """Put the stock tables module and processors back and drop the hooks (idempotent).
@@ -91,17 +91,17 @@ class RopeProcessors:
             self.transformer.set_attn_processor(current)
         for hook in self.hooks:
             hook.remove()
-        if self._replaced is not None:
-            name, stock = self._replaced
+        for name, stock in self._replaced:
             if stock is None:  # a method was shadowed on the instance: the class's own is found again
                 del self.transformer.__dict__[name]
-                delattr(self.transformer, _TABLES)
             elif isinstance(stock, torch.nn.Module):
                 stock = stock.to(next(self.tables.rope.buffers()).device)
             else:  # a plain object (Z-Image's RopeEmbedder): our module goes, the attribute is set again
                 delattr(self.transformer, name)
             if stock is not None:
                 setattr(self.transformer, name, stock)
+        if _TABLES in self.transformer._modules:  # the method's stand-in, the blocks' tables
+            delattr(self.transformer, _TABLES)
         delattr(self.transformer, _ATTR)
 
 
@@ -192,28 +192,45 @@ def set_rope_processors(
     device = next(iter(transformer.parameters())).device
     rope = rope.to(device)
     scaled = sizing is not None or any(s is not None for s in rope.scaling)
-    tables, hooks, replaced = None, [], None
+    tables, hooks, replaced = None, [], []
     if scaled:
         where, attr = family.tables
-        stock = getattr(transformer, attr) if where == "module" else None
+        config = transformer.config
         by_grid = sizing is not None and family.grid is not None
-        tables = RotaryTables(
-            rope, family.positions(transformer.config), family.layout, sizing, time_dependent=rope.time_dependent,
-            stock=stock, grid_axes=len(family.grid_axes) if by_grid else 0,
-        ).to(device)  # fmt: skip
+        # the record's tables module, then (LTX-2) the model's further ones: each its own rope, positions and layout
+        made = [(rope, family.positions(config), family.layout, attr,
+                 None if family.frequencies is None else family.frequencies(config))]  # fmt: skip
+        for producer in family.producers:
+            more = producer.rope(config) if scaling is None else _scaled(family, producer.rope(config), scaling, name)
+            more.backend = backend
+            made.append((more.to(device), producer.positions(config), producer.layout, producer.tables[1], None))
+        built = []  # (attribute, its stock module or None, our tables)
+        for rope_of, positions, layout, attribute, frequencies in made:
+            stock = getattr(transformer, attribute) if where == "module" else None
+            built.append((attribute, stock, RotaryTables(
+                rope_of, positions, layout, sizing, time_dependent=rope_of.time_dependent, stock=stock,
+                grid_axes=len(family.grid_axes) if by_grid else 0, frequencies=frequencies,
+            ).to(device)))  # fmt: skip
+        tables = built[0][2]
+        every = [t for _, _, t in built]
         if rope.time_dependent:  # registered first (hooks run in order): the time is set before the tables
             noise = family.noise_timestep if noise_timestep is None else noise_timestep
-            hooks.append(time_hook(transformer, tables, noise, clean, family.timestep))
-        if by_grid:  # the grid of the whole forward, for every call of the tables module
+            hooks.append(time_hook(transformer, every, noise, clean, family.timestep))
+        if by_grid:  # the grid of the whole forward, for every call of the tables modules
             names, read = family.grid
-            hooks.append(grid_hook(transformer, tables, names, read(transformer.config)))
+            hooks.append(grid_hook(transformer, every, names, read(config)))
         if where == "module":
-            replaced = (attr, stock)
-            setattr(transformer, attr, tables)
+            for attribute, stock, ours in built:
+                replaced.append((attribute, stock))
+                setattr(transformer, attribute, ours)
         elif where == "method":  # a model method computes them: an instance attribute shadows it
-            replaced = (attr, None)
+            replaced.append((attr, None))
             transformer.add_module(_TABLES, tables)  # a submodule, so .to() and compile see it
             object.__setattr__(transformer, attr, tables)
+        elif where == "block argument":  # each rotary block takes them as an argument: a pre-hook per block
+            transformer.add_module(_TABLES, tables)
+            for block in _rotary_blocks(transformer, family.blocks):
+                hooks.append(argument_hook(block, attr, tables, "hidden_states"))
         else:
             hooks.append(argument_hook(transformer, attr, tables, "hidden_states"))
 
@@ -229,6 +246,13 @@ def set_rope_processors(
     handle = RopeProcessors(transformer, rope, tables, originals, names, hooks, replaced)
     setattr(transformer, _ATTR, handle)
     return handle
+
+
+def _rotary_blocks(transformer: torch.nn.Module, prefixes: tuple[str, ...]) -> list[torch.nn.Module]:
+    """The blocks the processor prefixes name (``"layers."``: ``layers.0``, ``layers.1``, ...)."""
+    return [
+        m for n, m in transformer.named_modules() if any(n.startswith(p) and n[len(p) :].isdigit() for p in prefixes)
+    ]
 
 
 def _axis_names(family: DiffusersFamily, n_axes: int) -> tuple[str, ...]:

@@ -51,11 +51,15 @@ class RotaryTables(nn.Module):
             its attributes stay readable here (``transformer.rope.patch_size``), as code reading them expects.
         grid_axes: hold this forward's token grid (``grid_axes`` extents, set by :func:`grid_hook`) in the
             ``grid`` buffer, and size by it (``sizing.grid``): for models computing their tables in several calls.
+        frequencies: ``(*inputs, **kwargs) -> F`` (``[A, n]`` or per head ``[H, A, n]``): the frequency matrix the
+            replaced module receives (a learned weight), used in place of the rope's; ``None``: the rope's.
     """
 
     def __init__(self, rope: AxialRoPE, positions: Callable, layout: Callable, sizing: Sizing | None = None,
-                 *, time_dependent: bool = False, stock: object | None = None, grid_axes: int = 0):  # fmt: skip
+                 *, time_dependent: bool = False, stock: object | None = None, grid_axes: int = 0,
+                 frequencies: Callable | None = None):  # fmt: skip
         super().__init__()
+        self.frequencies = frequencies
         self.__dict__["stock"] = stock  # a module, or a plain object (Z-Image's RopeEmbedder)
         self.rope, self.positions, self.layout, self.sizing = rope, positions, layout, sizing
         self.time_dependent, self.sized_by_grid = time_dependent, bool(grid_axes)
@@ -73,6 +77,8 @@ class RotaryTables(nn.Module):
             sizing = dataclasses.replace(sizing, grid=self.grid)
         pos, scaling, *context = self.positions(self.rope, sizing, *inputs, **kwargs)
         rotation = self.rope.rotation(pos, scaling=scaling, t=self.time if self.time_dependent else None)
+        if self.frequencies is not None:  # the model's own (learned) F, as this forward passes it
+            rotation = rotation._replace(freqs=self.frequencies(*inputs, **kwargs), turns=None)
         return (*rotation_channel_tables(rotation, batched=pos.ndim == 3), *context)
 
     def forward(self, *inputs, **kwargs):
@@ -117,17 +123,22 @@ def _get(args, kwargs, name: str, slot: int | None):
     return args[slot] if slot is not None and slot < len(args) else None
 
 
+def _each(tables) -> list:
+    return list(tables) if isinstance(tables, (list, tuple)) else [tables]
+
+
 def time_hook(
-    transformer: nn.Module, tables: RotaryTables, noise_timestep: float, clean_timestep: float = 0.0,
-    name: str = "timestep",
+    transformer: nn.Module, tables: RotaryTables | list[RotaryTables], noise_timestep: float,
+    clean_timestep: float = 0.0, name: str = "timestep",
 ):  # fmt: skip
-    """A forward pre-hook writing ``max((timestep - clean) / (noise - clean))`` into ``tables.time`` (torch ops: no
-    host sync): 1 at pure noise, 0 at a clean sample, ``timestep`` read from the forward argument ``name``.
+    """A forward pre-hook writing ``max((timestep - clean) / (noise - clean))`` into ``tables.time`` (each of a list of
+    tables modules; torch ops: no host sync): 1 at pure noise, 0 at a clean sample, ``timestep`` read from the
+    forward argument ``name``.
 
     The batch (both halves of guidance) shares the step's time; per-token timesteps (Wan 2.2) give their
     maximum, the noised tokens'. A forward without ``timestep`` is refused: the scaling would have no time.
     """
-    slot = _slot(transformer, name)
+    slot, every = _slot(transformer, name), _each(tables)
 
     def hook(module, args, kwargs):
         timestep = _get(args, kwargs, name, slot)
@@ -135,7 +146,8 @@ def time_hook(
             raise ValueError(f"a time-dependent scaling reads each forward's `{name}`; this forward got none")
         ts = torch.as_tensor(timestep).detach().to(torch.float32)
         level = ((ts - clean_timestep) / (noise_timestep - clean_timestep)).amax()
-        tables.time.copy_(level.to(tables.time.device))
+        for each in every:
+            each.time.copy_(level.to(each.time.device))
 
     return transformer.register_forward_pre_hook(hook, with_kwargs=True)
 
@@ -156,13 +168,17 @@ def argument_hook(transformer: nn.Module, name: str, tables: RotaryTables, sourc
     return transformer.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def grid_hook(transformer: nn.Module, tables: RotaryTables, names: tuple[str, ...], read: Callable):
-    """A forward pre-hook writing ``read(*arguments names)`` (the forward's token grid) into ``tables.grid``: for
-    models that compute their tables in several calls, so that every call is sized by the one grid."""
-    slots = [_slot(transformer, name) for name in names]
+def grid_hook(
+    transformer: nn.Module, tables: RotaryTables | list[RotaryTables], names: tuple[str, ...], read: Callable
+):  # fmt: skip
+    """A forward pre-hook writing ``read(*arguments names)`` (the forward's token grid) into ``tables.grid`` (each of a
+    list of tables modules): for models that compute their tables in several calls (or modules), so that every call
+    is sized by the one grid."""
+    slots, every = [_slot(transformer, name) for name in names], _each(tables)
 
     def hook(module, args, kwargs):
         grid = read(*(_get(args, kwargs, name, slot) for name, slot in zip(names, slots)))
-        tables.grid.copy_(torch.as_tensor(grid, dtype=torch.long).to(tables.grid.device))
+        for each in every:
+            each.grid.copy_(torch.as_tensor(grid, dtype=torch.long).to(each.grid.device))
 
     return transformer.register_forward_pre_hook(hook, with_kwargs=True)

@@ -1,4 +1,4 @@
-"""Training the reference models: the loop, its tasks and data, checkpoints, pictures, experiments.
+"""Training the reference models: the loop, its tasks and data, checkpoints, pictures (the studies: models/studies).
 
 The models (``models/*.py``) import nothing from here; this package imports them.
 
@@ -6,7 +6,6 @@ The models (``models/*.py``) import nothing from here; this package imports them
 - ``trainer``: :func:`train` (also under ``torchrun``) and :func:`load_trained`;
 - ``tasks``, ``data``: what each model learns from, generated on the machine;
 - ``checkpoint``, ``pictures``: safetensors checkpoints; sample grids, GIFs, loss curves;
-- ``experiments``: the extrapolation studies of ``python -m scripts.experiments``;
 - ``export``: a run as a diffusers model (needs diffusers; import it explicitly).
 """
 

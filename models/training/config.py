@@ -59,6 +59,7 @@ class TrainConfig:
     precision: str = "auto"  # "auto": bf16 autocast on GPUs with bf16, else float32; "bf16"; "fp32"
     fsdp: bool = False
     packed: bool = False  # image DiT at native resolution: mixed sizes packed per step (docs/packing.md)
+    causal: bool = False  # video DiT: frame-causal attention, one noise level per frame (docs/models.md)
     context_parallel: int = 1  # P: each video's tokens sharded over P ranks (world / P data-parallel replicas)
     cp_method: str = "ring"  # "ring" or "ulysses" (num_heads divisible by P)
     cp_layout: str = "contiguous"  # or "zigzag" (balances causal masks; the DiTs attend bidirectionally)
@@ -109,6 +110,9 @@ def check(cfg: TrainConfig) -> None:
         raise ValueError("resume and overwrite exclude each other: resume continues the run, overwrite replaces it")
     check_context_parallel(cfg)
     check_packed(cfg)
+    if cfg.causal and (cfg.model != "video_dit" or cfg.context_parallel > 1):
+        _fail("causal", f"False for model {cfg.model!r} with context_parallel {cfg.context_parallel} "
+              "(frame-causal training is the video DiT's, unsharded)", cfg.causal)  # fmt: skip
 
 
 # models whose trainer loss shards a sequence over a context-parallel group (tasks.py: VideoTask.loss)
@@ -149,7 +153,7 @@ RUN_DEFAULTS: dict[str, TrainConfig] = {
 }
 
 # settings a resumed run must share with its checkpoint (the model, the data order, the batch)
-RUN_KEYS = ("model", "preset", "resolution", "frames", "context", "seed", "batch_size", "packed")
+RUN_KEYS = ("model", "preset", "resolution", "frames", "context", "seed", "batch_size", "packed", "causal")
 
 # settings of the optimisation: a resume keeps them unless allow_changes (then the log records the change);
 # steps may grow on any resume (train longer)

@@ -10,7 +10,7 @@ dataset is deterministic, indexable and resumable at any position.
   for any number of frames (``max_speed`` and ``max_spin`` set how fast).
 - :meth:`Shapes.grown`: the same scenes at any height and width (objects grow with the image);
   :class:`Canvas`: objects at their trained pixel size on a larger canvas, several per image
-  (the two test sets of the resolution study, ``models/training/vision_study``).
+  (the two test sets of the resolution study, ``models/studies/vision``).
 - :class:`StdlibText`: the Python standard library's source as bytes, split into a
   training and a held-out set by a hash of each file's path.
 """

@@ -49,11 +49,12 @@ def machine_memory(device: torch.device | None = None) -> int | None:
         return None
 
 
-def gpt_training_memory(config, batch: int, context: int) -> dict[str, int]:
+def gpt_training_memory(config, batch: int, context: int, positions=None) -> dict[str, int]:
     """Bytes, by part, that one float32 training step of :class:`models.gpt.GPT` holds at its peak.
 
     Args:
-        config: the model's :class:`~models.gpt.GPTConfig`; batch: sequences per process; context: ``S``.
+        config: the model's :class:`~models.gpt.GPTConfig`; batch: sequences per process; context: ``S``;
+        positions: its position scheme (``None``: RoPE; linear attention keeps no score matrix).
     """
     B, S, H, C = batch, context, config.num_heads, config.hidden_size
     embeddings = config.vocab_size * C * (1 if config.tie_embeddings else 2)
@@ -62,7 +63,7 @@ def gpt_training_memory(config, batch: int, context: int) -> dict[str, int]:
         "weights": 4 * 5 * params,  # weights, gradients, AdamW's two moments, EMA
         "activations": 4 * config.depth * B * S * (12 * C + 3 * config.mlp_width),  # kept for the backward
         "logits": 4 * 3 * B * S * config.vocab_size,  # logits, their float32 copy, their gradient
-        "scores": 0 if config.attention == "linear" else 4 * B * H * S * S,  # one layer's, as it runs
+        "scores": 0 if getattr(positions, "attention", "softmax") == "linear" else 4 * B * H * S * S,  # one layer's
     }
 
 
@@ -74,7 +75,7 @@ def check_memory(cfg: TrainConfig, task, world: int = 1, device: torch.device | 
     if device is None and torch.cuda.is_available():  # where the trainer trains: this rank's GPU
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     have = machine_memory(device)
-    need = gpt_training_memory(task.config, math.ceil(cfg.batch_size / world), cfg.context)
+    need = gpt_training_memory(task.config, math.ceil(cfg.batch_size / world), cfg.context, task.positions)
     if have is None or sum(need.values()) <= have:
         return
     raise ValueError(

@@ -17,7 +17,16 @@ from pathlib import Path
 import torch
 
 from .. import dit, gpt, video_dit
-from ..flow import T_SCALE, classifier_free_guidance, flow_loss, logit_normal, sample_euler
+from ..flow import (
+    T_SCALE,
+    classifier_free_guidance,
+    euler_times,
+    flow_loss,
+    logit_normal,
+    noisy,
+    sample_euler,
+    target_velocity,
+)
 from . import needles
 from .data import CLASSES, MovingShapes, Shapes, StdlibText, uniform
 from .packed_data import MixedSizes, pick, render_images
@@ -67,7 +76,7 @@ class ImageTask:
         """The loss of this rank's share of the global batch of ``step``."""
         gen = step_generator(self.seed, step, "noise")
         noise = torch.randn(batch_size, *self.shape(), generator=gen)  # drawn globally, then sharded
-        t = logit_normal(batch_size, gen)
+        t = self.timesteps(batch_size, gen)
         drop = torch.rand(batch_size, generator=gen) < self.config.class_dropout_prob
         part = _shard(batch_size, rank, world)
         x0, y = self.inputs(range(step * batch_size + part.start, step * batch_size + part.stop))
@@ -79,6 +88,10 @@ class ImageTask:
             force_drop_ids=drop[part].to(device),
             **model_kwargs,
         )
+
+    def timesteps(self, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+        """A step's noise levels ``[B]`` (logit-normal), drawn from its generator after the noise."""
+        return logit_normal(batch_size, gen)
 
     def val_inputs(self, n: int, resolution: int):
         """``n`` held-out images at ``resolution`` (a seed never trained on) and their labels."""
@@ -146,8 +159,9 @@ class VideoTask(ImageTask):
     name = "video_dit"
     presets = video_dit.PRESETS
 
-    def __init__(self, preset: str, resolution: int, frames: int, seed: int):
-        self.config = video_dit.PRESETS[preset]
+    def __init__(self, preset: str, resolution: int, frames: int, seed: int, causal: bool = False):
+        # causal: frame-causal attention trained with one noise level per frame (diffusion forcing)
+        self.config = replace(video_dit.PRESETS[preset], causal=causal)
         patch = self.config.patch_size  # (t, y, x): checked here, not at the first step's patch embedding
         if frames % patch[0] or resolution % patch[1] or resolution % patch[2]:
             raise ValueError(
@@ -158,7 +172,7 @@ class VideoTask(ImageTask):
 
     @classmethod
     def from_run(cls, run: Mapping) -> VideoTask:
-        return cls(run["preset"], run["resolution"], run["frames"], run["seed"])
+        return cls(run["preset"], run["resolution"], run["frames"], run["seed"], run.get("causal", False))
 
     def build(self) -> torch.nn.Module:
         return video_dit.VideoDiT(self.config)
@@ -191,6 +205,14 @@ class VideoTask(ImageTask):
         x0, t, noise = (v.to(device) for v in (x0, t[part], noise[part]))
         kw |= {"y": y.to(device), "force_drop_ids": drop[part].to(device)}
         return video_dit.flow_loss_shard(model, x0, t, noise, context_parallel, self.config.patch_size, **kw)
+
+    def timesteps(self, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+        """As :meth:`ImageTask.timesteps`; a causal model draws one per latent frame, ``[B, T]``: diffusion forcing
+        (Chen et al. 2024, arXiv:2407.01392), so it learns to denoise a frame whatever the others' noise."""
+        if not self.config.causal:
+            return super().timesteps(batch_size, gen)
+        frames = self.frames // self.config.patch_size[0]
+        return logit_normal(batch_size * frames, gen).view(batch_size, frames)
 
     @torch.no_grad()
     def sample(
@@ -241,22 +263,47 @@ NEEDLE_RATE = 0.25  # the share of a study model's training windows that hold a 
 NEEDLE_STREAM = 0x6E656564  # offsets the seed of the needle draws ("need")
 
 
+class _TextPresets(Mapping):
+    """``{name: GPTConfig}``: the reference GPT's presets and the length study's (``lm-*``), which the study's
+    factory builds with their position schemes (imported when first asked: the study imports this loop)."""
+
+    def _all(self) -> dict:
+        from ..studies.length.positions import STUDY_PRESETS
+
+        return {**gpt.PRESETS, **{name: m.config for name, m in STUDY_PRESETS.items()}}
+
+    def __getitem__(self, name: str):
+        return self._all()[name]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
 class TextTask:
     """Byte-level language model on the standard library's source, next-byte cross-entropy.
 
-    The length study's presets (``gpt.STUDY_PRESETS``) also see planted keys: in a share
+    The length study's presets (``models.studies.length.positions.STUDY_PRESETS``) are built by the
+    study's factory, with their position schemes; they also see planted keys: in a share
     :data:`NEEDLE_RATE` of their training windows a ``secret_key = '...'`` line is inserted and
     asked for at the window's end (:mod:`models.training.needles`), so that the retrieval probe
     measures how far a model that can retrieve keeps doing so, not whether copying emerged.
     """
 
     name = "gpt"
-    presets = gpt.PRESETS
+    presets = _TextPresets()
 
     def __init__(self, preset: str, context: int, seed: int):
-        self.config = replace(gpt.PRESETS[preset], max_seq_len=context)
+        if preset in gpt.PRESETS:
+            self.config, self.positions = replace(gpt.PRESETS[preset], max_seq_len=context), None
+        else:  # a length-study model: its config and position scheme from the study's factory
+            from ..studies.length.positions import study_model
+
+            self.config, self.positions = study_model(preset, context)
         self.context, self.seed = context, seed
-        self.needle_rate = NEEDLE_RATE if preset in gpt.STUDY_PRESETS else 0.0
+        self.needle_rate = 0.0 if self.positions is None else NEEDLE_RATE
 
     def batch(self, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The training windows ``x, y [batch_size, context]`` of ``step`` (planted keys included)."""
@@ -280,7 +327,7 @@ class TextTask:
         return stdlib_text("val")
 
     def build(self) -> torch.nn.Module:
-        return gpt.GPT(self.config)
+        return gpt.GPT(self.config, positions=self.positions)
 
     def loss(self, model, step: int, batch_size: int, rank: int = 0, world: int = 1, **kw) -> torch.Tensor:
         x, y = self.batch(step, batch_size)
@@ -356,9 +403,13 @@ class PackedImageTask(ImageTask):
         drop = torch.rand(len(x0), generator=gen) < self.config.class_dropout_prob
         device = next(model.parameters()).device
         x0, noise = [x.to(device) for x in x0], [n.to(device) for n in noise]
-        xt = [(1 - ti) * x + ti * n for x, n, ti in zip(x0, noise, t.tolist())]
-        preds = model(xt, (t * T_SCALE).to(device), y.to(device), force_drop_ids=drop.to(device), **model_kwargs)
-        err = [(p[: x.shape[0]].float() - (n - x).float()).square().sum() for p, x, n in zip(preds, x0, noise)]
+        t = t.to(device)
+        xt = [noisy(x, t[i : i + 1], n) for i, (x, n) in enumerate(zip(x0, noise))]  # each image at its own t
+        preds = model(xt, t * T_SCALE, y.to(device), force_drop_ids=drop.to(device), **model_kwargs)
+        err = [
+            (p[: x.shape[0]].float() - target_velocity(x, n).float()).square().sum()
+            for p, x, n in zip(preds, x0, noise)
+        ]
         return torch.stack(err).sum() / sum(x.numel() for x in x0)
 
     @torch.no_grad()
@@ -368,7 +419,7 @@ class PackedImageTask(ImageTask):
         gen = torch.Generator().manual_seed(seed)
         xs = [torch.randn(3, h, w, generator=gen).to(device) for h, w in sizes]
         y = torch.as_tensor(labels, device=device)
-        ts = torch.linspace(1.0, 0.0, steps + 1)
+        ts = euler_times(steps)
         for t, t_next in zip(ts[:-1].tolist(), ts[1:].tolist()):
             tt = torch.full((len(xs),), t * T_SCALE, device=device)
             v = model.forward_packed_with_cfg(xs, tt, y, cfg_scale)

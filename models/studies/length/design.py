@@ -1,0 +1,186 @@
+"""What the length study trains and evaluates: its sizes (:class:`Study`), its runs and its arms.
+
+Trained models (one run folder per model and seed, ``ROOT/train/<model>_s<seed>``):
+
+- one per position scheme (``positions.STUDY_PRESETS``), all with the same width, steps, batch,
+  learning rate and data order (seed ``s`` of every scheme reads the same windows);
+- ``ft-pi``, ``ft-ntk``, ``ft-yarn``: the RoPE model of seed ``s`` fine-tuned at 4x the
+  context with that scaling (factor 4), the same tokens per step;
+- ``long``: RoPE trained from scratch at the longest evaluated length, the same steps and
+  tokens per step: the upper bound.
+
+An arm is a trained model plus what is changed at evaluation (a scaling, Dual Chunk
+Attention, a window). ``per_length`` arms take the factor ``L / context`` at each length
+``L`` (one forward per length); the others are one fixed model, evaluated once on the
+longest windows, whose prefixes give every shorter length (causal models: the loss of the
+first ``L`` positions of a window is the loss of its length-``L`` prefix).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import axial_rope as ar
+
+from ...training.config import TrainConfig
+from .positions import DualChunk
+
+__all__ = ["Arm", "FULL", "QUICK", "Study", "arms", "train_configs"]
+
+SCHEMES = ("rope", "nope", "sinusoidal", "learned", "t5", "alibi", "linear")
+FINETUNED = ("pi", "ntk", "yarn")
+
+
+@dataclass(frozen=True)
+class Study:
+    """The sizes of one run of the study (``FULL``: the published one; ``QUICK``: seconds, plumbing only)."""
+
+    seeds: tuple[int, ...] = (0, 1, 2)
+    context: int = 256  # training context of every scheme
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 2e-3
+    finetune_factor: int = 4  # PI / NTK / YaRN fine-tuned at factor x context
+    finetune_steps: int = 100
+    finetune_lr: float = 5e-4
+    lengths: tuple[int, ...] = (256, 512, 1024, 2048)  # evaluated; the last is also the upper bound's context
+    windows: int = 192  # held-out windows of the longest length (prefixes give the shorter ones)
+    sweep: tuple[float, ...] = (2.0, 4.0, 8.0)  # fixed factors, each evaluated at every length
+    depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # retrieval: where the key is planted
+    trials: int = 8  # retrieval probes per (length, depth) and seed
+    dca_local: int = 64  # Dual Chunk Attention's local window w (chunks of context - w)
+    draws: int = 2000  # bootstrap replicates
+    workers: int = 2  # processes (one thread each); 0: in this process
+    timing_length: int = 2048  # sequence length of the kernel timings
+    quick: bool = field(default=False, compare=False)
+
+    @property
+    def longest(self) -> int:
+        return self.lengths[-1]
+
+
+FULL = Study()
+QUICK = Study(
+    seeds=(0,),
+    context=64,  # the needle and its question take 40 bytes
+    steps=3,
+    batch_size=4,
+    finetune_steps=2,
+    lengths=(64, 128, 256),
+    windows=6,
+    sweep=(2.0, 4.0),
+    depths=(0.2, 0.8),
+    trials=2,
+    dca_local=16,
+    draws=200,
+    workers=0,
+    timing_length=256,
+    quick=True,
+)
+
+
+def run_dir(root, model: str, seed: int):
+    return root / "train" / f"{model}_s{seed}"
+
+
+def train_configs(study: Study, root) -> dict[tuple[str, int], tuple[TrainConfig, tuple[str, int] | None]]:
+    """``{(model, seed): (config, the run it starts from or None)}`` of every training run, in a safe order."""
+    common = dict(model="gpt", lr=study.lr, schedule="cosine", warmup=20, ema=0.0, progress=False, report=False)
+    common |= dict(log_every=10, ckpt_every=100, val_every=10**6)
+    out = {}
+    for seed in study.seeds:
+        for scheme in SCHEMES:
+            cfg = TrainConfig(
+                preset=f"lm-{scheme}",
+                steps=study.steps,
+                batch_size=study.batch_size,
+                context=study.context,
+                seed=seed,
+                out=str(run_dir(root, scheme, seed)),
+                **common,
+            )
+            out[scheme, seed] = (cfg, None)
+    f = study.finetune_factor
+    for seed in study.seeds:
+        for method in FINETUNED:  # a fresh data stream (seed + 1000), the same tokens per step
+            cfg = TrainConfig(
+                preset=f"lm-rope-{method}{f}",
+                steps=study.finetune_steps,
+                batch_size=max(1, study.batch_size // f),
+                context=study.context * f,
+                seed=1000 + seed,
+                out=str(run_dir(root, f"ft-{method}", seed)),
+                **(common | {"lr": study.finetune_lr, "warmup": 10}),
+            )
+            out[f"ft-{method}", seed] = (cfg, ("rope", seed))
+        ratio = study.longest // study.context
+        cfg = TrainConfig(
+            preset="lm-rope",
+            steps=study.steps,
+            batch_size=max(1, study.batch_size // ratio),
+            context=study.longest,
+            seed=seed,
+            out=str(run_dir(root, "long", seed)),
+            **common,
+        )
+        out["long", seed] = (cfg, None)
+    return out
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A trained model and what evaluation changes in its config (``change(factor) -> {field: value}``)."""
+
+    name: str
+    model: str  # a key of train_configs: a scheme, "ft-pi", ..., "long"
+    family: str  # "scheme", "scaling", "sweep", "finetuned", "bound": which tables it is in
+    change: Callable[[float], dict] | None = None
+    per_length: bool = False  # factor = L / context at each length L; else one fixed model
+    factor: float | None = None  # the fixed factor of a sweep arm
+    retrieval: bool = True
+    max_length: int | None = None  # the longest length it can run (learned positions: its table)
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+
+
+def _scalings(context: int) -> dict[str, Callable[[float], object]]:
+    return {
+        "PI": lambda f: ar.scaling.Linear(f),
+        "NTK": lambda f: ar.scaling.NTK(f),
+        "YaRN": lambda f: ar.scaling.YaRN(f, context),
+        "YaRN, no attention factor": lambda f: ar.scaling.YaRN(f, context, attention_factor=1.0),
+        "Llama 3": lambda f: ar.scaling.Llama3(f, context),
+    }
+
+
+def arms(study: Study) -> dict[str, Arm]:
+    """Every arm of the study by name, in table order."""
+    c, out = study.context, {}
+
+    def add(arm: Arm) -> None:
+        out[arm.name] = arm
+
+    add(Arm("RoPE", "rope", "scaling"))
+    for name, make in _scalings(c).items():  # factor = L / context; factor 1 is plain RoPE
+        add(Arm(name, "rope", "scaling", lambda f, m=make: {"scaling": m(f) if f > 1 else None}, per_length=True))
+    add(Arm("Dynamic NTK", "rope", "scaling", lambda f: {"scaling": ar.scaling.DynamicNTK(2.0, c)}, per_length=True))
+    dual = DualChunk(c, study.dca_local)
+    add(Arm("Dual Chunk", "rope", "scaling", lambda f: {"dual_chunk": dual}))
+    add(Arm(f"Window {c}", "rope", "scaling", lambda f: {"window": c}))
+    for name, make in _scalings(c).items():
+        for factor in study.sweep:
+            change = lambda f, m=make, k=factor: {"scaling": m(k)}  # noqa: E731 - the fixed factor k, not f
+            add(Arm(f"{name} x{factor:g}", "rope", "sweep", change, factor=factor, retrieval=False))
+    labels = {"nope": "NoPE", "sinusoidal": "Sinusoidal", "learned": "Learned", "t5": "T5 bias", "alibi": "ALiBi"}
+    for scheme, label in labels.items():
+        add(Arm(label, scheme, "scheme", max_length=c if scheme == "learned" else None))
+    add(Arm("Linear attention + RoPE", "linear", "scheme"))
+    f = study.finetune_factor
+    for method, label in zip(FINETUNED, ("PI", "NTK", "YaRN")):
+        add(Arm(f"{label} fine-tuned x{f}", f"ft-{method}", "finetuned"))
+    add(Arm(f"RoPE trained at {study.longest}", "long", "bound"))
+    return out

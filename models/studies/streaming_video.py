@@ -1,0 +1,178 @@
+"""Streaming video: a frame-causal video DiT sampled a frame at a time with rolling frame caches, against the
+bidirectional one sampled whole (``python -m scripts.experiments streaming-video``).
+
+Two video DiTs of the frame-count study's design (preset ``tiny-hunyuan``: HunyuanVideo's temporal rope, the slow
+motion of :data:`models.training.tasks.VIDEO_MOTION`; docs/experiments/frames.md) are trained on the same 8-frame
+clips, seeds and steps: *bidirectional* (one noise level per clip) and *causal* (frame-causal attention, one
+noise level per frame: diffusion forcing, ``--causal``). Each is sampled at the training length and at 2x and
+4x it, with the same labels and initial noise for every arm:
+
+- ``bidirectional``: every frame at once, plain positions (the frames study's ``none``);
+- ``bidirectional + RIFLEx``: the same with RIFLEx on the time axis (the frames study's best loss);
+- ``causal (all at once)``: the causal model denoising every frame together at plain positions (what its
+  training alone does, without the cache);
+- ``causal (streaming)``: :func:`models.video_streaming.sample_streaming`, a frame at a time with a rolling
+  frame cache of the training length (positions re-indexed, never past 7).
+
+Scored with the frames study's video metrics (:func:`models.studies.vision.metrics.video_metrics`) and
+the share of clips showing an object per frame (does a stream fade as it goes on?).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ..training.config import TrainConfig
+from ..training.tasks import VideoTask
+from ..training.trainer import load_trained
+from ..video_streaming import sample_streaming
+from .jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
+from .vision import classifier as shape_classifier
+from .vision.classifier import ClassifierConfig
+from .vision.frames import _presence_by_frame, arm_scaling, intrinsic, sample_videos, video_inputs
+from .vision.metrics import reference, video_metrics
+
+__all__ = ["ARMS", "FULL", "QUICK", "StreamingVideoStudy", "all_runs", "execute", "sample_path", "study_jobs"]
+
+ARMS = ("bidirectional", "bidirectional + RIFLEx", "causal (all at once)", "causal (streaming)")
+TRAINED_ARMS = ("bidirectional", "causal (all at once)", "causal (streaming)")  # at the training length
+
+
+@dataclass(frozen=True)
+class StreamingVideoStudy:
+    """The sizes of one run of the study (``FULL``: the published one; ``QUICK``: seconds, plumbing only)."""
+
+    seeds: tuple[int, ...] = (0, 1, 2)
+    preset: str = "tiny-hunyuan"
+    resolution: int = 16  # the default video run's side (RUN_DEFAULTS), a quarter of the frames study's cost
+    frames: int = 8  # training length = the streaming window
+    steps: int = 600
+    batch_size: int = 16
+    lr: float = 2e-3
+    lengths: tuple[int, ...] = (16, 32)  # 2x and 4x the training length
+    per_class: int = 4  # clips per class, length, arm and seed
+    euler_steps: int = 20  # per clip (bidirectional) or per frame (streaming)
+    cfg_scale: float = 3.0
+    classifier: ClassifierConfig = field(default_factory=lambda: ClassifierConfig(resolutions=(16, 24, 32, 48)))
+    draws: int = 2000
+    workers: int = 0  # one process, one thread (the machine's other cores are busy)
+    quick: bool = False
+
+
+FULL = StreamingVideoStudy()
+QUICK = StreamingVideoStudy(
+    seeds=(0, 1), resolution=16, frames=4, steps=3, batch_size=2, lengths=(8,), per_class=1, euler_steps=2,
+    classifier=ClassifierConfig(steps=4, batch_size=8, resolutions=(16, 32)), draws=200, quick=True,
+)  # fmt: skip
+
+
+def all_runs(study: StreamingVideoStudy, root: Path) -> dict[str, TrainConfig]:
+    """``s<seed>-bidirectional`` and ``s<seed>-causal``: the same settings, data, seeds and steps but ``causal``."""
+    runs = {}
+    for seed in study.seeds:
+        for kind in ("bidirectional", "causal"):
+            runs[f"s{seed}-{kind}"] = TrainConfig(
+                model="video_dit", preset=study.preset, resolution=study.resolution, frames=study.frames,
+                steps=study.steps, batch_size=study.batch_size, lr=study.lr, seed=seed, causal=kind == "causal",
+                out=str(root / "train" / f"s{seed}-{kind}"), progress=False, report=False, ckpt_every=200,
+            )  # fmt: skip
+    return runs
+
+
+def study_jobs(study: StreamingVideoStudy) -> list[Job]:
+    """Every job in an order that respects ``needs`` (as ``workers=0`` runs them)."""
+    jobs = [Job("classifier"), Job("validate", ("classifier",))]
+    jobs += [Job(f"train/{name}") for name in all_runs(study, Path("."))]
+    for length in (study.frames, *study.lengths):
+        needs = lambda s: ("classifier", f"train/s{s}-bidirectional", f"train/s{s}-causal")  # noqa: E731
+        jobs += [Job(f"eval/s{seed}/{length}", needs(seed)) for seed in study.seeds]
+    return jobs
+
+
+def execute(study: StreamingVideoStudy, root: Path, job: Job) -> str:
+    """Run one job of :func:`study_jobs`; returns what happened."""
+    kind, *rest = job.key.split("/")
+    if kind == "classifier":
+        shape_classifier.load_or_train(root / "classifier.pt", study.classifier)
+        return "ready"
+    if kind == "validate":
+        return validate(study, root)
+    if kind == "train":
+        return ensure_trained(all_runs(study, root)[rest[0]])
+    return evaluate(study, root, int(rest[0][1:]), int(rest[1]))
+
+
+def executor(study: StreamingVideoStudy, root: Path):
+    return partial(execute, study, root)
+
+
+def settings(study: StreamingVideoStudy) -> dict:
+    return {k: v for k, v in asdict(study).items() if k not in ("workers", "draws", "quick")}
+
+
+def sample_path(root: Path, length: int, arm: str) -> Path:
+    """Where seed ``seeds[0]``'s clips of ``arm`` at ``length`` frames are kept (uint8, for the page's GIFs)."""
+    slug = "".join(ch if ch.isalnum() else "-" for ch in arm).strip("-")
+    return root / "samples" / f"{length}_{slug}.pt"
+
+
+def arms_at(study: StreamingVideoStudy, length: int) -> tuple[str, ...]:
+    return TRAINED_ARMS if length == study.frames else ARMS
+
+
+def sample_arm(arm: str, models: dict, study: StreamingVideoStudy, labels, noise) -> torch.Tensor:
+    """Videos ``[N, 3, T, H, W]`` in [-1, 1] of ``arm`` from the same labels and noise."""
+    length, (k, _) = noise.shape[2], intrinsic(study.preset, study.frames)
+    if arm == "causal (streaming)":
+        return sample_streaming(
+            models["causal"], noise, labels, window=study.frames, steps=study.euler_steps, cfg_scale=study.cfg_scale
+        )
+    scaling = arm_scaling("RIFLEx", k, study.frames, length) if arm.endswith("RIFLEx") else None
+    model = models["causal" if arm.startswith("causal") else "bidirectional"]
+    return sample_videos(model, labels, noise, study.cfg_scale, study.euler_steps, scaling)
+
+
+def evaluate(study: StreamingVideoStudy, root: Path, seed: int, length: int) -> str:
+    """Every arm at ``length`` frames with seed ``seed``'s two models: metrics per clip, presence per frame."""
+    runs = all_runs(study, root)
+    models = {kind: load_trained(runs[f"s{seed}-{kind}"].out)[1] for kind in ("bidirectional", "causal")}
+    hashes = {kind: checkpoint_hash(runs[f"s{seed}-{kind}"].out) for kind in models}
+    path = root / "eval" / f"s{seed}_{length}.json"
+    if read_result(path, {"study": settings(study), "length": length, "checkpoints": hashes}) is not None:
+        return "reused"
+    classifier = shape_classifier.load_or_train(root / "classifier.pt", study.classifier)
+    ref, (_, period) = reference(study.resolution, moving=True), intrinsic(study.preset, study.frames)
+    labels, noise = video_inputs(study.per_class, study.resolution, length)  # the same for every arm and seed
+    result = {}
+    for arm in arms_at(study, length):
+        videos = sample_arm(arm, models, study, labels, noise)
+        metrics = video_metrics(videos, labels, classifier, ref, round(period))
+        result[arm] = {m: v.tolist() for m, v in metrics.items()} | {
+            "by_frame": _presence_by_frame(videos, ref.min_area)
+        }
+        if seed == study.seeds[0]:
+            (root / "samples").mkdir(parents=True, exist_ok=True)
+            keep = ((videos + 1) * 127.5).round().to(torch.uint8)
+            torch.save(keep, sample_path(root, length, arm))
+    write_result(path, {"study": settings(study), "length": length, "checkpoints": hashes}, result)
+    return "evaluated"
+
+
+def validate(study: StreamingVideoStudy, root: Path) -> str:
+    """The data's own video metrics per length: the classifier through the pipeline on real clips."""
+    path = root / "classifier_check.json"
+    if read_result(path, {"study": settings(study)}) is not None:
+        return "reused"
+    classifier = shape_classifier.load_or_train(root / "classifier.pt", study.classifier)
+    ref, (_, period) = reference(study.resolution, moving=True), intrinsic(study.preset, study.frames)
+    task = VideoTask(study.preset, study.resolution, study.frames, seed=0)
+    result = {}
+    for length in (study.frames, *study.lengths):
+        x, y = task.val_inputs(16 if study.quick else 64, study.resolution, frames=length)  # [N, 3, T, H, W]
+        result[str(length)] = {m: v.tolist() for m, v in video_metrics(x, y, classifier, ref, round(period)).items()}
+    write_result(path, {"study": settings(study)}, result)
+    return "validated"
