@@ -178,6 +178,8 @@ class GPT(nn.Module):
             # absolute positions (added to the embeddings) or a logit bias (shared by the layers, as in T5)
             self.absolute = p.make_embedding(c)
             self.bias = p.make_bias(c)
+        if c.tie_embeddings:  # tied already when built on the meta device: FSDP2 must see one parameter, not two
+            self.output.weight = self.tok_embeddings.weight
 
     def reset_parameters(self) -> None:
         """GPT-2's init: every linear and embedding weight from ``N(0, 0.02)``, norms at 1, fixed buffers (the

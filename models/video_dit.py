@@ -247,7 +247,9 @@ class VideoDiT(nn.Module):
             x = block(x, c, rotation=rotation, mask=mask, context_parallel=cp, frame=frame)
         x = self.final_layer(x, c, frame=frame)  # [B, S | L, p_t * p_y * p_x * out_channels]
         if not gather:
-            return x
+            # a tensor of its own: nn.Linear on [B, L, C] returns a view of its 2-D product, and FSDP2, which
+            # hooks the model's outputs for its backward, warns that an in-place op on a view skips that hook
+            return x.clone()
         if cp is not None:
             x = cp.gather(x)  # [B, S, ...] on every rank, padding dropped
         return unpatchify(x, grid, self.config.patch_size, self.out_channels)

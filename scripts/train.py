@@ -7,26 +7,41 @@ into ``runs/dit``. Each model starts from its default run (``RUN_DEFAULTS`` in
 fields, and every value is checked before anything runs. ``--resume`` continues a run;
 Ctrl-C or SIGTERM saves at the end of the current step and exits. A folder that holds a run
 is never replaced without ``--overwrite``. Runs under ``torchrun --nproc_per_node N``
-unchanged (DDP; ``--fsdp`` for FSDP2); ``--model video_dit --context-parallel P`` shards
-each video over P ranks (``--cp-method ring|ulysses``), the batch over the N / P groups.
+unchanged (DDP; ``--fsdp`` for FSDP2 over all ranks); ``--model video_dit --context-parallel P``
+shards each video over P ranks (``--cp-method ring|ulysses``), the batch over the N / P groups;
+``--checkpointing`` recomputes each block in the backward, ``--compile`` compiles each block
+(``--compile-backend``, default inductor); docs/distributed.md has the recipes.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
 
 from models.training.checkpoint import CheckpointError
 from models.training.config import RUN_DEFAULTS, TrainConfig, run_config
+from models.training.distributed import plan
 from models.training.run_checks import check_memory, check_run
 from models.training.rundir import RunFolderError
-from models.training.trainer import TrainingDiverged, train
+from models.training.trainer import TrainingDiverged, export_weights, train
 
 from . import cli
 
 # booleans, set by the flags below
-FLAGS = ("resume", "overwrite", "allow_changes", "fsdp", "packed", "causal", "progress", "report")
+FLAGS = (
+    "resume",
+    "overwrite",
+    "allow_changes",
+    "fsdp",
+    "checkpointing",
+    "compile",
+    "packed",
+    "causal",
+    "progress",
+    "report",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -44,10 +59,19 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     )
     parser.add_argument("--fsdp", action="store_true", help="shard with FSDP2 under torchrun")
     parser.add_argument(
+        "--checkpointing", action="store_true", help="recompute each block's activations in the backward"
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block (--compile-backend)")
+    parser.add_argument(
         "--packed", action="store_true", help="image DiT: mixed sizes and aspects packed per step (docs/packing.md)"
     )
     parser.add_argument(
         "--causal", action="store_true", help="video DiT: frame-causal, one noise level per frame (diffusion forcing)"
+    )
+    parser.add_argument(
+        "--export",
+        metavar="FILE",
+        help="write OUT's run (either format) as one safetensors file for inference, then exit",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-report", action="store_true", help="no validation, samples or loss curve")
@@ -57,7 +81,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     try:
         cfg = run_config(**values)
         # what the model cannot take (its preset, a side the patch does not divide) and what the machine cannot hold
-        check_memory(cfg, check_run(cfg), world=int(os.environ.get("WORLD_SIZE", 1)))
+        task, world = check_run(cfg), int(os.environ.get("WORLD_SIZE", 1))
+        check_memory(cfg, task, world=world)
+        plan(cfg, task, world)  # the (dp, cp) mesh: every rank refuses the same layout, before any collective
     except ValueError as err:  # a nonsense setting: one line and exit status 2, before anything runs
         parser.error(str(err))
     cli.out_folder(parser, "--out", cfg.out)
@@ -65,6 +91,17 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    export = argparse.ArgumentParser(add_help=False)
+    export.add_argument("--export")
+    export.add_argument("--out")
+    wanted = export.parse_known_args(argv)[0]
+    if wanted.export:  # no training: the run of --out (parse_args checks the flags) consolidated into one file
+        cfg = parse_args(argv)
+        try:
+            print(f"exported: {export_weights(cfg.out, wanted.export)}")
+        except (CheckpointError, OSError) as err:
+            cli.fail("scripts.train", err)
+        return
     try:
         result = train(parse_args(argv))
     except (CheckpointError, RunFolderError, TrainingDiverged) as err:  # a message for a person, not a traceback

@@ -70,6 +70,22 @@ def _perturbed_build(task) -> torch.nn.Module:
     return model
 
 
+_RESET = video_dit.VideoDiT.reset_parameters
+
+
+def _perturbed_reset(model) -> None:
+    """DiT's init, then every weight moved off it (as :func:`_perturbed_build`), drawn by ``torch.nn.init``: under
+    FSDP2 the trainer builds on the meta device and initialises shard by shard with ``reset_parameters``, which
+    draws each parameter whole (models/training/distributed.py), so both sides get these weights."""
+    _RESET(model)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            delta = torch.empty_like(p)
+            torch.nn.init.normal_(delta, std=0.05, generator=gen)
+            p.add_(delta)
+
+
 def _worker(rank: int, world: int, tmp: str, job: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))  # what the trainer and scripts.sample read
     torch.set_num_threads(1)
@@ -137,7 +153,7 @@ def _trainer_step(name: str, tmp: Path, **settings) -> tuple[dict, object]:
     """One trainer step under context parallel against one process on the whole batch."""
     from models.training.trainer import Run
 
-    tasks.VideoTask.build = _perturbed_build  # this process only
+    video_dit.VideoDiT.reset_parameters = _perturbed_reset  # this process only
     cfg = replace(RUN, out=str(tmp / name), context_parallel=2, **settings)
     run = Run(cfg)
     loss = run.train_step()  # the world average of each rank's share times P: the global mean loss

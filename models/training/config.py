@@ -63,6 +63,10 @@ class TrainConfig:
     context_parallel: int = 1  # P: each video's tokens sharded over P ranks (world / P data-parallel replicas)
     cp_method: str = "ring"  # "ring" or "ulysses" (num_heads divisible by P)
     cp_layout: str = "contiguous"  # or "zigzag" (balances causal masks; the DiTs attend bidirectionally)
+    data_parallel: int = 0  # replicas of the (dp, cp) mesh; 0: world / context_parallel (docs/scale.md)
+    checkpointing: bool = False  # recompute each block's activations in the backward (less memory, more time)
+    compile: bool = False  # torch.compile each block (regional compilation)
+    compile_backend: str = "inductor"  # torch.compile's backend under compile
     progress: bool = True
 
     def __post_init__(self):
@@ -121,6 +125,8 @@ def check_context_parallel(cfg: TrainConfig) -> None:
         _fail("context_parallel", ">= 1 (1: no context parallelism)", cfg.context_parallel)
     if cfg.cp_method not in METHODS:
         _fail("cp_method", f"one of {METHODS}", cfg.cp_method)
+    if cfg.data_parallel < 0:
+        _fail("data_parallel", ">= 0 (0: world / context_parallel)", cfg.data_parallel)
     if cfg.cp_layout not in LAYOUTS:
         _fail("cp_layout", f"one of {LAYOUTS}", cfg.cp_layout)
     if cfg.context_parallel > 1 and cfg.model not in CONTEXT_PARALLEL_MODELS:
@@ -169,6 +175,10 @@ WEIGHT_NEUTRAL = (
     "context_parallel",
     "cp_method",
     "cp_layout",
+    "data_parallel",
+    "checkpointing",  # recomputes the same activations (tests/test_distributed_composition.py)
+    "compile",
+    "compile_backend",
 )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 __all__ = ["RUN_FILES", "RunFolderError", "RunLock", "read_log", "start_fresh", "truncate_log"]
 
 # the files that make a folder hold a run (a fresh run there is refused without overwrite)
-RUN_FILES = ("checkpoint.safetensors", "log.jsonl", "config.json")
+RUN_FILES = ("checkpoint.safetensors", "checkpoint.dcp", "log.jsonl", "config.json")  # .dcp: FSDP2 runs'
 # what a fresh run with overwrite removes: the run files and the pictures the old run drew
 OLD_RUN_GLOBS = (*RUN_FILES, "loss.png", "samples*", "sample_*")
 

@@ -28,16 +28,25 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from axial_rope.parallel import ContextParallel, split_groups
+from axial_rope.parallel import ContextParallel
 
-from . import checkpoint, rundir
-from .config import HYPERPARAMETERS, RUN_KEYS, TrainConfig
+from . import checkpoint, distributed, run_state, rundir, sharded_checkpoint
+from .config import TrainConfig
 from .pictures import plot_loss
 from .run_checks import check_run
 from .stopping import DeferredStop
 from .tasks import TASKS
 
-__all__ = ["Run", "TrainConfig", "TrainingDiverged", "learning_rate", "load_trained", "train", "trained_weights"]
+__all__ = [
+    "Run",
+    "TrainConfig",
+    "TrainingDiverged",
+    "export_weights",
+    "learning_rate",
+    "load_trained",
+    "train",
+    "trained_weights",
+]
 
 
 class TrainingDiverged(RuntimeError):
@@ -60,22 +69,22 @@ class Run:
         task = check_run(cfg)
         self.cfg = cfg
         self.distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+        # the layout is checked from the settings and the world size alone, before any collective: a bad
+        # one is the same error on every rank, never a hang (models/training/distributed.py)
+        self.layout = distributed.plan(cfg, task, int(os.environ["WORLD_SIZE"]) if self.distributed else 1)
         if self.distributed and not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
-        self.cp, self.data_rank, self.data_world = self._context_parallel()
-        if cfg.batch_size % self.data_world:  # the processes, or under context parallel the groups (world / P)
-            raise ValueError(f"batch_size {cfg.batch_size} must divide by the data-parallel ranks {self.data_world}")
         if torch.cuda.is_available():
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
+        self.mesh = distributed.build_mesh(self.layout, self.device.type) if self.distributed else None
+        self.cp, self.data_rank, self.data_world = self._context_parallel()
         self.task = task
-        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = self.task.build().to(self.device)
-        self.trained = self._wrap(self.model)
+        self.model, self.trained = self._build()
         self.ema = [p.detach().clone() for p in self.model.parameters()]  # after wrapping: FSDP2 shards
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99)
@@ -90,42 +99,42 @@ class Run:
         self.busy = False  # inside a step: the state may be half an update, never saved
         self.saved_step: int | None = None
 
-    def _wrap(self, model):
+    def _build(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """``(model, trained)``: the model (sharded in place under FSDP2) and what the loss calls (DDP's wrapper)."""
+        cfg = self.cfg
+        if self.mesh is not None and cfg.fsdp:  # built on meta, sharded, then materialised shard by shard
+            with torch.device("meta"):
+                model = self.task.build()
+            distributed.prepare(model, cfg, self.mesh)
+            distributed.sharded_init(model, self.device, cfg.seed)
+            return model, model
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+        model = distributed.prepare(self.task.build().to(self.device), cfg)
         if not self.distributed:
-            return model
-        if self.cfg.fsdp:
-            from torch.distributed.fsdp import fully_shard
-
-            for block in getattr(model, "blocks", getattr(model, "layers", [])):
-                fully_shard(block)
-            return fully_shard(model)
+            return model, model
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return model, DistributedDataParallel(model, device_ids=ids)
 
     # -- context parallel (docs/distributed.md) -------------------------------------------
 
     def _context_parallel(self) -> tuple[ContextParallel | None, int, int]:
         """``(cp, data_rank, data_world)``: this rank's sharding of a video (``None``: P = 1) and its
-        data-parallel replica. Ranks ``[kP, (k + 1) P)`` share the videos of replica ``k`` of ``W / P``."""
-        cfg, P = self.cfg, self.cfg.context_parallel
-        if P == 1:
-            return None, self.rank, self.world
-        if self.world % P:
-            raise ValueError(
-                f"context_parallel {P} must divide the number of processes {self.world} (torchrun --nproc_per_node)"
-            )
-        heads = getattr(TASKS[cfg.model].presets[cfg.preset], "num_heads", P)
-        if cfg.cp_method == "ulysses" and heads % P:
-            raise ValueError(f"cp_method 'ulysses' shards the {heads} heads over {P} ranks: use 'ring'")
-        context_group, _ = split_groups(P)  # collective: every rank makes every group
-        return ContextParallel(context_group, cfg.cp_method, cfg.cp_layout), self.rank // P, self.world // P
+        data-parallel replica: the mesh's ``cp`` group and ``dp`` coordinate (models/training/distributed.py)."""
+        if self.mesh is None:
+            return None, 0, 1
+        data_rank, data_world = self.mesh.get_local_rank("dp"), self.layout.data_parallel
+        if self.layout.context_parallel == 1:
+            return None, data_rank, data_world
+        cp = ContextParallel(self.mesh.get_group("cp"), self.cfg.cp_method, self.cfg.cp_layout)
+        return cp, data_rank, data_world
 
     def _loss(self) -> torch.Tensor:
         """The loss this rank backpropagates (under context parallel: its share, times P)."""
         cfg = self.cfg
         if self.cp is None:
-            return self.task.loss(self.trained, self.step, cfg.batch_size, self.rank, self.world)
+            return self.task.loss(self.trained, self.step, cfg.batch_size, self.data_rank, self.data_world)
         share = self.task.loss(
             self.trained, self.step, cfg.batch_size, self.data_rank, self.data_world, context_parallel=self.cp
         )
@@ -139,96 +148,21 @@ class Run:
         """The report's model keywords, and whether this rank (not 0) takes part: rank 0's context group."""
         return ({}, False) if self.cp is None else ({"context_parallel": self.cp}, 0 < self.rank < self.cp.world)
 
-    # -- state -------------------------------------------------------------------------
-
-    def _full(self, tensors) -> list[torch.Tensor]:
-        # FSDP2 holds DTensor shards: gather (a collective, so every rank calls it)
-        return [t.full_tensor() if hasattr(t, "full_tensor") else t for t in tensors]
-
-    def state(self) -> dict:
-        state = self.model.state_dict()  # every name, tied aliases (GPT's output head) and buffers included
-        model = dict(zip(state, self._full(state.values())))
-        index = {id(p): i for i, p in enumerate(self.model.parameters())}
-        ema_full = self._full(self.ema)
-        named = self.model.named_parameters(remove_duplicate=False)
-        ema = {name: ema_full[index[id(p)]] for name, p in named}
-        if self.cfg.fsdp and self.distributed:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-            optim = get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=True))
-        else:
-            optim = self.optimizer.state_dict()
-        return {"model": model, "ema": ema, "optimizer": optim}
+    # -- state (models/training/run_state.py) --------------------------------------------
 
     def save(self) -> None:
-        """Write the checkpoint of this step (a whole number of steps: never called inside one)."""
-        state = self.state()
-        if self.rank == 0:
-            extra = {"window": self.window, "history": self.history}
-            checkpoint.save(
-                self.out / "checkpoint.safetensors", step=self.step, run=asdict(self.cfg), extra=extra, **state
-            )
+        """Write the checkpoint of this step (a whole number of steps: never called inside one; collective)."""
+        run_state.save(self)
         self.saved_step = self.step
 
     def restore(self) -> None:
-        saved = checkpoint.load(self.out / "checkpoint.safetensors", run=asdict(self.cfg), keys=RUN_KEYS)
-        changed = self._changes(saved["run"])
-        params = dict(self.model.named_parameters())
-        missing = set(params) - set(saved["model"]) | set(params) - set(saved["ema"])
-        if missing:
-            raise checkpoint.CheckpointError(f"checkpoint lacks parameters {sorted(missing)[:5]}")
-        self._check_optimizer(saved["optimizer"], saved["step"])
-        with torch.no_grad():
-            for (name, p), e in zip(params.items(), self.ema):
-                for target, source in ((p, saved["model"][name]), (e, saved["ema"][name])):
-                    if hasattr(target, "full_tensor"):  # FSDP2: copy this rank's shard
-                        from torch.distributed.tensor import distribute_tensor
-
-                        source = distribute_tensor(source.to(self.device), target.device_mesh, target.placements)
-                    target.copy_(source)
-        try:
-            if self.cfg.fsdp and self.distributed:
-                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-                options = StateDictOptions(full_state_dict=True)
-                set_optimizer_state_dict(self.model, self.optimizer, saved["optimizer"], options=options)
-            else:
-                self.optimizer.load_state_dict(saved["optimizer"])
-        except (KeyError, ValueError, TypeError, RuntimeError) as err:
-            raise checkpoint.CheckpointError(f"checkpoint's optimizer state does not fit this model ({err})") from err
-        self.step = self.saved_step = saved["step"]
-        self.window = list(saved["extra"].get("window", []))
-        self.history = list(saved["extra"].get("history", []))
-        if changed:
-            self.history.append({"step": self.step, "changed": changed})
-
-    def _changes(self, saved: dict) -> dict[str, list]:
-        """``{name: [checkpoint, now]}`` of the changed hyperparameters; refused unless ``allow_changes``."""
-        now = asdict(self.cfg)
-        changed = {k: [saved.get(k), now[k]] for k in HYPERPARAMETERS if saved.get(k) != now[k]}
-        if changed and not self.cfg.allow_changes:
-            detail = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in changed.items())
-            raise checkpoint.CheckpointError(
-                f"{self.out} was trained with other settings ({detail}): resume with the same ones, or pass "
-                "--allow-changes to continue with the new ones (recorded in log.jsonl and config.json)"
-            )
-        return changed
-
-    @staticmethod
-    def _check_optimizer(optim: dict, step: int) -> None:
-        """Every parameter's AdamW step count must be the checkpoint's: otherwise it was saved mid-step."""
-        counts = {float(entry["step"]) for entry in optim["state"].values() if "step" in entry}
-        if counts and counts != {float(step)}:
-            raise checkpoint.CheckpointError(
-                f"checkpoint of step {step} holds optimizer step counts {sorted(counts)}: saved in the middle "
-                "of a step, not resumable exactly"
-            )
+        run_state.restore(self)
 
     def ema_model(self) -> torch.nn.Module:
         """An unwrapped copy of the model holding the EMA weights (collective under FSDP)."""
         model = self.task.build().to(self.device)
         with torch.no_grad():
-            for p, e in zip(model.parameters(), self._full(self.ema)):
+            for p, e in zip(model.parameters(), run_state._full(self.ema)):
                 p.copy_(e)
         return model.eval()
 
@@ -294,9 +228,10 @@ class Run:
     def _start(self) -> None:
         """Resume or start fresh (rank 0 holds the folder's lock), and write config.json."""
         cfg = self.cfg
-        if self.rank == 0:
-            checkpoint.remove_temporaries(self.out)  # left by a save that was killed
-        if cfg.resume:
+        if self.rank == 0:  # left by saves that were killed
+            checkpoint.remove_temporaries(self.out)
+            sharded_checkpoint.remove_temporaries(self.out)
+        if cfg.resume or self._restarted_after_a_save():
             self.restore()
             if self.rank == 0:
                 rundir.truncate_log(self.out / "log.jsonl", self.step)  # a killed run logged steps past it
@@ -304,9 +239,19 @@ class Run:
                     self.log(self.history[-1])
         elif self.rank == 0:
             rundir.start_fresh(self.out, cfg.overwrite)
+            if cfg.overwrite:
+                sharded_checkpoint.remove(self.out)
         if self.rank == 0:  # the settings that trained the checkpoint from here on (resumes included)
             settings = asdict(cfg) | ({"history": self.history} if self.history else {})
             (self.out / "config.json").write_text(json.dumps(settings, indent=2))
+
+    def _restarted_after_a_save(self) -> bool:
+        """An elastic restart (``torchrun --max-restarts``: ``TORCHELASTIC_RESTART_COUNT`` > 0) of a run that has
+        a checkpoint: it resumes from there, whatever the command said. Without one, the command's own rules
+        hold (a fresh run into a folder that holds the killed attempt's log is refused: nothing to resume)."""
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+            return False
+        return sharded_checkpoint.exists(self.out) or (self.out / run_state.SAFETENSORS).is_file()
 
     def _stop_requested(self, stop: DeferredStop) -> bool:
         if not self.distributed:
@@ -367,7 +312,7 @@ class Run:
             except KeyboardInterrupt:  # a second Ctrl-C in the final save or report. A save is atomic: the file
                 interrupted = True  # holds this step if the rename was done, else the last checkpoint, untouched
                 with contextlib.suppress(checkpoint.CheckpointError):  # none on disk: saved_step stays None
-                    self.saved_step = checkpoint.metadata(self.out)["step"] if self.rank == 0 else self.saved_step
+                    self.saved_step = run_state.saved_step(self.out) if self.rank == 0 else self.saved_step
                 consistent = consistent and self.saved_step == self.step
         result = {"step": self.step, "interrupted": interrupted, "out": str(self.out)}
         if not consistent:  # stopped inside a step: only the last checkpoint holds (None: there is none)
@@ -376,9 +321,26 @@ class Run:
 
 
 def trained_weights(path: str | Path, *, use_ema: bool = True) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The run settings and model weights of a checkpoint (EMA parameters unless ``use_ema=False``)."""
+    """The run settings and model weights of a checkpoint (EMA parameters unless ``use_ema=False``): a
+    ``checkpoint.safetensors``, or a run folder holding one or an FSDP2 run's DCP checkpoint (read whole)."""
+    if Path(path).is_dir() and sharded_checkpoint.exists(path):
+        run = sharded_checkpoint.metadata(path)["run"]
+        return run, sharded_checkpoint.export(path, TASKS[run["model"]].from_run(run), use_ema=use_ema)
     saved = checkpoint.load(path)
     return saved["run"], saved["model"] | (saved["ema"] if use_ema else {})
+
+
+def export_weights(run_dir: str | Path, path: str | Path) -> Path:
+    """One consolidated safetensors checkpoint of a run folder (either format, DCP included) for inference: the
+    model and EMA weights whole, no optimizer state; :func:`load_trained`, ``scripts.sample --checkpoint PATH``
+    and the diffusers exports (models/training/export.py) read it."""
+    run, model = trained_weights(run_dir, use_ema=False)
+    _, ema = trained_weights(run_dir, use_ema=True)
+    empty = {"state": {}, "param_groups": []}
+    extra = {"exported_from": str(run_dir)}
+    return checkpoint.save(
+        path, model=model, ema=ema, optimizer=empty, step=run_state.saved_step(run_dir), run=run, extra=extra
+    )
 
 
 def load_trained(path: str | Path, *, use_ema: bool = True, device: str | torch.device = "cpu"):

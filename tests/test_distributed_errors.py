@@ -1,0 +1,58 @@
+"""Bad distributed settings through torchrun: one clear error on every rank, and no hang.
+
+The layout (models/training/distributed.py: ``plan``) is checked from the settings and the world
+size alone, identically on every rank, before any process group or collective exists; a resume
+from another run's folder fails on every rank when each reads the checkpoint, before a step. Each
+launch has a timeout, so a rank left waiting in a collective fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--steps", "1", "--batch-size", "4", "--resolution", "8", "--no-progress", "--no-report"]
+
+
+def _launch(nproc: int, *args: str) -> subprocess.CompletedProcess:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    cmd = [*launcher, "-m", "scripts.train", *TINY, *args] if nproc > 1 else [sys.executable, "-m", "scripts.train"]
+    cmd += [] if nproc > 1 else [*TINY, *args]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (  # 2 x 2 is not 2 processes
+            ["--model", "video_dit", "--frames", "2", "--context-parallel", "2", "--data-parallel", "2"],
+            "data_parallel 2 x context_parallel 2 must equal the number of processes 2",
+        ),
+        (["--model", "video_dit", "--frames", "3", "--context-parallel", "3"], "context_parallel 3 must divide"),
+        (  # 1 frame of 2 x 2 pixels, patch (1, 2, 2): one token for two ranks
+            ["--model", "video_dit", "--frames", "1", "--resolution", "2", "--context-parallel", "2"],
+            "shards each video's 1 tokens",
+        ),
+        (["--fsdp", "--compile", "--compile-backend", "no_such_backend"], "compile_backend must be one of"),
+    ],
+    ids=["mesh", "context_parallel", "short_sequence", "compile_backend"],
+)
+def test_a_bad_layout_is_one_error_on_every_rank(tmp_path, args, message):
+    done = _launch(2, *args, "--out", str(tmp_path / "run"))
+    assert done.returncode != 0
+    assert done.stderr.count(message) == 2, done.stderr[-3000:]  # each rank: the same line
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_resuming_another_models_run_is_one_error_on_every_rank(tmp_path):
+    out = str(tmp_path / "run")
+    assert _launch(1, "--out", out).returncode == 0  # an image DiT run
+    done = _launch(2, "--model", "video_dit", "--frames", "2", "--fsdp", "--resume", "--out", out)
+    assert done.returncode != 0
+    assert done.stderr.count("belongs to another run (model: checkpoint 'dit' vs now 'video_dit'") == 2, done.stderr
