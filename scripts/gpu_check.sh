@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One short GPU run (H100/H200) that records everything into one folder, in about 7-8 minutes:
+# One short GPU run (H100/H200) that records everything into one folder, in about 6-7 minutes:
 #
 #   bash scripts/gpu_check.sh OUT_DIR        # or OUT=OUT_DIR bash scripts/gpu_check.sh
 #   bash scripts/gpu_check.sh --dry-run DIR  # the same steps on CPU stand-ins (checks this script)
 #
 # Run from anywhere; it works in the repository root with `python3` (PYTHON=... to pick another)
-# and installs nothing. Steps, each under its own time limit (the whole run stays under 9 min):
+# and installs nothing. Steps, each under its own time limit (their limits add up to 9 min):
 #   1. environment: GPU, driver, torch/triton versions, nvidia-smi            -> log.txt
 #   2. the CUDA tests (Triton backend, packed attention), stopping at the first failure -> tests.txt
 #   3. copy ceiling and kernel-only tile sweep (programs, heads per program,
@@ -19,7 +19,7 @@
 #   7. transformers: a Qwen3-8B-sized attention layer stock vs apply_axial_rope (fused QK-norm + rope),
 #      Qwen2.5-VL's M-RoPE rotation stock vs axial_rope vs Liger, bf16                -> transformers.json
 #   8. training smoke on 1 GPU under torchrun: the tiny video DiT with --fsdp --compile --checkpointing
-#      (inductor, bf16 autocast), 20 steps; its log (losses, samples/s)              -> train_smoke/
+#      (inductor, bf16 autocast), 10 steps; its log (losses, samples/s)              -> train_smoke/
 # Peers (Liger, flash-attn) come from the package archives in .peers/ (git-ignored; fetched with
 # pip on a machine with internet, see scripts/peers.py) and are unpacked into .peers/site here.
 # With the device tool: run `bash scripts/gpu_check.sh "$OUT"` with carry [".peers"].
@@ -93,8 +93,8 @@ if [ $DRY -eq 1 ]; then TRANSFORMERS=(--small --repeat 2); else TRANSFORMERS=();
 run 60 "$PY" -m scripts.gpu_transformers --out "$OUT/transformers.json" "${TRANSFORMERS[@]}"
 
 step "training smoke: torchrun 1 GPU, video DiT, --fsdp --compile --checkpointing -> $OUT/train_smoke/"
-if [ $DRY -eq 1 ]; then SMOKE=(--steps 2 --compile-backend aot_eager); else SMOKE=(--steps 20); fi
-run 150 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m scripts.train --model video_dit \
+if [ $DRY -eq 1 ]; then SMOKE=(--steps 2 --compile-backend aot_eager); else SMOKE=(--steps 10); fi
+run 100 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m scripts.train --model video_dit \
   --fsdp --compile --checkpointing --batch-size 4 --resolution 32 --frames 8 --log-every 5 --no-report \
   --no-progress --overwrite --out "$OUT/train_smoke" "${SMOKE[@]}"
 tail -n 4 "$OUT/train_smoke/log.jsonl" 2>/dev/null || true
