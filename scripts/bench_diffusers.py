@@ -85,7 +85,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.json is not None:
         cli.out_file(parser, "--json", args.json)
     torch.set_num_threads(args.threads)
-    rows = [time_family(name, args.repeat, args.rounds, args.compiled, depth=args.depth, factor=args.factor)
-            for name in classes]  # fmt: skip
+    rows = []
+    for name in classes:
+        try:
+            rows.append(
+                time_family(name, args.repeat, args.rounds, args.compiled, depth=args.depth, factor=args.factor)
+            )
+        except Exception as error:  # a tiny model whose inputs do not follow --depth: recorded, the others go on
+            rows.append({"class": name, "depth": args.depth, "error": f"{type(error).__name__}: {error}"[:120]})
     save_rows(args.json, rows, args.threads)
     return rows

@@ -27,8 +27,11 @@ def format_row(row: dict) -> str:
 
 
 def markdown_table(rows: list[dict], last: str | None = None) -> str:
-    """Rows of one benchmark as a markdown table: one column per key of the first row (``last`` moved last)."""
-    keys = [k for k in rows[0] if k != last] + ([last] if last is not None else [])
+    """Rows of one benchmark as a markdown table: one column per key of any row, in order of first appearance
+    (``last`` moved last); a row without a key leaves its cell empty."""
+    keys = [k for k in dict.fromkeys(k for row in rows for k in row) if k != last] + (
+        [last] if last is not None else []
+    )
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in rows]
     return "\n".join(lines)
