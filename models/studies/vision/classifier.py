@@ -21,7 +21,7 @@ from ...training.data import CLASSES, Shapes
 from ...training.tasks import step_generator
 from .objects import crops, find_objects
 
-__all__ = ["ClassifierConfig", "ShapeClassifier", "classify", "load_or_train", "object_crops"]
+__all__ = ["ClassifierConfig", "ShapeClassifier", "classify", "load_or_train", "object_crops", "shared_job"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +117,15 @@ def load_or_train(path: Path, cfg: ClassifierConfig) -> ShapeClassifier:
 
 def _plain(cfg: ClassifierConfig) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
+
+
+def shared_job(kind: str, study, root: Path, validate) -> str | None:
+    """The job kinds every vision study runs alike: ``"classifier"`` (train or load the study's shape classifier
+    at ``root/classifier.pt``) and ``"validate"`` (``validate(study, root)``: the metrics on real data); what
+    happened, or ``None`` for another kind."""
+    if kind == "classifier":
+        load_or_train(root / "classifier.pt", study.classifier)
+        return "ready"
+    if kind == "validate":
+        return validate(study, root)
+    return None

@@ -132,11 +132,8 @@ def study_jobs(study: FramesStudy) -> list[Job]:
 def execute(study: FramesStudy, root: Path, job: Job) -> str:
     """Run one job of :func:`study_jobs`; returns what happened."""
     kind, *rest = job.key.split("/")
-    if kind == "classifier":
-        shape_classifier.load_or_train(root / "classifier.pt", study.classifier)
-        return "ready"
-    if kind == "validate":
-        return validate(study, root)
+    if (done := shape_classifier.shared_job(kind, study, root, validate)) is not None:
+        return done
     if kind == "train":
         return ensure_trained(all_runs(study, root)[rest[0]])
     if kind == "diagnose":

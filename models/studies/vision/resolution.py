@@ -126,11 +126,8 @@ def study_jobs(study: ResolutionStudy) -> list[Job]:
 def execute(study: ResolutionStudy, root: Path, job: Job) -> str:
     """Run one job of :func:`study_jobs` (in a worker or here); returns what happened."""
     kind, *rest = job.key.split("/")
-    if kind == "classifier":
-        shape_classifier.load_or_train(root / "classifier.pt", study.classifier)
-        return "ready"
-    if kind == "validate":
-        return validate(study, root)
+    if (done := shape_classifier.shared_job(kind, study, root, validate)) is not None:
+        return done
     seed = int(rest[0][1:])
     if kind in ("train", "finetune"):
         start = None if kind == "train" else train_config(study, root, seed).out
