@@ -1,0 +1,69 @@
+"""The competence pilot end to end at its quick size: per-sample values in the json, the table rebuilt from it, reuse."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from models.studies import experiments, pilot
+from models.studies.bootstrap import Interval
+from models.training.data import CLASSES
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pilot")
+    path = experiments.EXPERIMENTS["pilot"](tmp / "out", smoke=True, run_dir=tmp / "runs")
+    return tmp, path, json.loads(path.read_text())
+
+
+def test_pilot_json_holds_every_sample_of_the_three_models(quick_run):
+    _, path, data = quick_run
+    q = pilot.QUICK
+    assert path.name == "pilot.json"
+    counts = {
+        "image": len(CLASSES) * q.image_per_class,
+        "video": len(CLASSES) * q.video_per_class,
+        "length": len(data["models"]["length"]["depths"]) * q.trials,
+    }
+    for model, count in counts.items():
+        samples = np.array(data["models"][model]["samples"], dtype=np.float64)
+        assert samples.shape == (count,) and ((samples >= 0) & (samples <= 1)).all()
+        assert data["models"][model]["needed"] == {"image": 0.8, "video": 0.9, "length": 0.9}[model]
+        assert data["step_seconds"][model] > 0
+    assert set(data["models"]["length"]["samples"]) <= {0.0, 1.0}  # a probe passes or fails
+    assert data["environment"]["command"] == "python -m scripts.experiments pilot --quick"
+    assert data["models"]["image"]["steps"] == q.image_steps and data["models"]["length"]["steps"] == q.lm_steps
+
+
+def test_pilot_table_regenerates_from_json_and_states_the_sample_mean(quick_run):
+    _, _, data = quick_run
+    assert pilot.markdown(data) == data["table"]
+    rows = [line for line in data["table"].splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 3
+    for row, model in zip(rows, pilot.MODELS):
+        mean = float(np.mean(np.array(data["models"][model]["samples"], dtype=np.float64)))
+        assert row.split(" | ")[5].startswith(f"{mean:.2f} [")
+
+
+def test_pilot_rerun_reuses_runs_and_results(quick_run):
+    tmp, _, data = quick_run
+    again = json.loads(experiments.EXPERIMENTS["pilot"](tmp / "out2", smoke=True, run_dir=tmp / "runs").read_text())
+    assert again["models"] == data["models"]
+    assert again["environment"]["checkpoints"] == data["environment"]["checkpoints"]
+
+
+@pytest.mark.parametrize(
+    ("interval", "expected"),
+    [
+        (Interval(0.85, 0.81, 0.90), "yes"),
+        (Interval(0.80, 0.80, 0.85), "yes"),  # the criterion is ">= needed"
+        (Interval(0.70, 0.60, 0.79), "no"),
+        (Interval(0.82, 0.75, 0.90), "yes, interval reaches below"),
+        (Interval(0.78, 0.70, 0.85), "no, interval reaches above"),
+    ],
+)
+def test_verdict_says_whether_the_interval_settles_the_criterion(interval, expected):
+    assert pilot.verdict(interval, 0.8) == expected
