@@ -183,7 +183,8 @@ def _per_model(pilot: Pilot, root: Path) -> dict:
     video = video["trained length"]
     out["video"] = {
         "criterion": "presence (share of frames with an object)", "needed": pilot.presence_needed,
-        "samples": video["presence"], "class_accuracy": video["correct"], "loss": video["loss"],
+        "samples": video["presence"], "class_accuracy": video["correct"], "objects": video["objects"],
+        "loss": video["loss"],
         "trained": f"{pilot.video_resolution} px x {pilot.video_frames} frames",
     }  # fmt: skip
     length = json.loads((root / "length" / "pilot_eval.json").read_text())["result"]
@@ -228,7 +229,24 @@ def markdown(data: dict) -> str:
             f"| {m['criterion']} | {interval.format(2)} | {len(m['samples'])} | {m['needed']:g} "
             f"| {verdict(interval, m['needed'])} |"
         )
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows + ["", *_other_measures(data)]) + "\n"
+
+
+def _other_measures(data: dict) -> list[str]:
+    """What the criteria alone do not show (clamped Gaussian noise has presence 1: a video must also show its class)."""
+    image, video, length = (data["models"][m] for m in MODELS)
+    per_class = ", ".join(f"{c} {v:.2f}" for c, v in image["per_class"].items())
+    rows = [
+        "| model | also measured (mean [95%, over samples]) |",
+        "|---|---|",
+        f"| {NAMES['image']} | empty samples {_interval(image['empty'], data['draws']).format(2)}; per class: {per_class} |",
+        f"| {NAMES['video']} | class accuracy over the frames with an object "
+        f"{_interval(video['class_accuracy'], data['draws']).format(2)}; objects per frame "
+        f"{_interval(video['objects'], data['draws']).format(2)} |",
+        f"| {NAMES['length']} | held-out loss at its context (nats/byte, {len(length['loss'])} windows) "
+        f"{_interval(length['loss'], data['draws']).format(3)} |",
+    ]
+    return rows
 
 
 def run(out: Path, quick: bool = False, root: str | Path | None = None) -> Path:
