@@ -9,6 +9,7 @@ import pytest
 
 from models.studies import experiments, pilot
 from models.studies.bootstrap import Interval
+from models.training.checkpoint import metadata
 from models.training.data import CLASSES
 
 
@@ -28,14 +29,29 @@ def test_pilot_json_holds_every_sample_of_the_three_models(quick_run):
         "video": len(CLASSES) * q.video_per_class,
         "length": len(data["models"]["length"]["depths"]) * q.trials,
     }
-    for model, count in counts.items():
-        samples = np.array(data["models"][model]["samples"], dtype=np.float64)
-        assert samples.shape == (count,) and ((samples >= 0) & (samples <= 1)).all()
-        assert data["models"][model]["needed"] == {"image": 0.8, "video": 0.9, "length": 0.9}[model]
-        assert data["step_seconds"][model] > 0
+    assert list(data["models"]) == ["image", "video", "length", "image-x2", "length-x2"] == list(pilot.run_names(q))
+    for name, m in data["models"].items():
+        model = name.split("-x")[0]
+        samples = np.array(m["samples"], dtype=np.float64)
+        assert samples.shape == (counts[model],) and ((samples >= 0) & (samples <= 1)).all()
+        assert m["needed"] == {"image": 0.8, "video": 0.9, "length": 0.9}[model]
+        assert data["step_seconds"][name] > 0
     assert set(data["models"]["length"]["samples"]) <= {0.0, 1.0}  # a probe passes or fails
     assert data["environment"]["command"] == "python -m scripts.experiments pilot --quick"
-    assert data["models"]["image"]["steps"] == q.image_steps and data["models"]["length"]["steps"] == q.lm_steps
+    steps = {name: m["steps"] for name, m in data["models"].items()}
+    assert steps == {"image": 3, "video": 3, "length": 3, "image-x2": 6, "length-x2": 6}
+
+
+def test_pilot_longer_image_run_is_its_base_run_resumed(quick_run):
+    tmp, _, _ = quick_run
+    # constant learning rate: the base run resumed (its log continues); cosine (the language model): from scratch
+    image_log = (tmp / "runs" / "image-x2" / "train" / "s0" / "log.jsonl").read_text().splitlines()
+    base_log = (tmp / "runs" / "image" / "train" / "s0" / "log.jsonl").read_text().splitlines()
+    assert image_log[: len(base_log)] == base_log and len(image_log) > len(base_log)
+    assert metadata(tmp / "runs" / "image-x2" / "train" / "s0")["step"] == 6
+    jobs = [json.loads(line) for line in (tmp / "runs" / "jobs.jsonl").read_text().splitlines()]
+    what = {j["key"]: j["what"] for j in jobs}
+    assert what["train/image-x2"] == "extended" and what["train/length-x2"] == "trained"
 
 
 def test_pilot_table_regenerates_from_json_and_states_the_sample_mean(quick_run):
@@ -43,9 +59,9 @@ def test_pilot_table_regenerates_from_json_and_states_the_sample_mean(quick_run)
     assert pilot.markdown(data) == data["table"]
     criteria, others = data["table"].split("\n\n")  # the criteria's table, then what else was measured
     rows = criteria.splitlines()[2:]
-    assert len(rows) == 3 and len(others.splitlines()) == 2 + 3
-    for row, model in zip(rows, pilot.MODELS):
-        mean = float(np.mean(np.array(data["models"][model]["samples"], dtype=np.float64)))
+    assert len(rows) == 5 and len(others.splitlines()) == 2 + 5
+    for row, m in zip(rows, data["models"].values()):
+        mean = float(np.mean(np.array(m["samples"], dtype=np.float64)))
         assert row.split(" | ")[5].startswith(f"{mean:.2f} [")
 
 

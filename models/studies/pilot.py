@@ -20,16 +20,18 @@ The json holds every per-sample value, the step times and the table (:func:`mark
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from ..training.data import CLASSES
+from ..training.trainer import Run
 from .bootstrap import Bootstrap, Interval
 from .jobs import Job, checkpoint_hash, compute_seconds, ensure_trained, read_result, run_jobs, write_result
 
-__all__ = ["FULL", "QUICK", "Pilot", "markdown", "run", "verdict"]
+__all__ = ["FULL", "QUICK", "Pilot", "markdown", "run", "run_names", "verdict"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class Pilot:
     accuracy_needed: float = 0.8
     presence_needed: float = 0.9
     passkey_needed: float = 0.9
+    longer: tuple[str, ...] = ("image",)  # models also trained to longer_factor times their steps
+    longer_factor: int = 2
     draws: int = 2000  # bootstrap replicates
     quick: bool = False
 
@@ -58,9 +62,24 @@ class Pilot:
 FULL = Pilot()
 QUICK = Pilot(
     batch_size=4, image_resolution=16, image_steps=3, image_per_class=1, video_frames=4, video_steps=3,
-    video_per_class=1, context=64, lm_steps=3, trials=2, draws=200, quick=True,
+    video_per_class=1, context=64, lm_steps=3, trials=2, longer=("image", "length"), draws=200, quick=True,
 )  # fmt: skip
 MODELS = ("image", "video", "length")
+
+
+def run_names(pilot: Pilot) -> tuple[str, ...]:
+    """The trained runs: each model at its design steps, then those of ``pilot.longer`` at ``longer_factor`` times."""
+    return MODELS + tuple(f"{m}-x{pilot.longer_factor}" for m in pilot.longer)
+
+
+def _model_and_factor(name: str) -> tuple[str, int]:
+    model, _, factor = name.partition("-x")
+    return model, int(factor or 1)
+
+
+def _scaled(pilot: Pilot, factor: int) -> Pilot:
+    return replace(pilot, image_steps=factor * pilot.image_steps, video_steps=factor * pilot.video_steps,
+                   lm_steps=factor * pilot.lm_steps)  # fmt: skip
 
 
 def _studies(pilot: Pilot):
@@ -84,67 +103,91 @@ def _studies(pilot: Pilot):
         base, seeds=seeds, context=pilot.context, steps=pilot.lm_steps, batch_size=pilot.batch_size,
         lengths=(pilot.context,), trials=pilot.trials, workers=0,
     )  # fmt: skip
-    return image, video, length
+    return dict(zip(MODELS, (image, video, length)))
 
 
-def _train_configs(pilot: Pilot, root: Path) -> dict:
-    """``{model: TrainConfig}`` of the three runs (each study's own run of seed ``pilot.seed``)."""
+def _train_config(pilot: Pilot, root: Path, name: str):
+    """The ``TrainConfig`` of run ``name`` (each study's own run of seed ``pilot.seed``) in ``root/name``."""
     from .length.design import train_configs
     from .vision import frames, resolution
 
-    image, video, length = _studies(pilot)
-    return {
-        "image": resolution.train_config(image, root / "image", pilot.seed),
-        "video": frames.all_runs(video, root / "video")[f"s{pilot.seed}"],
-        "length": train_configs(length, root / "length")["rope", pilot.seed][0],
-    }
+    model, factor = _model_and_factor(name)
+    study, folder = _studies(_scaled(pilot, factor))[model], root / name
+    if model == "image":
+        return resolution.train_config(study, folder, pilot.seed)
+    if model == "video":
+        return frames.all_runs(study, folder)[f"s{pilot.seed}"]
+    return train_configs(study, folder)["rope", pilot.seed][0]
 
 
-def _jobs() -> list[Job]:
-    # one model at a time: train, then measure, so an interrupted pilot still holds the first results
-    return [job for m in MODELS for job in (Job(f"train/{m}"), Job(f"eval/{m}", (f"train/{m}",)))]
+def _jobs(pilot: Pilot) -> list[Job]:
+    # one run at a time: train, then measure, so an interrupted pilot still holds the first results
+    jobs = []
+    for name in run_names(pilot):
+        model, factor = _model_and_factor(name)
+        jobs += [
+            Job(f"train/{name}", () if factor == 1 else (f"train/{model}",)),
+            Job(f"eval/{name}", (f"train/{name}",)),
+        ]
+    return jobs
+
+
+def _extend(pilot: Pilot, root: Path, name: str) -> str:
+    """Run ``name`` (a longer one): on a constant learning rate the base run resumed to more steps is the same
+    run as one trained that long (data and noise are functions of seed and step), so a copy of it is resumed;
+    a schedule that depends on the steps (cosine) trains from scratch."""
+    cfg, base = _train_config(pilot, root, name), _train_config(pilot, root, _model_and_factor(name)[0])
+    if cfg.schedule != "constant" or (Path(cfg.out) / "checkpoint.safetensors").is_file():
+        return ensure_trained(cfg)
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    for file in ("checkpoint.safetensors", "config.json", "log.jsonl"):
+        shutil.copyfile(Path(base.out) / file, Path(cfg.out) / file)
+    Run(replace(cfg, resume=True)).train()
+    return "extended"
 
 
 def _execute(pilot: Pilot, root: Path, job: Job) -> str:
-    kind, model = job.key.split("/")
-    cfg = _train_configs(pilot, root)[model]
+    kind, name = job.key.split("/")
+    model, factor = _model_and_factor(name)
     if kind == "train":
-        return ensure_trained(cfg)
-    return {"image": _eval_image, "video": _eval_video, "length": _eval_length}[model](pilot, root)
+        return ensure_trained(_train_config(pilot, root, name)) if factor == 1 else _extend(pilot, root, name)
+    return {"image": _eval_image, "video": _eval_video, "length": _eval_length}[model](
+        _scaled(pilot, factor), root / name
+    )
 
 
-def _eval_image(pilot: Pilot, root: Path) -> str:
+def _eval_image(pilot: Pilot, folder: Path) -> str:
     from .vision import resolution
 
-    study, size = _studies(pilot)[0], (pilot.image_resolution, pilot.image_resolution)
-    return resolution.evaluate(study, root / "image", pilot.seed, size)  # its eval/s<seed>_<size>.json
+    study, size = _studies(pilot)["image"], (pilot.image_resolution, pilot.image_resolution)
+    return resolution.evaluate(study, folder, pilot.seed, size)  # its eval/s<seed>_<size>.json
 
 
-def _eval_video(pilot: Pilot, root: Path) -> str:
+def _eval_video(pilot: Pilot, folder: Path) -> str:
     from .vision import frames
 
-    return frames.evaluate(_studies(pilot)[1], root / "video", pilot.seed, pilot.video_frames)
+    return frames.evaluate(_studies(pilot)["video"], folder, pilot.seed, pilot.video_frames)
 
 
-def _length_settings(pilot: Pilot, root: Path) -> dict:
-    study = _studies(pilot)[2]
-    cfg = _train_configs(pilot, root)["length"]
-    return {"study": {k: v for k, v in asdict(study).items() if k != "quick"}, "checkpoint": checkpoint_hash(cfg.out)}
+def _length_settings(pilot: Pilot, folder: Path) -> dict:
+    study = _studies(pilot)["length"]
+    run_dir = _train_config(pilot, folder.parent, folder.name).out
+    return {"study": {k: v for k, v in asdict(study).items() if k != "quick"}, "checkpoint": checkpoint_hash(run_dir)}
 
 
-def _eval_length(pilot: Pilot, root: Path) -> str:
+def _eval_length(pilot: Pilot, folder: Path) -> str:
     import torch
 
     from .length.design import arms
     from .length.evaluate import evaluate_arm, result_path
 
-    study, path = _studies(pilot)[2], root / "length" / "pilot_eval.json"
-    settings = _length_settings(pilot, root)
+    study, path = _studies(pilot)["length"], folder / "pilot_eval.json"
+    settings = _length_settings(pilot, folder)
     if read_result(path, settings) is not None:
         return "reused"
     arm = arms(study)["RoPE"]
-    result_path(root / "length", arm, pilot.seed).unlink(missing_ok=True)  # the study reuses any file: not here
-    result = torch.load(evaluate_arm(study, root / "length", arm, pilot.seed), weights_only=False)
+    result_path(folder, arm, pilot.seed).unlink(missing_ok=True)  # the study reuses any file: not here
+    result = torch.load(evaluate_arm(study, folder, arm, pilot.seed), weights_only=False)
     L = pilot.context
     out = {"passkey": np.asarray(result["retrieval"][L], dtype=np.float64).tolist(), "loss": result["loss"][L].tolist()}
     write_result(path, settings, out | {"depths": list(study.depths)})
@@ -166,66 +209,73 @@ def verdict(interval: Interval, needed: float) -> str:
     return "yes, interval reaches below" if interval.mean >= needed else "no, interval reaches above"
 
 
-def _per_model(pilot: Pilot, root: Path) -> dict:
-    """``{model: {criterion, needed, per-sample values, ...}}`` read from the studies' result files."""
+def _measured(pilot: Pilot, folder: Path, model: str) -> dict:
+    """``{criterion, needed, samples (per-sample values), ...}`` of one run, read from its study's result file."""
     from .vision.metrics import per_class_accuracy
     from .vision.resolution import sample_inputs
 
-    r, out = pilot.image_resolution, {}
-    image = json.loads((root / "image" / "eval" / f"s{pilot.seed}_{r}x{r}.json").read_text())["result"]["trained size"]
-    labels, _ = sample_inputs(_studies(pilot)[0], (r, r))
-    out["image"] = {
-        "criterion": "class accuracy", "needed": pilot.accuracy_needed, "samples": image["correct"],
-        "empty": image["empty"], "per_class": dict(zip(CLASSES, per_class_accuracy(image["correct"], labels).tolist())),
-        "loss_grown": image["loss_grown"], "trained": f"{r} px",
-    }  # fmt: skip
-    video = json.loads((root / "video" / "eval" / f"s{pilot.seed}_{pilot.video_frames}.json").read_text())["result"]
-    video = video["trained length"]
-    out["video"] = {
-        "criterion": "presence (share of frames with an object)", "needed": pilot.presence_needed,
-        "samples": video["presence"], "class_accuracy": video["correct"], "objects": video["objects"],
-        "loss": video["loss"],
-        "trained": f"{pilot.video_resolution} px x {pilot.video_frames} frames",
-    }  # fmt: skip
-    length = json.loads((root / "length" / "pilot_eval.json").read_text())["result"]
-    out["length"] = {
+    r = pilot.image_resolution
+    if model == "image":
+        image = json.loads((folder / "eval" / f"s{pilot.seed}_{r}x{r}.json").read_text())["result"]["trained size"]
+        labels, _ = sample_inputs(_studies(pilot)["image"], (r, r))
+        per_class = per_class_accuracy(image["correct"], labels).tolist()
+        return {
+            "criterion": "class accuracy", "needed": pilot.accuracy_needed, "samples": image["correct"],
+            "empty": image["empty"], "per_class": dict(zip(CLASSES, per_class)), "loss_grown": image["loss_grown"],
+            "trained": f"{r} px",
+        }  # fmt: skip
+    if model == "video":
+        video = json.loads((folder / "eval" / f"s{pilot.seed}_{pilot.video_frames}.json").read_text())["result"]
+        video = video["trained length"]
+        return {
+            "criterion": "presence (share of frames with an object)", "needed": pilot.presence_needed,
+            "samples": video["presence"], "class_accuracy": video["correct"], "objects": video["objects"],
+            "loss": video["loss"], "trained": f"{pilot.video_resolution} px x {pilot.video_frames} frames",
+        }  # fmt: skip
+    length = json.loads((folder / "pilot_eval.json").read_text())["result"]
+    return {
         "criterion": "passkey found", "needed": pilot.passkey_needed,
         "samples": [v for row in length["passkey"] for v in row], "depths": length["depths"],
         "loss": length["loss"], "trained": f"context {pilot.context}",
     }  # fmt: skip
-    return out
 
 
-def _step_seconds(root: Path, pilot: Pilot, configs: dict) -> dict:
-    """Seconds per training step of each run: its job's time (setup and checkpoints included: an upper bound)."""
+def _step_seconds(root: Path, pilot: Pilot) -> dict:
+    """Seconds per training step of each run: its job's time over the steps it trained (setup and checkpoints
+    included: an upper bound; a run resumed after an interruption is left out, its time covers part of it)."""
     from ..training.rundir import read_log
 
     if not (root / "jobs.jsonl").is_file():
         return {}
     latest = {r["key"]: r for r in read_log(root / "jobs.jsonl")}
     out = {}
-    for model, cfg in configs.items():
-        record = latest.get(f"train/{model}")
-        if record is not None and record["what"] == "trained":  # a resumed run's time covers only part of it
-            out[model] = record["seconds"] / cfg.steps
+    for name in run_names(pilot):
+        record, steps = latest.get(f"train/{name}"), _train_config(pilot, root, name).steps
+        if record is not None and record["what"] in ("trained", "extended"):
+            base = _train_config(pilot, root, _model_and_factor(name)[0]).steps if record["what"] == "extended" else 0
+            out[name] = record["seconds"] / (steps - base)
     return out
 
 
 NAMES = {"image": "image DiT tiny", "video": "video DiT tiny-hunyuan", "length": "GPT lm-rope"}
 
 
+def _label(name: str) -> str:
+    model, factor = _model_and_factor(name)
+    return NAMES[model] + ("" if factor == 1 else f", {factor}x steps")
+
+
 def markdown(data: dict) -> str:
-    """The pilot's table from its json (``data``: what :func:`run` wrote): one row per base model."""
+    """The pilot's tables from its json (``data``: what :func:`run` wrote): one row per run."""
     rows = [
         "| model | trained at | steps | s / step | criterion | measured [95%, over samples] | samples | needed | met |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for model in MODELS:
-        m = data["models"][model]
+    for name, m in data["models"].items():
         interval = _interval(m["samples"], data["draws"])
-        step = data["step_seconds"].get(model)
+        step = data["step_seconds"].get(name)
         rows.append(
-            f"| {NAMES[model]} | {m['trained']} | {m['steps']} | {'-' if step is None else f'{step:.2f}'} "
+            f"| {_label(name)} | {m['trained']} | {m['steps']} | {'-' if step is None else f'{step:.2f}'} "
             f"| {m['criterion']} | {interval.format(2)} | {len(m['samples'])} | {m['needed']:g} "
             f"| {verdict(interval, m['needed'])} |"
         )
@@ -234,38 +284,41 @@ def markdown(data: dict) -> str:
 
 def _other_measures(data: dict) -> list[str]:
     """What the criteria alone do not show (clamped Gaussian noise has presence 1: a video must also show its class)."""
-    image, video, length = (data["models"][m] for m in MODELS)
-    per_class = ", ".join(f"{c} {v:.2f}" for c, v in image["per_class"].items())
-    rows = [
-        "| model | also measured (mean [95%, over samples]) |",
-        "|---|---|",
-        f"| {NAMES['image']} | empty samples {_interval(image['empty'], data['draws']).format(2)}; per class: {per_class} |",
-        f"| {NAMES['video']} | class accuracy over the frames with an object "
-        f"{_interval(video['class_accuracy'], data['draws']).format(2)}; objects per frame "
-        f"{_interval(video['objects'], data['draws']).format(2)} |",
-        f"| {NAMES['length']} | held-out loss at its context (nats/byte, {len(length['loss'])} windows) "
-        f"{_interval(length['loss'], data['draws']).format(3)} |",
-    ]
+    rows, draws = ["| model | also measured (mean [95%, over samples]) |", "|---|---|"], data["draws"]
+    for name, m in data["models"].items():
+        model = _model_and_factor(name)[0]
+        if model == "image":
+            per_class = ", ".join(f"{c} {v:.2f}" for c, v in m["per_class"].items())
+            what = f"empty samples {_interval(m['empty'], draws).format(2)}; accuracy per class: {per_class}"
+        elif model == "video":
+            what = (
+                f"class accuracy over the frames with an object {_interval(m['class_accuracy'], draws).format(2)}; "
+                f"objects per frame {_interval(m['objects'], draws).format(2)}"
+            )
+        else:
+            what = f"held-out loss at its context (nats/byte, {len(m['loss'])} windows) {_interval(m['loss'], draws).format(3)}"
+        rows.append(f"| {_label(name)} | {what} |")
     return rows
 
 
 def run(out: Path, quick: bool = False, root: str | Path | None = None) -> Path:
-    """Train and measure the three base models, write ``out/pilot.json`` (per-sample values, the table)."""
+    """Train and measure the base models, write ``out/pilot.json`` (per-sample values, the tables)."""
     from functools import partial
 
     from .vision.report import environment
 
     pilot = QUICK if quick else FULL
     root = Path(root or f"runs/pilot{'_quick' if quick else ''}")
-    wall = run_jobs(_jobs(), partial(_execute, pilot, root), root, workers=0, log=lambda s: print(s, flush=True))
-    configs = _train_configs(pilot, root)
-    models = _per_model(pilot, root)
-    for name, cfg in configs.items():
-        models[name]["steps"] = cfg.steps
+    wall = run_jobs(_jobs(pilot), partial(_execute, pilot, root), root, workers=0, log=lambda s: print(s, flush=True))
+    models, hashes = {}, {}
+    for name in run_names(pilot):
+        model, factor = _model_and_factor(name)
+        cfg = _train_config(pilot, root, name)
+        models[name] = _measured(_scaled(pilot, factor), root / name, model) | {"steps": cfg.steps}
+        hashes[name] = checkpoint_hash(cfg.out)
     command = "python -m scripts.experiments pilot" + (" --quick" if quick else "")
-    hashes = {name: checkpoint_hash(cfg.out) for name, cfg in configs.items()}
     env = environment(command, wall, compute_seconds(root), hashes, asdict(pilot))
-    data = {"draws": pilot.draws, "step_seconds": _step_seconds(root, pilot, configs), "models": models}
+    data = {"draws": pilot.draws, "step_seconds": _step_seconds(root, pilot), "models": models}
     data |= {"environment": env, "table": None}
     data["table"] = markdown(data)
     out.mkdir(parents=True, exist_ok=True)
