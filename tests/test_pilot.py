@@ -37,6 +37,10 @@ def test_pilot_json_holds_every_sample_of_the_three_models(quick_run):
         assert m["needed"] == {"image": 0.8, "video": 0.9, "length": 0.9}[model]
         assert data["step_seconds"][name] > 0
     assert set(data["models"]["length"]["samples"]) <= {0.0, 1.0}  # a probe passes or fails
+    assert (
+        len(data["data"]["image"]["correct"]) == counts["image"]
+        and len(data["data"]["video"]["presence"]) == counts["video"]
+    )
     assert data["environment"]["command"] == "python -m scripts.experiments pilot --quick"
     steps = {name: m["steps"] for name, m in data["models"].items()}
     assert steps == {"image": 3, "video": 3, "length": 3, "image-x2": 6, "length-x2": 6}
@@ -59,7 +63,7 @@ def test_pilot_table_regenerates_from_json_and_states_the_sample_mean(quick_run)
     assert pilot.markdown(data) == data["table"]
     criteria, others = data["table"].split("\n\n")  # the criteria's table, then what else was measured
     rows = criteria.splitlines()[2:]
-    assert len(rows) == 5 and len(others.splitlines()) == 2 + 5
+    assert len(rows) == 5 and len(others.splitlines()) == 2 + 5 + 2  # and the data's two rows
     for row, m in zip(rows, data["models"].values()):
         mean = float(np.mean(np.array(m["samples"], dtype=np.float64)))
         assert row.split(" | ")[5].startswith(f"{mean:.2f} [")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..training.data import CLASSES
+from ..training.data import CLASSES, Shapes
 from ..training.trainer import Run
 from .bootstrap import Bootstrap, Interval
 from .jobs import Job, checkpoint_hash, compute_seconds, ensure_trained, read_result, run_jobs, write_result
@@ -129,6 +129,7 @@ def _jobs(pilot: Pilot) -> list[Job]:
             Job(f"train/{name}", () if factor == 1 else (f"train/{model}",)),
             Job(f"eval/{name}", (f"train/{name}",)),
         ]
+    jobs.insert(0, Job("data"))  # the data through the same pipeline: what the metrics read on real renders
     return jobs
 
 
@@ -147,6 +148,8 @@ def _extend(pilot: Pilot, root: Path, name: str) -> str:
 
 
 def _execute(pilot: Pilot, root: Path, job: Job) -> str:
+    if job.key == "data":
+        return _eval_data(pilot, root)
     kind, name = job.key.split("/")
     model, factor = _model_and_factor(name)
     if kind == "train":
@@ -167,6 +170,39 @@ def _eval_video(pilot: Pilot, folder: Path) -> str:
     from .vision import frames
 
     return frames.evaluate(_studies(pilot)["video"], folder, pilot.seed, pilot.video_frames)
+
+
+def _eval_data(pilot: Pilot, root: Path) -> str:
+    """The metrics of held-out renders and clips of the training data at the models' sizes (the classifier of
+    each study's root, as its samples are read): the ceiling the criteria are measured against."""
+    from ..training.tasks import VideoTask
+    from .vision import classifier as shape_classifier
+    from .vision.metrics import image_metrics, reference, video_metrics
+
+    studies, path = _studies(pilot), root / "data_eval.json"
+    image, video = studies["image"], studies["video"]
+    settings = {"pilot": asdict(pilot), "classifiers": [asdict(image.classifier), asdict(video.classifier)]}
+    if read_result(path, settings) is not None:
+        return "reused"
+    r, n = pilot.image_resolution, len(CLASSES) * pilot.image_per_class
+    x, y = Shapes(seed=50_001).batch(range(n), r)  # the resolution study's validation renders
+    clf = shape_classifier.load_or_train(root / "image" / "classifier.pt", image.classifier)
+    out = {"image": {m: v.tolist() for m, v in image_metrics(x, y, clf, reference(r)).items()} | {"labels": y.tolist()}}
+    task = VideoTask(video.preset, video.resolution, video.frames, seed=0)
+    x, y = task.val_inputs(len(CLASSES) * pilot.video_per_class, video.resolution, frames=video.frames)
+    clf = shape_classifier.load_or_train(root / "video" / "classifier.pt", video.classifier)
+    lag = round(frames_period(video))
+    metrics = video_metrics(x, y, clf, reference(video.resolution, moving=True), lag)
+    out["video"] = {m: v.tolist() for m, v in metrics.items()} | {"labels": y.tolist()}
+    write_result(path, settings, out)
+    return "evaluated"
+
+
+def frames_period(video) -> float:
+    """RIFLEx's period in frames of the frame study's settings ``video`` (the lag of its repetition metric)."""
+    from .vision.frames import intrinsic
+
+    return intrinsic(video.preset, video.frames)[1]
 
 
 def _length_settings(pilot: Pilot, folder: Path) -> dict:
@@ -298,7 +334,26 @@ def _other_measures(data: dict) -> list[str]:
         else:
             what = f"held-out loss at its context (nats/byte, {len(m['loss'])} windows) {_interval(m['loss'], draws).format(3)}"
         rows.append(f"| {_label(name)} | {what} |")
+    if "data" in data:  # held-out training data through the same pipeline
+        image, video = data["data"]["image"], data["data"]["video"]
+        per_class = ", ".join(f"{c} {v:.2f}" for c, v in zip(CLASSES, _class_means(image)))
+        rows.append(
+            f"| data: {len(image['correct'])} renders at {data['models']['image']['trained']} | class accuracy "
+            f"{_interval(image['correct'], draws).format(2)}; per class: {per_class} |"
+        )
+        per_class = ", ".join(f"{c} {v:.2f}" for c, v in zip(CLASSES, _class_means(video)))
+        rows.append(
+            f"| data: {len(video['presence'])} clips at {data['models']['video']['trained']} | presence "
+            f"{_interval(video['presence'], draws).format(2)}; class accuracy over the frames with an object "
+            f"{_interval(video['correct'], draws).format(2)}; per class: {per_class} |"
+        )
     return rows
+
+
+def _class_means(measured: dict) -> list[float]:
+    from .vision.metrics import per_class_accuracy
+
+    return per_class_accuracy(measured["correct"], measured["labels"]).tolist()
 
 
 def run(out: Path, quick: bool = False, root: str | Path | None = None) -> Path:
@@ -319,6 +374,7 @@ def run(out: Path, quick: bool = False, root: str | Path | None = None) -> Path:
     command = "python -m scripts.experiments pilot" + (" --quick" if quick else "")
     env = environment(command, wall, compute_seconds(root), hashes, asdict(pilot))
     data = {"draws": pilot.draws, "step_seconds": _step_seconds(root, pilot), "models": models}
+    data["data"] = json.loads((root / "data_eval.json").read_text())["result"]
     data |= {"environment": env, "table": None}
     data["table"] = markdown(data)
     out.mkdir(parents=True, exist_ok=True)
