@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,6 +75,12 @@ def test_pilot_rerun_reuses_runs_and_results(quick_run):
     again = json.loads(experiments.EXPERIMENTS["pilot"](tmp / "out2", smoke=True, run_dir=tmp / "runs").read_text())
     assert again["models"] == data["models"]
     assert again["environment"]["checkpoints"] == data["environment"]["checkpoints"]
+
+
+def test_published_pilot_table_regenerates_from_its_json():
+    data = json.loads((Path(__file__).parents[1] / "docs" / "experiments" / "pilot.json").read_text())
+    assert pilot.markdown(data) == data["table"]
+    assert data["environment"]["command"] == "python -m scripts.experiments pilot"
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,9 @@ training runs, samplers and metrics (nothing is re-implemented here):
 - GPT ``lm-rope`` (the length study's base): context 256, the passkey probe inside that context
   (:mod:`.length.retrieval` through :func:`.length.evaluate.evaluate_arm`), criterion >= 0.9.
 
-One seed: the intervals are 95% bootstrap intervals over samples (probes) of that one model, not
+The models of ``Pilot.longer`` are also trained to a multiple of their steps (a constant-rate run by resuming
+a copy of its base run, a cosine one from scratch), and held-out data go through the same metrics (their
+ceiling). One seed: the intervals are 95% bootstrap intervals over samples (probes) of that one model, not
 over training seeds; they say how well the samples pin down this model, not how another seed would do.
 The json holds every per-sample value, the step times and the table (:func:`markdown` rebuilds it).
 """
