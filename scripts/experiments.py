@@ -1,4 +1,4 @@
-"""Extrapolation experiments: ``python -m scripts.experiments resolution|length|frames|packing|streaming|streaming-video [--smoke | --quick]``.
+"""Extrapolation experiments: ``python -m scripts.experiments resolution|length|frames|packing|streaming|streaming-video|pilot [--smoke | --quick]``.
 
 Each trains its model's default run once into ``runs/<model>`` (``--run-dir`` elsewhere) and
 writes a table and pictures to ``docs/experiments/NAME.md``; ``length`` trains its study's

@@ -19,6 +19,8 @@ beyond what it was trained on:
   caches with and without attention sinks (:mod:`models.studies.length.streaming`);
 - ``streaming-video``: a frame-causal video DiT (``--causal``) sampled a frame at a time with rolling frame caches
   against the bidirectional one at 2x and 4x its training frames (:mod:`models.studies.streaming_video`);
+- ``pilot``: one seed of each study's base model (image, video, language) at its own training size: is it
+  competent enough to judge (:mod:`models.studies.pilot`; runs under ``runs/pilot``; writes ``OUT/pilot.json``)?
 - ``packing``: the image DiT trained packed on mixed sizes against the resolution study's one-size runs,
   at sizes inside and beyond the packed range, with and without scaling (runs under ``runs/packing``).
 
@@ -141,6 +143,15 @@ def streaming_video(out: Path, smoke: bool = False, run_dir: str | Path | None =
     return streaming_video_page.run(out, quick=smoke, root=run_dir)
 
 
+def pilot(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
+    """One seed of the image DiT, the video DiT and the RoPE language model, each measured at its own training size
+    against issue 24's competence criteria: :mod:`models.studies.pilot` (``smoke``: its quick variant; ``run_dir``:
+    its root folder, default ``runs/pilot``). Returns ``out/pilot.json``, whose ``table`` is the markdown table."""
+    from . import pilot as study
+
+    return study.run(out, quick=smoke, root=run_dir)
+
+
 EXPERIMENTS = {
     "resolution": resolution,
     "length": length,
@@ -148,4 +159,5 @@ EXPERIMENTS = {
     "packing": packing,
     "streaming": streaming,
     "streaming-video": streaming_video,
+    "pilot": pilot,
 }
