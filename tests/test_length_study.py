@@ -19,7 +19,7 @@ from models.studies.length import design, evaluate, retrieval
 from models.studies.length.positions import STUDY_PRESETS, DualChunk
 from models.studies.length.summary import verdict
 from models.training import needles
-from models.training.tasks import TextTask, stdlib_text
+from models.training.text_task import TextTask, stdlib_text
 
 # -- statistics (the bootstrap itself: tests/test_bootstrap.py) ----------------------------------
 

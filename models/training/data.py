@@ -301,3 +301,17 @@ class StdlibText:
         u = uniform(seed, torch.arange(step * batch_size, (step + 1) * batch_size), 1)[:, 0].double()
         starts = (u * (len(self) - length - 1)).long()
         return self.windows(starts, length)
+
+
+def step_generator(seed: int, step: int, stream: str) -> torch.Generator:
+    """A generator for one step and purpose (``"noise"``, ``"val"``, ...), the same on every rank."""
+    digest = hashlib.blake2b(f"{seed}:{step}:{stream}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+def shard(n: int, rank: int, world: int) -> slice:
+    """This rank's part of a global batch of ``n`` (the same data order at every world size)."""
+    if n % world:
+        raise ValueError(f"the global batch {n} must divide by the number of processes {world}")
+    part = n // world
+    return slice(rank * part, (rank + 1) * part)

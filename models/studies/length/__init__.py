@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...training.tasks import stdlib_text
+from ...training.text_task import stdlib_text
 from ...training.trainer import load_trained
 from ..jobs import compute_seconds, run_jobs
 from ..settings import settings_to

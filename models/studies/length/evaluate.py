@@ -21,7 +21,7 @@ import torch
 
 from ...gpt import GPT
 from ...training.data import StdlibText
-from ...training.tasks import stdlib_text
+from ...training.text_task import stdlib_text
 from ...training.trainer import load_trained
 from .design import Arm, Study, run_dir
 from .positions import StudyPositions

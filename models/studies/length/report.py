@@ -15,7 +15,7 @@ import torch
 import axial_rope
 
 from ...training.needles import ALPHABETS
-from ...training.tasks import NEEDLE_RATE, stdlib_text
+from ...training.text_task import NEEDLE_RATE, stdlib_text
 from ..bootstrap import Interval
 from ..seed_intervals import correct, correction_note
 from .evaluate import BIN

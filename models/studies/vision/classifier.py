@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ...training.data import CLASSES, Shapes
-from ...training.tasks import step_generator
+from ...training.data import CLASSES, Shapes, step_generator
 from .objects import crops, find_objects
 
 __all__ = ["ClassifierConfig", "ShapeClassifier", "classify", "load_or_train", "object_crops", "shared_job"]
