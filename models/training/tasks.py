@@ -190,7 +190,7 @@ class VideoTask(ImageTask):
         device = next(model.parameters()).device
         x0, t, noise = (v.to(device) for v in (x0, t[part], noise[part]))
         kw |= {"y": y.to(device), "force_drop_ids": drop[part].to(device)}
-        return video_dit.flow_lossshard(model, x0, t, noise, context_parallel, self.config.patch_size, **kw)
+        return video_dit.flow_loss_shard(model, x0, t, noise, context_parallel, self.config.patch_size, **kw)
 
     def timesteps(self, batch_size: int, gen: torch.Generator) -> torch.Tensor:
         """As :meth:`ImageTask.timesteps`; a causal model draws one per latent frame, ``[B, T]``: diffusion forcing
