@@ -171,7 +171,7 @@ def test_ace_step_every_block_gets_the_scaled_tables_and_remove_drops_the_hooks(
     got = [want for _, _, want in _stock_calls(name, model, inputs)]  # what each block is handed, now ours
     rope = DIFFUSERS[name].rope(model.config).with_scaling(scaling.Linear(2.0))
     cos, sin = rope.cos_sin(torch.arange(12.0)[:, None])  # 12 tokens: positions / 2
-    for tables in got:
+    for tables in got:  # both float32 cos/sin of float64 angles, each rounded once: within 2 u = 1.2e-7 of each other
         _close(tables, (cos, sin), 1e-6)
     handle.remove()
     assert all(not b._forward_pre_hooks for b in blocks) and not hasattr(model, "_axial_rope_tables")
