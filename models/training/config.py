@@ -44,6 +44,9 @@ class TrainConfig:
     grad_clip: float = 1.0  # 0: no clipping
     ema: float = 0.99  # 0: the EMA weights are the trained ones
     resolution: int = 32  # DiTs: pixels per side
+    pos_mode: str = "none"  # image DiT: how its positions meet a size other than base_resolution (models.dit)
+    base_resolution: int = 0  # image DiT: the side its positions are relative to (0: resolution; a fine-tune
+    # at another size under pos_mode keeps its base model's, the resolution study's fine-tuned arms)
     frames: int = 8  # video DiT
     context: int = 256  # language model: bytes per window
     seed: int = 0
@@ -110,6 +113,7 @@ def check(cfg: TrainConfig) -> None:
         raise ValueError("resume and overwrite exclude each other: resume continues the run, overwrite replaces it")
     check_context_parallel(cfg)
     check_packed(cfg)
+    check_positions(cfg)
     if cfg.causal and (cfg.model != "video_dit" or cfg.context_parallel > 1):
         _fail("causal", f"False for model {cfg.model!r} with context_parallel {cfg.context_parallel} "
               "(frame-causal training is the video DiT's, unsharded)", cfg.causal)  # fmt: skip
@@ -142,6 +146,20 @@ def check_packed(cfg: TrainConfig) -> None:
         _fail("resolution", ">= 8 with packed (sides from resolution / 2 to 3 resolution / 2)", cfg.resolution)
 
 
+def check_positions(cfg: TrainConfig) -> None:
+    """``pos_mode`` and ``base_resolution`` set the image DiT's positions (one size per step: not packed)."""
+    from ..dit import POS_MODES
+
+    if cfg.pos_mode not in POS_MODES:
+        _fail("pos_mode", f"one of {POS_MODES}", cfg.pos_mode)
+    if cfg.base_resolution < 0:
+        _fail("base_resolution", ">= 0 (0: resolution)", cfg.base_resolution)
+    if (cfg.pos_mode != "none" or cfg.base_resolution) and (cfg.model != "dit" or cfg.packed):
+        rule = "the default for a model other than the one-size image DiT (packed runs place positions per image)"
+        name = "pos_mode" if cfg.pos_mode != "none" else "base_resolution"
+        _fail(name, rule, getattr(cfg, name))
+
+
 # The default run of each model (docs/training.md, docs/experiments.md). The video DiT trains at
 # 16 px: the frame-count study measures time, and 16 px keeps its 600 steps within minutes on a CPU.
 RUN_DEFAULTS: dict[str, TrainConfig] = {
@@ -153,7 +171,8 @@ RUN_DEFAULTS: dict[str, TrainConfig] = {
 }
 
 # settings a resumed run must share with its checkpoint (the model, the data order, the batch)
-RUN_KEYS = ("model", "preset", "resolution", "frames", "context", "seed", "batch_size", "packed", "causal")
+RUN_KEYS = ("model", "preset", "resolution", "pos_mode", "base_resolution", "frames", "context", "seed", "batch_size",
+            "packed", "causal")  # fmt: skip
 
 # settings of the optimisation: a resume keeps them unless allow_changes (then the log records the change);
 # steps may grow on any resume (train longer)

@@ -38,8 +38,9 @@ class ImageTask:
     name = "dit"
     presets = dit.PRESETS
 
-    def __init__(self, preset: str, resolution: int, seed: int):
-        self.config = replace(dit.PRESETS[preset], input_size=resolution)
+    def __init__(self, preset: str, resolution: int, seed: int, pos_mode: str = "none", base_resolution: int = 0):
+        # the model's positions are relative to base_resolution (its input_size), met at resolution under pos_mode
+        self.config = replace(dit.PRESETS[preset], input_size=base_resolution or resolution, pos_mode=pos_mode)
         self.resolution, self.seed = resolution, seed
         self.data = Shapes(seed=seed)
 
@@ -47,7 +48,10 @@ class ImageTask:
     def from_run(cls, run: Mapping) -> ImageTask:
         if cls is ImageTask and run.get("packed"):  # a native-resolution run (scripts.train --packed)
             return PackedImageTask.from_run(run)
-        return cls(run["preset"], run["resolution"], run["seed"])
+        if cls is not ImageTask:
+            return cls(run["preset"], run["resolution"], run["seed"])
+        positions = {"pos_mode": run.get("pos_mode", "none"), "base_resolution": run.get("base_resolution", 0)}
+        return cls(run["preset"], run["resolution"], run["seed"], **positions)  # older runs: the defaults
 
     def build(self) -> torch.nn.Module:
         return dit.DiT(self.config)

@@ -70,7 +70,11 @@ def run_resolution(out: Path, quick: bool = False, root: str | Path | None = Non
 
     study, root, wall = _run_jobs("resolution", resolution, quick, root, workers)
     runs = {f"s{s}": resolution.train_config(study, root, s).out for s in study.seeds}
-    runs |= {f"ft_s{s}": resolution.train_config(study, root, s, True).out for s in study.seeds}
+    runs |= {
+        f"ft_{mode}_s{s}": resolution.train_config(study, root, s, mode).out
+        for s in study.seeds
+        for mode in study.finetune_modes
+    }
     env = _environment("resolution", quick, wall, root, runs, study)
     check = read_result(root / "classifier_check.json", resolution.validation_settings(study))
     return _write(out, "resolution", resolution_page.page(study, root, out, env, check))

@@ -10,14 +10,16 @@ import numpy as np
 import torch
 
 from ...training.data import CLASSES
-from ..bootstrap import Bootstrap, verdict
+from ..bootstrap import Bootstrap
 from . import figures
 from .frames import REFERENCE, FramesStudy, intrinsic
 from .report import (
+    INTERVALS,
     Metric,
     Table,
     best_and_tied,
     correction_lines,
+    difference_table,
     environment_lines,
     interval_table,
     load_results,
@@ -63,17 +65,15 @@ def _rows(table: Table, length: int, arms: list[str]) -> list[str]:
     return [*lines, "", f"Denoising loss of held-out clips (mean over t): {loss}."]
 
 
+def _pairs(arms: list[str]) -> list[tuple[str, str]]:
+    """``(arm, reference)``: each arm against ``none``, and RIFLEx against the other two ways to scale time."""
+    pairs = [(arm, "none") for arm in arms if arm != "none"]
+    return pairs + [("RIFLEx", ref) for ref in ("interpolate", "NTK") if "RIFLEx" in arms and ref in arms]
+
+
 def _differences(table: Table, length: int, arms: list[str]) -> list[str]:
     keys = [m for m in METRICS if m.key in ("loss", "presence", "correct", "speed", "repetition")]
-    lines = ["| arm - none | " + " | ".join(m.heading for m in keys) + " |", "|---|" + "---|" * len(keys)]
-    for arm in arms:
-        if arm == "none":
-            continue
-        cells = []
-        for m in keys:
-            d = table.difference(str(length), arm, "none", m.key)
-            cells.append(f"{d.format(m.digits)} {dict(higher='(+)', lower='(-)').get(verdict(d), '')}")
-        lines.append(f"| {arm} - none | " + " | ".join(cells) + " |")
+    lines = difference_table(table, str(length), _pairs(arms), keys)
     best = []
     for m in METRICS:
         if m.lower_is_better is not None:
@@ -138,8 +138,7 @@ def markdown(data: dict) -> str:
         f" {' and '.join(map(str, study.lengths))} frames with each arm on the time axis. RIFLEx's pair is k = {k}"
         f" (period {period:.1f} frames: the first period beyond the {study.frames} training frames, the paper's rule),"
         f" set to 0.9 * 2 pi / T.",
-        "Every figure is a mean with its 95% bootstrap interval over training seeds and clips (paired: every arm sees"
-        " the same held-out clips, labels and initial noise); `(+)` / `(-)`: the paired interval lies above / below 0.",
+        INTERVALS,
         "",
         *environment_lines(env),
         "",

@@ -47,7 +47,7 @@ class PackingStudy:
 
     base: ResolutionStudy = resolution.FULL
     base_root: str = "runs/resolution"
-    sizes: tuple[Size, ...] = ((64, 64), (48, 48), (96, 96), (32, 96), (64, 128), (128, 128))
+    sizes: tuple[Size, ...] = ((32, 32), (24, 24), (48, 48), (16, 48), (32, 64), (64, 64))  # of base.resolution 32
     draws: int = 2000
     workers: int = 2
     quick: bool = False

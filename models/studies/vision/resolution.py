@@ -1,19 +1,22 @@
 """The resolution study's design, jobs and evaluation (``python -m scripts.experiments resolution``).
 
-An image DiT (the tiny preset) is trained at ``R`` = 64 px in 4 px patches (16 x 16 tokens, so YaRN's
-ramp and NTK's base growth act on a grid where they differ) with several training seeds; then, at
-1.5x, 2x, 3x and a 1:2 aspect ratio, every arm (a way to run it at the new size) is measured:
+An image DiT (the tiny preset) is trained at ``R`` = 32 px in 4 px patches (8 x 8 tokens: the size at
+which it draws the conditioned class, docs/experiments.md "Pilot") with five training seeds; then,
+at 1.5x, 2x, 3x and a 1:2 aspect ratio, every arm (a way to run it at the new size) is measured:
 
 - on two test sets of held-out scenes: the same scenes rendered larger (``Shapes.grown``: objects
   grow with the image) and a larger canvas with objects at their trained pixel size, one to three
   per image (``Canvas``): the per-image denoising loss, mean over ``t`` in 0.1 ... 0.9;
 - on samples (the same labels and initial noise for every arm and seed, Euler with guidance):
-  class accuracy, object count, size and colour (:mod:`.metrics`), read by the shape classifier.
+  class accuracy, object count, size, aspect, colour and the empty rate (:mod:`.metrics`), read by the
+  shape classifier.
 
 Arms: the training-free position modes of the DiT (``none``, ``interpolate``, ``ntk``, ``yarn``,
 ``normalize`` (on non-square sizes only: on a square one it is ``interpolate``'s rotation), ``dype``:
-Dy-YaRN, following the sampling time), and at 2x the model fine-tuned there for a few steps on the
-grown scenes with plain positions. At 1x every mode is the same model: one ``trained size`` arm.
+Dy-YaRN, following the sampling time), and at 2x the model fine-tuned there for the same few steps on
+the grown scenes under each of ``finetune_modes`` (plain positions: the control; interpolation; YaRN),
+EMA off, so each fine-tuned arm is the model its steps made. At 1x every mode is the same model: one
+``trained size`` arm. At 8 tokens per axis YaRN's ramp has no room to act (the page counts its pairs).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from . import classifier as shape_classifier
 from .classifier import ClassifierConfig
 from .metrics import image_metrics, reference
 
-__all__ = ["FULL", "QUICK", "ResolutionStudy", "arms_at", "execute", "study_jobs"]
+__all__ = ["FULL", "QUICK", "ResolutionStudy", "arms_at", "execute", "finetuned_arm", "study_jobs"]
 
 Size = tuple[int, int]
 
@@ -42,15 +45,16 @@ Size = tuple[int, int]
 class ResolutionStudy:
     """The sizes of one run of the study (``FULL``: the published one; ``QUICK``: seconds, plumbing only)."""
 
-    seeds: tuple[int, ...] = (0, 1, 2)
-    resolution: int = 64  # training side in pixels: 16 x 16 tokens of the tiny preset's 4 px patches
-    steps: int = 1500
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    resolution: int = 32  # training side in pixels: 8 x 8 tokens of the tiny preset's 4 px patches
+    steps: int = 6000  # the pilot's: class accuracy 0.80 at 32 px (3000 steps: 0.62)
     batch_size: int = 16
     lr: float = 2e-3
-    sizes: tuple[Size, ...] = ((64, 64), (96, 96), (128, 128), (192, 192), (64, 128))  # (H, W) evaluated
+    sizes: tuple[Size, ...] = ((32, 32), (48, 48), (64, 64), (96, 96), (32, 64))  # (H, W) evaluated
     modes: tuple[str, ...] = ("none", "interpolate", "ntk", "yarn", "normalize", "dype")
-    finetune_size: int = 128  # the fine-tuned arm: this side, plain positions, grown scenes
-    finetune_steps: int = 150
+    finetune_size: int = 64  # the fine-tuned arms: this side, grown scenes, one run per mode of finetune_modes
+    finetune_modes: tuple[str, ...] = ("none", "interpolate", "yarn")  # "none": plain positions, the control
+    finetune_steps: int = 200
     finetune_batch: int = 8
     finetune_lr: float = 5e-4
     per_class: int = 4  # samples per class, size, arm and seed (sizes above 4x the training area: half)
@@ -77,7 +81,8 @@ class ResolutionStudy:
 FULL = ResolutionStudy()
 QUICK = ResolutionStudy(
     seeds=(0,), resolution=16, steps=3, batch_size=4, sizes=((16, 16), (24, 24), (32, 32), (16, 32)),
-    finetune_size=32, finetune_steps=2, finetune_batch=2, per_class=1, loss_images=2, ts=(0.5,), euler_steps=2,
+    finetune_size=32, finetune_modes=("none", "interpolate"), finetune_steps=2, finetune_batch=2, per_class=1,
+    loss_images=2, ts=(0.5,), euler_steps=2,
     classifier=ClassifierConfig(steps=4, batch_size=8, resolutions=(16, 32)), draws=200, workers=0, quick=True,
 )  # fmt: skip
 
@@ -86,28 +91,35 @@ def size_name(size: Size) -> str:
     return f"{size[0]}x{size[1]}"
 
 
-def arms_at(study: ResolutionStudy, size: Size) -> list[tuple[str, str]]:
-    """``(arm, pos_mode)`` evaluated at ``size``; the arm ``fine-tuned`` runs the fine-tuned model."""
+def finetuned_arm(mode: str) -> str:
+    """The arm of the model fine-tuned under ``mode`` (``"fine-tuned, none"``: plain positions, the control)."""
+    return f"fine-tuned, {mode}"
+
+
+def arms_at(study: ResolutionStudy, size: Size) -> list[tuple[str, str | None]]:
+    """``(arm, pos_mode)`` evaluated at ``size``; a fine-tuned arm runs its own model in its own mode (``None``)."""
     if size == (study.resolution, study.resolution):
         return [("trained size", "none")]
     square = size[0] == size[1]
     arms = [(m, m) for m in study.modes if not (square and m == "normalize")]
     if size == (study.finetune_size, study.finetune_size):
-        arms.append(("fine-tuned", "none"))
+        arms += [(finetuned_arm(mode), None) for mode in study.finetune_modes]
     return arms
 
 
-def train_config(study: ResolutionStudy, root: Path, seed: int, finetuned: bool = False) -> TrainConfig:
-    """The base run of ``seed``, or its fine-tuning at ``finetune_size`` (started from the base run's weights)."""
+def train_config(study: ResolutionStudy, root: Path, seed: int, finetune: str | None = None) -> TrainConfig:
+    """The base run of ``seed``, or its fine-tuning at ``finetune_size`` under the position mode ``finetune``
+    (started from the base run's weights, positions relative to the base's size, EMA off)."""
     base = TrainConfig(
         model="dit", preset="tiny", resolution=study.resolution, steps=study.steps, batch_size=study.batch_size,
         lr=study.lr, seed=seed, out=str(root / "train" / f"s{seed}"), progress=False, report=False, ckpt_every=250,
     )  # fmt: skip
-    if not finetuned:
+    if finetune is None:
         return base
     return replace(
-        base, resolution=study.finetune_size, steps=study.finetune_steps, batch_size=study.finetune_batch,
-        lr=study.finetune_lr, warmup=10, out=str(root / "train" / f"ft_s{seed}"),
+        base, resolution=study.finetune_size, base_resolution=study.resolution, pos_mode=finetune,
+        steps=study.finetune_steps, batch_size=study.finetune_batch, lr=study.finetune_lr, warmup=10, ema=0.0,
+        out=str(root / "train" / f"ft_{finetune}_s{seed}"),
     )  # fmt: skip
 
 
@@ -116,10 +128,11 @@ def study_jobs(study: ResolutionStudy) -> list[Job]:
     jobs = [Job("classifier"), Job("validate", ("classifier",))]
     for seed in study.seeds:
         jobs.append(Job(f"train/s{seed}"))
-        jobs.append(Job(f"finetune/s{seed}", (f"train/s{seed}",)))
+        jobs += [Job(f"finetune/s{seed}/{mode}", (f"train/s{seed}",)) for mode in study.finetune_modes]
     for size in sorted(study.sizes, key=lambda s: -s[0] * s[1]):  # the longest jobs first: balanced workers
         for seed in study.seeds:
-            jobs.append(Job(f"eval/s{seed}/{size_name(size)}", ("classifier", f"train/s{seed}", f"finetune/s{seed}")))
+            tuned = tuple(f"finetune/s{seed}/{mode}" for mode in study.finetune_modes)
+            jobs.append(Job(f"eval/s{seed}/{size_name(size)}", ("classifier", f"train/s{seed}", *tuned)))
     return jobs
 
 
@@ -129,9 +142,10 @@ def execute(study: ResolutionStudy, root: Path, job: Job) -> str:
     if (done := shape_classifier.shared_job(kind, study, root, validate)) is not None:
         return done
     seed = int(rest[0][1:])
-    if kind in ("train", "finetune"):
-        start = None if kind == "train" else train_config(study, root, seed).out
-        return ensure_trained(train_config(study, root, seed, finetuned=kind == "finetune"), start)
+    if kind == "train":
+        return ensure_trained(train_config(study, root, seed))
+    if kind == "finetune":
+        return ensure_trained(train_config(study, root, seed, rest[1]), train_config(study, root, seed).out)
     size = tuple(int(v) for v in rest[1].split("x"))
     return evaluate(study, root, seed, size)
 
@@ -209,10 +223,12 @@ def save_samples(root: Path, size: Size, arm: str, images: torch.Tensor) -> None
 
 def evaluate(study: ResolutionStudy, root: Path, seed: int, size: Size) -> str:
     """Every arm at ``size`` with the models of ``seed``: losses and sample metrics, saved to ``root/eval``."""
-    base_dir, ft_dir = train_config(study, root, seed).out, train_config(study, root, seed, True).out
+    base_dir = train_config(study, root, seed).out
+    run_dirs = {finetuned_arm(m): train_config(study, root, seed, m).out for m in study.finetune_modes}
     settings = {"study": _settings(study), "size": list(size), "checkpoint": checkpoint_hash(base_dir)}
-    if any(arm == "fine-tuned" for arm, _ in arms_at(study, size)):
-        settings["finetuned"] = checkpoint_hash(ft_dir)
+    tuned = [arm for arm, mode in arms_at(study, size) if mode is None]
+    if tuned:
+        settings["finetuned"] = {arm: checkpoint_hash(run_dirs[arm]) for arm in tuned}
     path = root / "eval" / f"s{seed}_{size_name(size)}.json"
     if read_result(path, settings) is not None:
         return "reused"
@@ -221,7 +237,7 @@ def evaluate(study: ResolutionStudy, root: Path, seed: int, size: Size) -> str:
     sets, (labels, noise) = held_out_sets(study, size), sample_inputs(study, size)
     result, models = {}, {}
     for arm, mode in arms_at(study, size):
-        source = ft_dir if arm == "fine-tuned" else base_dir
+        source = run_dirs.get(arm, base_dir)
         model = models.setdefault(source, load_trained(source)[1])
         result[arm], images = measure(model, sets, labels, noise, study, classifier, ref, pos_mode=mode)
         if seed == study.seeds[0]:  # the page's pictures: the first seed's samples

@@ -9,9 +9,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import axial_rope as ar
+
 from ...training.data import CLASSES
 from . import figures
 from .report import (
+    INTERVALS,
     Metric,
     Table,
     best_lines,
@@ -25,7 +28,7 @@ from .report import (
     table_from_cells,
     table_to_cells,
 )
-from .resolution import ResolutionStudy, arms_at, sample_inputs, samples_path, size_name
+from .resolution import ResolutionStudy, arms_at, finetuned_arm, sample_inputs, samples_path, size_name
 
 __all__ = ["METRICS", "build_table", "markdown", "page", "sample_labels"]
 
@@ -36,8 +39,10 @@ METRICS = [
     Metric("objects", "objects", None, 2),
     Metric("size", "size (x trained)", None, 2),
     Metric("color", "colour error", True, 3),
+    Metric("empty", "empty", True, 2),
+    Metric("aspect", "aspect (log2 w/h)", None, 2),
 ]
-COMPARED = ("loss_grown", "loss_canvas", "correct", "size")  # the paired-difference table's metrics
+COMPARED = ("loss_grown", "loss_canvas", "correct", "size", "empty")  # the paired-difference table's metrics
 
 
 def build_table(study: ResolutionStudy, root: Path) -> Table:
@@ -58,9 +63,39 @@ def _factor(study: ResolutionStudy, size) -> str:
 
 
 def _pairs(study: ResolutionStudy, size) -> list[tuple[str, str]]:
-    """``(arm, reference)`` of the paired-difference table: each arm against ``none`` and ``interpolate``."""
+    """``(arm, reference)`` of the paired-difference table: each arm against ``none`` and ``interpolate``, and
+    each fine-tuned arm against the fine-tune with plain positions (the same steps: the control)."""
     arms = [a for a, _ in arms_at(study, size)]
-    return [(arm, ref) for ref in ("none", "interpolate") if ref in arms for arm in arms if arm != ref]
+    pairs = [(arm, ref) for ref in ("none", "interpolate") if ref in arms for arm in arms if arm != ref]
+    control = finetuned_arm("none")
+    return pairs + [(arm, control) for arm, mode in arms_at(study, size) if mode is None and arm != control]
+
+
+def yarn_ramp_lines(study: ResolutionStudy) -> list[str]:
+    """What YaRN does on this grid: per square size, the frequency pairs of an axis it interpolates as ``Linear``
+    does, keeps or ramps (computed with :class:`axial_rope.scaling.YaRN` at the DiT's per-axis width and theta)."""
+    from ...dit import PRESETS
+
+    c = PRESETS["tiny"]
+    dim, grid = 2 * ((c.hidden_size // c.num_heads) // 4), study.resolution // c.patch_size  # as models.dit builds
+    plain = 1.0 / c.theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    lines = []
+    for size in study.sizes:
+        factor = size[0] / study.resolution
+        if size[0] != size[1] or factor <= 1:
+            continue
+        yarn = ar.scaling.YaRN(factor, grid)(dim, c.theta, None)[0].double()
+        interpolated = int(torch.isclose(yarn, plain / factor, rtol=1e-9).sum())
+        kept = int(torch.isclose(yarn, plain, rtol=1e-9).sum())
+        lines.append(f"{_factor(study, size)}: {interpolated} interpolated, {kept} kept, "
+                     f"{dim // 2 - interpolated - kept} on the ramp")  # fmt: skip
+    return [
+        f"YaRN on {grid} tokens per axis: of each axis' {dim // 2} frequency pairs, "
+        + "; ".join(lines)
+        + ". Its ramp needs pairs that turn more than once over the training length but fewer than 32 times;"
+        " on this grid there are almost none, so YaRN here is interpolation (but for the pairs it keeps) with its"
+        " attention temperature. That the two are level is built into the design, not a finding about YaRN.",
+    ]
 
 
 def pictures(study: ResolutionStudy, root: Path, out: Path) -> dict[str, str]:
@@ -102,9 +137,10 @@ def markdown(data: dict) -> str:
         f"An image DiT (tiny preset: width 128, depth 4, 4 heads, patch 4) trained at {R} px ({R // 4} x {R // 4}"
         f" tokens) for {study.steps} steps of batch {study.batch_size}, training seeds {seeds}, run at larger sizes"
         " with each training-free way to place positions, and fine-tuned at"
-        f" {study.finetune_size} px ({study.finetune_steps} steps of batch {study.finetune_batch}, plain positions).",
-        "Every figure is a mean with its 95% bootstrap interval over training seeds and samples (paired: every arm"
-        " sees the same test images, labels and initial noise). `(+)` / `(-)`: the paired interval lies above / below 0.",
+        f" {study.finetune_size} px ({study.finetune_steps} steps of batch {study.finetune_batch}, EMA off) under each"
+        f" of {', '.join(f'`{m}`' for m in study.finetune_modes)} (`fine-tuned, none`: plain positions, the control"
+        " that has the same steps).",
+        INTERVALS,
         "",
         *environment_lines(env),
         "",
@@ -117,9 +153,13 @@ def markdown(data: dict) -> str:
         f" steps, guidance {study.cfg_scale:g}): *class accuracy* (the classifier reads the conditioning class in the"
         " largest object), *objects* (connected objects), *size* (the largest object's linear size relative to its"
         f" class at {R} px: 1 = trained pixel size, the factor = grown with the image), *colour error* (distance"
-        " of its median colour to the palette, 0-1 per channel).",
+        " of its median colour to the palette, 0-1 per channel), *empty* (no object found), *aspect* (log2 of the"
+        " largest object's box width over height: 0 square, 1 twice as wide). Every arm's mean is over the same"
+        " cells: a cell undefined in any arm (no object: no size) is left out of all, counted under the table.",
         "- `normalize` equals `interpolate` on square sizes (the same rotation: RoPE sees only differences),"
         " so it is evaluated on the non-square size only.",
+        "",
+        *yarn_ramp_lines(study),
         "",
         "## Classifier check",
         "",
