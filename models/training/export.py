@@ -2,8 +2,8 @@
 
 The trainer's checkpoint format is read here, in the training package, so that the
 diffusers models (``models/diffusers_models.py``) know nothing of it. The model config is
-the run's (its preset; the image DiT with ``input_size = resolution``); the weights are
-the EMA ones unless ``use_ema=False``.
+the run's (its preset; the image DiT with ``input_size`` its ``base_resolution`` or ``resolution``,
+and its ``pos_mode``); the weights are the EMA ones unless ``use_ema=False``.
 """
 
 from __future__ import annotations
