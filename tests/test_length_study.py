@@ -103,8 +103,8 @@ def test_arms_cover_every_scheme_and_method():
     study = design.FULL
     arms = design.arms(study)
     models = {arm.model for arm in arms.values()}
-    assert models == {*design.SCHEMES, "ft-pi", "ft-ntk", "ft-yarn", "long"}
-    assert {"PI", "NTK", "YaRN", "YaRN, no attention factor", "Llama 3", "Dynamic NTK", "Dual Chunk"} <= set(arms)
+    assert models == {*design.SCHEMES, "ft-rope", "ft-pi", "ft-ntk", "ft-yarn", "long"}
+    assert {"PI", "NTK", "YaRN", "YaRN, no attention factor", "Llama 3", design.DYNAMIC_NTK, "Dual Chunk"} <= set(arms)
     assert arms["YaRN"].per_length and arms["YaRN x8"].factor == 8 and not arms["YaRN x8"].per_length
     assert arms["YaRN"].change(1.0) == {"scaling": None}  # at the training length: plain RoPE
     plain = arms["YaRN, no attention factor x8"].change(2.0)["scaling"]  # a sweep ignores the length's factor
@@ -115,9 +115,14 @@ def test_arms_cover_every_scheme_and_method():
     )
     assert arms["Learned"].max_length == 256
     configs = design.train_configs(study, __import__("pathlib").Path("r"))
-    assert len(configs) == len(study.seeds) * (len(design.SCHEMES) + 4)
+    assert len(configs) == len(study.seeds) * (len(design.SCHEMES) + 5)
     ft, start = configs["ft-yarn", 1]
     assert (ft.context, ft.batch_size * ft.context, start) == (1024, 16 * 256, ("rope", 1))
+    control, start = configs["ft-rope", 1]  # plain positions, the same steps, tokens and data as ft-yarn
+    assert (control.preset, start) == ("lm-rope", ("rope", 1))
+    assert {k: v for k, v in vars(control).items() if k not in ("preset", "out")} == {
+        k: v for k, v in vars(ft).items() if k not in ("preset", "out")
+    }
     long, _ = configs["long", 0]
     assert long.context == 2048 and long.batch_size * long.context == 16 * 256 and long.steps == study.steps
 

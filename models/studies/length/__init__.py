@@ -24,7 +24,7 @@ from ...training.trainer import load_trained
 from ..jobs import compute_seconds, run_jobs
 from ..settings import settings_to
 from . import paradigm, plots, report, summary
-from .design import FULL, QUICK, Arm, Study, arms, run_dir
+from .design import DYNAMIC_NTK, FULL, QUICK, Arm, Study, arms, run_dir
 from .evaluate import variant
 from .jobs import execute, study_jobs
 from .positions import fused_path
@@ -37,9 +37,10 @@ PICTURES = {"lengths": "img/length.png", "curves": "img/length_positions.png", "
 def comparisons(study: Study) -> list[tuple[str, str, int]]:
     """The pairs the page states a verdict on: ``(a, b, length)``."""
     c, L, f = study.context, study.longest, study.finetune_factor
-    pairs = [(m, "RoPE", L) for m in ("PI", "NTK", "YaRN", "Llama 3", "Dynamic NTK", "Dual Chunk", f"Window {c}")]
+    pairs = [(m, "RoPE", L) for m in ("PI", "NTK", "YaRN", "Llama 3", DYNAMIC_NTK, "Dual Chunk", f"Window {c}")]
     pairs += [("YaRN", "YaRN, no attention factor", length) for length in study.lengths[1:]]
     pairs += [(f"{m} fine-tuned x{f}", m, L) for m in ("PI", "NTK", "YaRN")]
+    pairs += [(f"{m} fine-tuned x{f}", f"RoPE fine-tuned x{f}", L) for m in ("PI", "NTK", "YaRN")]  # the control
     pairs += [(m, f"RoPE trained at {L}", L) for m in (f"YaRN fine-tuned x{f}", "YaRN", "Dual Chunk", "ALiBi")]
     pairs += [(m, f"Window {c}", L) for m in ("YaRN", "Dual Chunk", "ALiBi", "T5 bias", "NoPE")]
     pairs += [(m, "RoPE", length) for m in ("NoPE", "Sinusoidal", "Learned", "T5 bias", "ALiBi") for length in (c, L)]

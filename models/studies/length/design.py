@@ -5,7 +5,8 @@ Trained models (one run folder per model and seed, ``ROOT/train/<model>_s<seed>`
 - one per position scheme (``positions.STUDY_PRESETS``), all with the same width, steps, batch,
   learning rate and data order (seed ``s`` of every scheme reads the same windows);
 - ``ft-pi``, ``ft-ntk``, ``ft-yarn``: the RoPE model of seed ``s`` fine-tuned at 4x the
-  context with that scaling (factor 4), the same tokens per step;
+  context with that scaling (factor 4), the same tokens per step; ``ft-rope``: the same steps with
+  plain positions, the control that tells the scaling's part from the steps' part;
 - ``long``: RoPE trained from scratch at the longest evaluated length, the same steps and
   tokens per step: the upper bound.
 
@@ -27,10 +28,12 @@ import axial_rope as ar
 from ...training.config import TrainConfig
 from .positions import DualChunk
 
-__all__ = ["Arm", "FULL", "QUICK", "Study", "arms", "train_configs"]
+__all__ = ["DYNAMIC_NTK", "Arm", "FULL", "QUICK", "Study", "arms", "train_configs"]
+
+DYNAMIC_NTK = "Dynamic NTK (static per length)"  # the arm's name says how it is evaluated
 
 SCHEMES = ("rope", "nope", "sinusoidal", "learned", "t5", "alibi", "linear")
-FINETUNED = ("pi", "ntk", "yarn")
+FINETUNED = ("rope", "pi", "ntk", "yarn")  # "rope": plain positions, the control with the same steps
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ def train_configs(study: Study, root) -> dict[tuple[str, int], tuple[TrainConfig
     for seed in study.seeds:
         for method in FINETUNED:  # a fresh data stream (seed + 1000), the same tokens per step
             cfg = TrainConfig(
-                preset=f"lm-rope-{method}{f}",
+                preset="lm-rope" if method == "rope" else f"lm-rope-{method}{f}",
                 steps=study.finetune_steps,
                 batch_size=max(1, study.batch_size // f),
                 context=study.context * f,
@@ -167,7 +170,10 @@ def arms(study: Study) -> dict[str, Arm]:
     add(Arm("RoPE", "rope", "scaling"))
     for name, make in _scalings(c).items():  # factor = L / context; factor 1 is plain RoPE
         add(Arm(name, "rope", "scaling", lambda f, m=make: {"scaling": m(f) if f > 1 else None}, per_length=True))
-    add(Arm("Dynamic NTK", "rope", "scaling", lambda f: {"scaling": ar.scaling.DynamicNTK(2.0, c)}, per_length=True))
+    # one whole-window forward per length: DynamicNTK at seq_len = L is static NTK at that length's factor, not
+    # NTK growing with the decoded length as in generation (docs/scaling.md, "DynamicNTK and transformers' cache")
+    dynamic = lambda f: {"scaling": ar.scaling.DynamicNTK(2.0, c)}  # noqa: E731
+    add(Arm(DYNAMIC_NTK, "rope", "scaling", dynamic, per_length=True))
     dual = DualChunk(c, study.dca_local)
     add(Arm("Dual Chunk", "rope", "scaling", lambda f: {"dual_chunk": dual}))
     add(Arm(f"Window {c}", "rope", "scaling", lambda f: {"window": c}))
@@ -180,7 +186,7 @@ def arms(study: Study) -> dict[str, Arm]:
         add(Arm(label, scheme, "scheme", max_length=c if scheme == "learned" else None))
     add(Arm("Linear attention + RoPE", "linear", "scheme"))
     f = study.finetune_factor
-    for method, label in zip(FINETUNED, ("PI", "NTK", "YaRN")):
+    for method, label in zip(FINETUNED, ("RoPE", "PI", "NTK", "YaRN")):
         add(Arm(f"{label} fine-tuned x{f}", f"ft-{method}", "finetuned"))
     add(Arm(f"RoPE trained at {study.longest}", "long", "bound"))
     return out

@@ -195,7 +195,9 @@ def setup_text(results: Results, env: dict) -> list[str]:
         f" the same data order for every scheme at a given seed; {100 * NEEDLE_RATE:g}% of the windows hold a"
         f" planted key, see Retrieval), seeds {list(s.seeds)}. Fine-tuned arms: the RoPE model of each seed,"
         f" {s.finetune_steps} more steps at {s.finetune_factor * s.context} bytes with the scaling of factor"
-        f" {s.finetune_factor} (lr {s.finetune_lr:g}, the same tokens per step, a fresh data stream). Upper bound:"
+        f" {s.finetune_factor} (lr {s.finetune_lr:g}, the same tokens per step, a fresh data stream), and with plain"
+        " positions for the same steps (`RoPE fine-tuned`: the control, so a fine-tuned scaling is compared with"
+        " what the steps alone give). Upper bound:"
         f" RoPE trained from scratch at {s.longest} bytes, same steps and tokens per step.",
         "",
         f"Evaluation: {s.windows} windows of {s.longest} bytes, evenly spaced over the held-out files of the"
