@@ -8,6 +8,7 @@ import functools
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -179,3 +180,14 @@ def test_quick_study_writes_tables_pictures_and_reuses_its_runs(name, tmp_path, 
     run(tmp_path / "out", quick=True, root=tmp_path / "runs")  # everything is there: nothing recomputed
     log = capsys.readouterr().out
     assert log.count(": reused") + log.count(": ready") == log.count("] ")
+
+
+@pytest.mark.parametrize("name", ["resolution", "frames"])  # packing's published json predates its cells
+def test_published_pages_regenerate_from_their_json(name):
+    # every number on a page is recomputed from the cells its json publishes (intervals: the same draws)
+    import importlib
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "experiments"
+    page = importlib.import_module(f"models.studies.vision.{name}_page")
+    data = json.loads((root / f"{name}.json").read_text())
+    assert page.markdown(data) == (root / f"{name}.md").read_text()

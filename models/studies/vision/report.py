@@ -42,7 +42,7 @@ __all__ = [
 # how every vision page's intervals are made (Table.interval, Table.difference, correction_lines)
 INTERVALS = (
     "A mean carries its 95% bootstrap interval over training seeds and samples (descriptive). A paired difference"
-    " (every arm sees the same held-out images, labels and initial noise) carries the seed-level 95% t interval of"
+    " (every arm sees the same held-out data, labels and initial noise) carries the seed-level 95% t interval of"
     " a two-way random-effects model with seeds and samples crossed, Satterthwaite's degrees of freedom (`crossed_t`,"
     " models/studies/seed_intervals.py: it covers 0.93-0.97 on synthetic studies with a seed and a shared sample"
     " effect); `(+)` / `(-)`: that interval lies above / below 0. The page ends with every comparison it made,"

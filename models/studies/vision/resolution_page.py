@@ -29,6 +29,7 @@ from .report import (
     table_to_cells,
 )
 from .resolution import ResolutionStudy, arms_at, finetuned_arm, sample_inputs, samples_path, size_name
+from .validation import validation_section
 
 __all__ = ["METRICS", "build_table", "markdown", "page", "sample_labels"]
 
@@ -93,8 +94,9 @@ def yarn_ramp_lines(study: ResolutionStudy) -> list[str]:
         f"YaRN on {grid} tokens per axis: of each axis' {dim // 2} frequency pairs, "
         + "; ".join(lines)
         + ". Its ramp needs pairs that turn more than once over the training length but fewer than 32 times;"
-        " on this grid there are almost none, so YaRN here is interpolation (but for the pairs it keeps) with its"
-        " attention temperature. That the two are level is built into the design, not a finding about YaRN.",
+        " on this grid there are almost none, so YaRN differs from interpolation here only by the pairs it keeps"
+        " (counted above; truncation rounds the ramp's ends outward) and its attention temperature: its ramp is"
+        " not tested.",
     ]
 
 
@@ -120,6 +122,8 @@ def page(study: ResolutionStudy, root: Path, out: Path, env: dict, check: dict) 
     table, images = build_table(study, root), pictures(study, root, out)
     data = _json(table, study, env, check) | {"cells": table_to_cells(table), "images": images}
     data["sample_labels"] = sample_labels(study)
+    if (out / "metric_validation.json").is_file():  # scripts.validate_metrics: the metrics on known renders
+        data["metric_validation"] = json.loads((out / "metric_validation.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     (out / "resolution.json").write_text(json.dumps(data, indent=1))
     return markdown(data)
@@ -191,7 +195,8 @@ def markdown(data: dict) -> str:
             ]
         lines += ["", f"![samples at {size_name(size)}]({images[size_name(size)]})", ""]
     lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"  # ends in a blank line: the validation section follows it
+    return text + validation_section(data["metric_validation"]) if "metric_validation" in data else text
 
 
 def sample_labels(study: ResolutionStudy) -> dict[str, list[int]]:

@@ -120,8 +120,7 @@ def validation_section(record: dict) -> str:
             "What it means for the tables above: the classifier answers *triangle* for every 2:1-stretched shape and"
             " *square* for most fragmented ones, so class accuracy cannot tell a stretched or broken sample from a wrong"
             " class; the aspect column and the object count and empty rate separate those cases (an empty sample has"
-            " 0 objects and empty rate 1, a fragmented one several objects). The results above predate these"
-            " columns; a re-run reports them per arm.",
+            " 0 objects and empty rate 1, a fragmented one several objects); the tables above report them per arm.",
             "",
         ]
     )
