@@ -79,15 +79,15 @@ def yarn_ramp_lines(study: ResolutionStudy) -> list[str]:
 
     c = PRESETS["tiny"]
     dim, grid = 2 * ((c.hidden_size // c.num_heads) // 4), study.resolution // c.patch_size  # as models.dit builds
-    plain = 1.0 / c.theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    plain = ar.inv_freq(dim, c.theta)[0]  # float64 [dim // 2]
     lines = []
     for size in study.sizes:
         factor = size[0] / study.resolution
         if size[0] != size[1] or factor <= 1:
             continue
-        yarn = ar.scaling.YaRN(factor, grid)(dim, c.theta, None)[0].double()
-        interpolated = int(torch.isclose(yarn, plain / factor, rtol=1e-9).sum())
-        kept = int(torch.isclose(yarn, plain, rtol=1e-9).sum())
+        yarn = ar.inv_freq(dim, c.theta, ar.scaling.YaRN(factor, grid))[0]
+        interpolated = int(torch.isclose(yarn, ar.inv_freq(dim, c.theta, ar.scaling.Linear(factor))[0]).sum())
+        kept = int(torch.isclose(yarn, plain).sum())
         lines.append(f"{_factor(study, size)}: {interpolated} interpolated, {kept} kept, "
                      f"{dim // 2 - interpolated - kept} on the ramp")  # fmt: skip
     return [
