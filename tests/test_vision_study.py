@@ -62,6 +62,18 @@ def test_canvas_keeps_trained_pixel_sizes_and_separate_objects():
     assert 0.7 < min(sizes) and max(sizes) < 1.4  # the trained pixel size, not grown with the canvas
 
 
+def test_held_out_canvas_fits_its_objects_below_the_training_size():
+    from models.studies.vision.resolution import QUICK, held_out_sets
+
+    study = __import__("dataclasses").replace(QUICK, resolution=32)
+    for size in ((16, 48), (24, 24)):  # shorter than the 32 px the objects were trained at
+        images = held_out_sets(study, size)["canvas"][0]  # [N, 3, H, W]
+        border = torch.cat([images[..., 0, :], images[..., -1, :], images[..., :, 0], images[..., :, -1]], -1)
+        # objects sit 2 px inside their cell, their anti-aliased edge 1 px: the border is background, nothing clipped
+        assert torch.equal(border, torch.full_like(border, BACKGROUND))
+        assert all(len(f) >= 1 for f in find_objects(images)[0])  # and every image still holds its objects
+
+
 # -- objects and metrics on pictures whose answer is known ------------------------------------------
 
 

@@ -173,10 +173,16 @@ def per_image_loss(model, x0: torch.Tensor, y: torch.Tensor, noise: torch.Tensor
 
 
 def held_out_sets(study: ResolutionStudy, size: Size) -> dict[str, tuple[torch.Tensor, ...]]:
-    """``{"grown", "canvas"}: (x0, labels, noise)``: held-out scenes and fixed noise, the same for every arm and seed."""
+    """``{"grown", "canvas"}: (x0, labels, noise)``: held-out scenes and fixed noise, the same for every arm and seed.
+
+    The canvas' objects keep their trained size, or shrink to the shorter side where that is shorter than
+    the training size (a 16 x 48 canvas holds objects drawn for 16 px, not clipped 32 px ones): a set
+    that fits its objects and that no model trains on (several objects; every training image holds one).
+    """
     n = study.loss_count(size)
     grown = Shapes(seed=10_007).grown(range(n), size)
-    canvas = Canvas(seed=10_008, train_resolution=study.resolution, max_objects=study.max_objects).batch(range(n), size)
+    fitted = min(study.resolution, *size)
+    canvas = Canvas(seed=10_008, train_resolution=fitted, max_objects=study.max_objects).batch(range(n), size)
     out = {}
     for i, (name, (x0, y)) in enumerate((("grown", grown), ("canvas", canvas[:2]))):
         gen = torch.Generator().manual_seed(7919 * (i + 1) + size[0] * 1009 + size[1])
