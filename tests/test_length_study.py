@@ -15,7 +15,7 @@ from helpers import U32, chain_bound
 from models.gpt import GPT
 from models.studies import length as length_study
 from models.studies.bootstrap import Bootstrap, Interval
-from models.studies.length import design, evaluate, retrieval
+from models.studies.length import design, evaluate, report, retrieval
 from models.studies.length.positions import STUDY_PRESETS, DualChunk
 from models.studies.length.summary import verdict
 from models.training import needles
@@ -99,8 +99,22 @@ def test_prefix_losses_are_the_losses_of_shorter_windows(case):
     torch.testing.assert_close(full[:, :20], short, atol=tol, rtol=0)
 
 
-def test_arms_cover_every_scheme_and_method():
+def test_published_design_trains_three_schemes_and_states_only_verdicts_on_its_arms():
     study = design.FULL
+    arms = design.arms(study)
+    assert {arm.model for arm in arms.values()} == {"rope", "nope", "alibi", "ft-rope", "ft-pi", "ft-ntk", "ft-yarn"}
+    assert not any(arm.retrieval for arm in arms.values()) and "T5 bias" not in arms
+    assert len(design.train_configs(study, __import__("pathlib").Path("r"))) == len(study.seeds) * (3 + 4)
+    pairs = length_study.comparisons(study)
+    assert pairs and all(a in arms and b in arms for a, b, _ in pairs)
+    assert ("RoPE fine-tuned x4", "RoPE", 1024) in pairs and ("YaRN fine-tuned x4", "RoPE fine-tuned x4", 1024) in pairs
+    assert "T5 bias" in report.left_out(study) and "NoPE" not in report.left_out(study)
+    with pytest.raises(ValueError, match="schemes"):
+        design.Study(schemes=("nope",))
+
+
+def test_arms_cover_every_scheme_and_method():
+    study = design.Study()  # every scheme, the sweeps and the upper bound
     arms = design.arms(study)
     models = {arm.model for arm in arms.values()}
     assert models == {*design.SCHEMES, "ft-rope", "ft-pi", "ft-ntk", "ft-yarn", "long"}
@@ -128,6 +142,21 @@ def test_arms_cover_every_scheme_and_method():
 
 
 @pytest.mark.slow
+def test_a_study_without_probe_sweeps_or_bound_says_what_it_left_out(tmp_path):
+    study = replace(design.QUICK, schemes=("rope", "alibi"), bound=False, sweep=(), probe=False)
+    text = length_study._run(study, tmp_path / "out", tmp_path / "runs").read_text()  # run() less its thread setting
+    assert "retrieval probe is not run here" in text and "Not trained here: NoPE" in text and "T5 bias: at" in text
+    assert "No upper bound is trained" in text and "sweeps" not in text and "retrieval at" not in text
+    assert (
+        "| ALiBi |" in text
+        and "| NoPE |" not in text
+        and not (tmp_path / "out" / "img" / "length_retrieval.png").exists()
+    )
+    data = json.loads((tmp_path / "out" / "length.json").read_text())
+    assert length_study.markdown(data) == text and data["retrieval"] == {}
+
+
+@pytest.mark.slow
 def test_quick_study_runs_end_to_end(tmp_path):
     page = length_study.run(tmp_path / "out", quick=True, root=tmp_path / "runs")
     text = page.read_text()
@@ -152,7 +181,7 @@ def test_quick_study_runs_end_to_end(tmp_path):
 
 
 def test_effective_context_and_break_position_follow_the_intervals():
-    study = replace(design.FULL, seeds=(0, 1, 2), windows=50, draws=300)  # 3 seeds: t[2] at Bonferroni 0.05 / 27
+    study = replace(design.Study(), seeds=(0, 1, 2), windows=50, draws=300)  # 3 seeds: t[2] at Bonferroni 0.05 / 27
     rng = np.random.default_rng(0)
     noise = rng.normal(0, 0.05, (50, 32))  # per window and 64-byte bin, shared by both arms: paired
 
@@ -174,7 +203,7 @@ def test_window_sources_are_the_files_the_windows_start_in():
     import sysconfig
 
     val = stdlib_text("val")
-    study = replace(design.FULL, windows=40)
+    study = replace(design.Study(), windows=40)
     sources, (x, _) = evaluate.window_sources(study, val), evaluate.eval_windows(study, val)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     ends, total = [], 0  # the reference: every held-out file's byte range in the text, from the files themselves
@@ -193,7 +222,7 @@ def test_window_sources_are_the_files_the_windows_start_in():
 
 def _two_arm_results(shift: float, seeds=(0, 1, 2), windows: int = 24) -> length_study.summary.Results:
     """Arms "a" and "b" of a study with a seed effect and a file effect shared by both; "a" is ``shift`` higher."""
-    study = replace(design.FULL, seeds=seeds, windows=windows, draws=400, lengths=(256, 512))
+    study = replace(design.Study(), seeds=seeds, windows=windows, draws=400, lengths=(256, 512))
     rng = np.random.default_rng(1)
     files = [f"f{i % 4}.py" for i in range(windows)]  # 4 source files
     file_effect = rng.normal(0, 0.1, 4)[[i % 4 for i in range(windows)]]
@@ -283,6 +312,14 @@ def test_streaming_study_runs_end_to_end(tmp_path):
     data = json.loads((tmp_path / "out" / "streaming.json").read_text())
     assert streaming.page_from_json(data) == page  # byte for byte
     assert set(data["loss"]) == set(streaming.ARMS) and (tmp_path / "out" / "img" / "streaming.png").is_file()
+    study, root = streaming.study_of(True), tmp_path / "runs"
+    saved = streaming.evaluate_seed(study, root, 0)  # reused: the same checkpoint and windows
+    assert saved["seconds"] > 0 and saved["settings"]["windows"] == study.windows
+    fewer = streaming.evaluate_seed(
+        replace(study, windows=study.windows - 2), root, 0
+    )  # other windows: evaluated again
+    assert fewer["arms"]["full attention"].shape[0] == study.windows - 2
+    assert fewer["settings"]["checkpoint"] == saved["settings"]["checkpoint"]
 
 
 # the models of a run folder written before the study's schemes left GPTConfig (commit 3371a2d): per preset, the
@@ -326,3 +363,9 @@ def test_the_streaming_page_regenerates_from_its_json():
     root = Path(__file__).resolve().parents[1] / "docs" / "experiments"
     data = json.loads((root / "streaming.json").read_text())
     assert streaming.page_from_json(data) == (root / "streaming.md").read_text()  # byte for byte
+
+
+def test_the_published_length_page_regenerates_from_its_json():
+    root = Path(__file__).resolve().parents[1] / "docs" / "experiments"
+    data = json.loads((root / "length.json").read_text())
+    assert length_study.markdown(data) == (root / "length.md").read_text()  # byte for byte

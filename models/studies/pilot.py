@@ -104,7 +104,7 @@ def _studies(pilot: Pilot):
     base = length_design.QUICK if pilot.quick else length_design.FULL
     length = replace(
         base, seeds=seeds, context=pilot.context, steps=pilot.lm_steps, batch_size=pilot.batch_size,
-        lengths=(pilot.context,), trials=pilot.trials, workers=0,
+        lengths=(pilot.context,), trials=pilot.trials, probe=True, workers=0,
     )  # fmt: skip
     return dict(zip(MODELS, (image, video, length)))
 

@@ -38,21 +38,24 @@ def comparisons(study: Study) -> list[tuple[str, str, int]]:
     """The pairs the page states a verdict on: ``(a, b, length)``."""
     c, L, f = study.context, study.longest, study.finetune_factor
     pairs = [(m, "RoPE", L) for m in ("PI", "NTK", "YaRN", "Llama 3", DYNAMIC_NTK, "Dual Chunk", f"Window {c}")]
+    pairs += [("YaRN", "Llama 3", L), ("YaRN", "NTK", L), ("Llama 3", "NTK", L)]  # the guide's ordering
     pairs += [("YaRN", "YaRN, no attention factor", length) for length in study.lengths[1:]]
+    pairs += [(f"RoPE fine-tuned x{f}", "RoPE", L)]  # what the steps alone give
     pairs += [(f"{m} fine-tuned x{f}", m, L) for m in ("PI", "NTK", "YaRN")]
     pairs += [(f"{m} fine-tuned x{f}", f"RoPE fine-tuned x{f}", L) for m in ("PI", "NTK", "YaRN")]  # the control
     pairs += [(m, f"RoPE trained at {L}", L) for m in (f"YaRN fine-tuned x{f}", "YaRN", "Dual Chunk", "ALiBi")]
-    pairs += [(m, f"Window {c}", L) for m in ("YaRN", "Dual Chunk", "ALiBi", "T5 bias", "NoPE")]
+    pairs += [(m, f"Window {c}", L) for m in ("YaRN", "Llama 3", "NTK", "Dual Chunk", "ALiBi", "T5 bias", "NoPE")]
     pairs += [(m, "RoPE", length) for m in ("NoPE", "Sinusoidal", "Learned", "T5 bias", "ALiBi") for length in (c, L)]
     pairs += [("Linear attention + RoPE", "RoPE", length) for length in (c, L)]
-    return pairs
+    present = arms(study)  # a study that trains fewer schemes, or no upper bound, states fewer verdicts
+    return [(a, b, length) for a, b, length in pairs if a in present and b in present]
 
 
 def measure_paradigm(study: Study, root: Path, all_arms: dict[str, Arm]) -> tuple[dict, dict]:
     """The survey table's measured cells per arm (seed 0's models) and the bare SDPA timings."""
     text, measured = stdlib_text("val").data, {}
-    for _, name, _ in report.PARADIGM:
-        arm = all_arms[name.format(c=study.context)]
+    for _, name, _ in report.paradigm_rows(all_arms, study.context):
+        arm = all_arms[name]
         _, model = load_trained(run_dir(root, arm.model, study.seeds[0]))
         model = variant(model, arm.change(1.0) if arm.change else {})
         row = paradigm.invariance(model, text, study.context)
@@ -148,7 +151,8 @@ def _run(study: Study, out: Path, root: Path) -> Path:
     env = report.environment(study, wall, compute_seconds(root))
     plots.plot_lengths(results, out / PICTURES["lengths"])
     plots.plot_curves(results, out / PICTURES["curves"])
-    plots.plot_retrieval(results, out / PICTURES["retrieval"])
+    if study.probe:
+        plots.plot_retrieval(results, out / PICTURES["retrieval"])
     out.mkdir(parents=True, exist_ok=True)
     data = to_json(results, measured, timings, found, env)
     (out / "length.json").write_text(json.dumps(data, indent=1, default=str))

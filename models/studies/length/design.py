@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import axial_rope as ar
 
@@ -33,6 +33,9 @@ __all__ = ["DYNAMIC_NTK", "Arm", "FULL", "QUICK", "Study", "arms", "train_config
 DYNAMIC_NTK = "Dynamic NTK (static per length)"  # the arm's name says how it is evaluated
 
 SCHEMES = ("rope", "nope", "sinusoidal", "learned", "t5", "alibi", "linear")
+# the arm of each scheme but RoPE (whose arm is the scalings' reference), in table order
+SCHEME_ARMS = {"nope": "NoPE", "sinusoidal": "Sinusoidal", "learned": "Learned", "t5": "T5 bias", "alibi": "ALiBi",
+               "linear": "Linear attention + RoPE"}  # fmt: skip
 FINETUNED = ("rope", "pi", "ntk", "yarn")  # "rope": plain positions, the control with the same steps
 
 
@@ -41,6 +44,8 @@ class Study:
     """The sizes of one run of the study (``FULL``: the published one; ``QUICK``: seconds, plumbing only)."""
 
     seeds: tuple[int, ...] = (0, 1, 2)
+    schemes: tuple[str, ...] = SCHEMES  # the position schemes trained ("rope" first: every scaling arm's model)
+    bound: bool = True  # train RoPE at the longest length too (the upper bound)
     context: int = 256  # training context of every scheme
     steps: int = 300
     batch_size: int = 16
@@ -53,18 +58,34 @@ class Study:
     sweep: tuple[float, ...] = (2.0, 4.0, 8.0)  # fixed factors, each evaluated at every length
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # retrieval: where the key is planted
     trials: int = 8  # retrieval probes per (length, depth) and seed
+    probe: bool = True  # run the retrieval probe (off where the base model does not pass it inside its context)
     dca_local: int = 64  # Dual Chunk Attention's local window w (chunks of context - w)
     draws: int = 2000  # bootstrap replicates
     workers: int = 2  # processes (one thread each); 0: in this process
     timing_length: int = 2048  # sequence length of the kernel timings
     quick: bool = field(default=False, compare=False)
 
+    def __post_init__(self):
+        if self.schemes[:1] != ("rope",) or not set(self.schemes) <= set(SCHEMES):
+            raise ValueError(f"schemes must start with 'rope' and be among {SCHEMES}, got {self.schemes}")
+
     @property
     def longest(self) -> int:
         return self.lengths[-1]
 
 
-FULL = Study()
+# the published run (docs/experiments.md, "After the pilot"): five seeds of RoPE, NoPE and ALiBi at 600 steps,
+# the fine-tunes and their control, evaluated to 4x the context; no sweeps, upper bound or probe (see the page)
+FULL = Study(
+    seeds=(0, 1, 2, 3, 4),
+    schemes=("rope", "nope", "alibi"),
+    bound=False,
+    steps=600,
+    lengths=(256, 512, 1024),
+    windows=96,
+    sweep=(),
+    probe=False,
+)
 QUICK = Study(
     seeds=(0,),
     context=64,  # the needle and its question take 40 bytes
@@ -94,7 +115,7 @@ def train_configs(study: Study, root) -> dict[tuple[str, int], tuple[TrainConfig
     common |= dict(log_every=10, ckpt_every=100, val_every=10**6)
     out = {}
     for seed in study.seeds:
-        for scheme in SCHEMES:
+        for scheme in study.schemes:
             cfg = TrainConfig(
                 preset=f"lm-{scheme}",
                 steps=study.steps,
@@ -118,6 +139,8 @@ def train_configs(study: Study, root) -> dict[tuple[str, int], tuple[TrainConfig
                 **(common | {"lr": study.finetune_lr, "warmup": 10}),
             )
             out[f"ft-{method}", seed] = (cfg, ("rope", seed))
+        if not study.bound:
+            continue
         ratio = study.longest // study.context
         cfg = TrainConfig(
             preset="lm-rope",
@@ -181,12 +204,12 @@ def arms(study: Study) -> dict[str, Arm]:
         for factor in study.sweep:
             change = lambda f, m=make, k=factor: {"scaling": m(k)}  # noqa: E731 - the fixed factor k, not f
             add(Arm(f"{name} x{factor:g}", "rope", "sweep", change, factor=factor, retrieval=False))
-    labels = {"nope": "NoPE", "sinusoidal": "Sinusoidal", "learned": "Learned", "t5": "T5 bias", "alibi": "ALiBi"}
-    for scheme, label in labels.items():
-        add(Arm(label, scheme, "scheme", max_length=c if scheme == "learned" else None))
-    add(Arm("Linear attention + RoPE", "linear", "scheme"))
+    for scheme, label in SCHEME_ARMS.items():
+        if scheme in study.schemes:
+            add(Arm(label, scheme, "scheme", max_length=c if scheme == "learned" else None))
     f = study.finetune_factor
     for method, label in zip(FINETUNED, ("RoPE", "PI", "NTK", "YaRN")):
         add(Arm(f"{label} fine-tuned x{f}", f"ft-{method}", "finetuned"))
-    add(Arm(f"RoPE trained at {study.longest}", "long", "bound"))
-    return out
+    if study.bound:
+        add(Arm(f"RoPE trained at {study.longest}", "long", "bound"))
+    return out if study.probe else {name: replace(arm, retrieval=False) for name, arm in out.items()}

@@ -14,7 +14,17 @@ __all__ = ["PANELS", "plot_curves", "plot_lengths", "plot_retrieval"]
 # the two panels of the line plots: the position schemes, and RoPE's scaling methods and their references
 PANELS = {
     "position schemes": ("RoPE", "NoPE", "Sinusoidal", "Learned", "T5 bias", "ALiBi", "Linear attention + RoPE"),
-    "RoPE scaling": ("RoPE", "PI", "NTK", "YaRN", "Llama 3", "Dual Chunk", "Window {c}", "YaRN fine-tuned x{f}"),
+    "RoPE scaling": (
+        "RoPE",
+        "PI",
+        "NTK",
+        "YaRN",
+        "Llama 3",
+        "Dual Chunk",
+        "Window {c}",
+        "YaRN fine-tuned x{f}",
+        "RoPE fine-tuned x{f}",
+    ),
 }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import torch
 
 from ...training.trainer import load_trained
 from ..bootstrap import Bootstrap, verdict
-from ..jobs import ensure_trained
+from ..jobs import checkpoint_hash, ensure_trained
 from ..seed_intervals import CORRECTIONS, PairedTest, SeedBootstrap, correct, paired_t
 from ..settings import settings_to
 from . import report
@@ -63,20 +64,25 @@ def _arm_losses(model, sinks: int | None, context: int, x: torch.Tensor, y: torc
     return torch.cat(out)
 
 
-def evaluate_seed(study: Study, root: Path, seed: int) -> dict[str, np.ndarray]:
-    """``{arm: [W, L] losses}`` of one seed's model (trained if needed), saved under ``ROOT/streaming``, reused."""
-    path = root / "streaming" / f"s{seed}.pt"
-    if path.is_file():
-        return torch.load(path, weights_only=False)
+def evaluate_seed(study: Study, root: Path, seed: int) -> dict:
+    """One seed's model (trained if needed) on every arm: ``{"settings", "seconds", "arms": {arm: [W, L] losses}}``,
+    saved under ``ROOT/streaming`` and reused while the checkpoint and the windows are the same."""
     cfg, _ = train_configs(study, root)["rope", seed]
     print(f"train rope s{seed}: {ensure_trained(cfg)}", flush=True)
-    _, model = load_trained(run_dir(root, "rope", seed) / "checkpoint.safetensors")
+    run = run_dir(root, "rope", seed)
+    settings = {"checkpoint": checkpoint_hash(run), "windows": study.windows, "lengths": list(study.lengths)}
+    path = root / "streaming" / f"s{seed}.pt"
+    if path.is_file() and (saved := torch.load(path, weights_only=False)).get("settings") == settings:
+        return saved
+    tic = time.perf_counter()
+    _, model = load_trained(run / "checkpoint.safetensors")
     model = variant(model, {"max_seq_len": study.longest})  # RoPE needs no table entry per position
     x, y = eval_windows(study)
-    result = {}
+    arms = {}
     for name, sinks in ARMS.items():
-        result[name] = _arm_losses(model, sinks, study.context, x, y).numpy()
-        print(f"evaluated {name} s{seed}: loss at {study.longest} {result[name].mean():.3f}", flush=True)
+        arms[name] = _arm_losses(model, sinks, study.context, x, y).numpy()
+        print(f"evaluated {name} s{seed}: loss at {study.longest} {arms[name].mean():.3f}", flush=True)
+    result = {"settings": settings, "seconds": time.perf_counter() - tic, "arms": arms}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     torch.save(result, tmp)
@@ -181,6 +187,15 @@ def _reading(summary: dict, study: Study) -> list[str]:
     ]
 
 
+def _time(env: dict) -> str:
+    """The evaluation's worker time (one thread), where the json records it (a page of before it was kept: none)."""
+    minutes = env.get("worker_minutes", {}).get("eval")
+    if minutes is None:
+        return ""
+    wall = env["wall_minutes"]
+    return f" Evaluation: {minutes} worker-minutes on one thread ({wall} min wall in the last invocation; evaluated seeds are reused)."
+
+
 def page(summary: dict, study: Study, env: dict, picture: str) -> str:
     L = study.longest
     methods = "; ".join(sorted({d["method"] for d in summary["differences"].values()}))
@@ -188,7 +203,7 @@ def page(summary: dict, study: Study, env: dict, picture: str) -> str:
         "# Streaming past the context: rolling caches with and without attention sinks",
         "",
         f"`python -m scripts.experiments streaming` on {env['machine']}, {env['date']}, "
-        f"Python {env['python']}, torch {env['torch']}, axial_rope {env['axial_rope']}.",
+        f"Python {env['python']}, torch {env['torch']}, axial_rope {env['axial_rope']}.{_time(env)}",
         "",
         f"The length study's RoPE byte model ([length.md](length.md): width 128, depth 3, trained {study.steps} steps "
         f"of {study.batch_size} windows of {study.context} bytes), seeds {list(study.seeds)}, on {study.windows} "
@@ -245,12 +260,13 @@ def run(out: Path, quick: bool = False, root: str | Path | None = None) -> Path:
     root = Path(root or ("runs/length_quick" if quick else "runs/length"))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the length study's workers run
+    tic = time.perf_counter()
     try:
-        raw = {seed: evaluate_seed(study, root, seed) for seed in study.seeds}
+        done = {seed: evaluate_seed(study, root, seed) for seed in study.seeds}
     finally:
         torch.set_num_threads(threads)
-    summary = summarise(study, raw, window_sources(study))
-    env = report.environment(study, 0.0, {})
+    summary = summarise(study, {seed: r["arms"] for seed, r in done.items()}, window_sources(study))
+    env = report.environment(study, time.perf_counter() - tic, {"eval": sum(r["seconds"] for r in done.values())})
     picture = plot(summary, study, out / "img" / "streaming.png").relative_to(out).as_posix()
     out.mkdir(parents=True, exist_ok=True)
     (out / "streaming.json").write_text(json.dumps({"environment": env} | summary, indent=1, default=str))
