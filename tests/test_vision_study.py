@@ -166,6 +166,7 @@ def test_quick_study_writes_tables_pictures_and_reuses_its_runs(name, tmp_path, 
     page = run(tmp_path / "out", quick=True, root=tmp_path / "runs").read_text()
     assert page.startswith("# ") and f"python -m scripts.experiments {name} --quick" in page
     assert "Checkpoints (SHA-256" in page and page.count("|---|") >= 3
+    assert not re.search(r"\{[a-z_.]+\}", page)  # every placeholder filled in (a string that lost its f)
     assert re.search(r"\| -?\d+\.\d+ \[-?\d+\.\d+, -?\d+\.\d+\] \|", page)  # a mean and its interval in a table
     data = json.loads((tmp_path / "out" / f"{name}.json").read_text())
     assert data["environment"]["versions"]["torch"] == torch.__version__ and data["results"]

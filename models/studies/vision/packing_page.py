@@ -172,7 +172,7 @@ def markdown(data: dict) -> str:
         + ") on *grown scenes* (objects scale with the shorter side, as the packed training data draws them) and on a"
         f" *canvas* of 1-{base.max_objects} objects at their {R} px size (drawn for the shorter side where it is"
         f" below {R} px, so every object fits): the canvas is neither model's training distribution, both train on"
-        " one object per image; samples ({base.per_class} per class, half that"
+        f" one object per image; samples ({base.per_class} per class, half that"
         f" above 4x the training area; Euler {base.euler_steps} steps, guidance {base.cfg_scale:g}) scored by the shape"
         " classifier (class accuracy), object count, the largest object's size relative to its class at"
         f" {R} px, and its colour error. *packed, interpolate to {study.packed_max * 4} px*: the packed model with"
