@@ -188,11 +188,8 @@ def _reading(summary: dict, study: Study) -> list[str]:
 
 
 def _time(env: dict) -> str:
-    """The evaluation's worker time (one thread), where the json records it (a page of before it was kept: none)."""
-    minutes = env.get("worker_minutes", {}).get("eval")
-    if minutes is None:
-        return ""
-    wall = env["wall_minutes"]
+    """The evaluation's worker time (one thread) and the last invocation's wall time, from the json's environment."""
+    minutes, wall = env["worker_minutes"]["eval"], env["wall_minutes"]
     return f" Evaluation: {minutes} worker-minutes on one thread ({wall} min wall in the last invocation; evaluated seeds are reused)."
 
 
