@@ -4,7 +4,7 @@ Each experiment trains its model once (the default run of :data:`~models.trainin
 the one ``python -m scripts.train --model MODEL`` trains), then evaluates it, training-free,
 beyond what it was trained on:
 
-- ``resolution``: an image DiT trained at 16 x 16 tokens over 3 seeds, at 1.5x, 2x, 3x and 1:2 with
+- ``resolution``: an image DiT trained at 8 x 8 tokens over 5 seeds, at 1.5x, 2x, 3x and 1:2 with
   each position mode of ``ar.positions_for_size``, Dy-YaRN (time-dependent) and a fine-tuned arm:
   loss on two test sets and sample metrics with intervals (:mod:`models.studies.vision`;
   it trains its own runs under ``runs/resolution``);
@@ -12,7 +12,7 @@ beyond what it was trained on:
   (several seeds), RoPE's scaling methods training-free and fine-tuned, held-out loss at
   1x-8x that context with intervals, per-position curves and a retrieval probe
   (:mod:`models.studies.length`; it trains its own runs under ``runs/length``);
-- ``frames``: a video DiT with HunyuanVideo's temporal rope trained on 8 frames over 3 seeds, at 16
+- ``frames``: a video DiT with HunyuanVideo's temporal rope trained on 8 frames over 5 seeds, at 16
   and 24 frames with none, RIFLEx, interpolation and NTK on the time axis, sample metrics (presence,
   motion, repetition) with intervals (:mod:`models.studies.vision`, runs under ``runs/frames``);
 - ``streaming``: the length study's RoPE model over 4x its context, full attention against rolling KV
@@ -87,7 +87,7 @@ def trained_run(cfg: TrainConfig):
 
 
 def resolution(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
-    """An image DiT trained at 16 x 16 tokens (3 seeds), at 1.5x, 2x, 3x and 1:2 with every position mode,
+    """An image DiT trained at 8 x 8 tokens (5 seeds), at 1.5x, 2x, 3x and 1:2 with every position mode,
     Dy-YaRN and a fine-tuned arm, on two test sets, with sample metrics and intervals:
     :mod:`models.studies.vision.resolution` (``smoke``: its quick variant; ``run_dir``: the study's
     root folder, default ``runs/resolution``)."""
@@ -97,8 +97,8 @@ def resolution(out: Path, smoke: bool = False, run_dir: str | Path | None = None
 
 
 def length(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
-    """Every position scheme trained at one context (3 seeds), RoPE scaling training-free and fine-tuned,
-    evaluated to 8x that context: :mod:`models.studies.length` (``smoke``: its quick variant;
+    """Every position scheme trained at one context (the published run: 5 seeds of RoPE, NoPE and ALiBi), RoPE
+    scaling training-free and fine-tuned, evaluated to 8x that context: :mod:`models.studies.length` (``smoke``: its quick variant;
     ``run_dir``: the study's root folder, default ``runs/length``)."""
     from . import length  # the study imports the trainer; only this experiment needs it
 
@@ -106,7 +106,7 @@ def length(out: Path, smoke: bool = False, run_dir: str | Path | None = None) ->
 
 
 def frames(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
-    """A video DiT with HunyuanVideo's temporal rope trained on 8 frames (3 seeds), at 16 and 24 frames with
+    """A video DiT with HunyuanVideo's temporal rope trained on 8 frames (5 seeds), at 16 and 24 frames with
     none, RIFLEx, interpolation and NTK on the time axis, with sample metrics and intervals, and why objects
     vanished from the default run's 16-frame samples: :mod:`models.studies.vision.frames` (``smoke``:
     its quick variant; ``run_dir``: the study's root folder, default ``runs/frames``)."""
@@ -116,7 +116,7 @@ def frames(out: Path, smoke: bool = False, run_dir: str | Path | None = None) ->
 
 
 def packing(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
-    """The image DiT trained packed on mixed sizes and aspects (3 seeds) against the resolution study's
+    """The image DiT trained packed on mixed sizes and aspects (3 of its 5 seeds) against the resolution study's
     one-size runs, at sizes inside and beyond the packed range, with and without test-time scaling:
     :mod:`models.studies.vision.packing` (``smoke``: its quick variant; ``run_dir``: the study's
     root folder, default ``runs/packing``; the one-size runs stay under ``runs/resolution``)."""
@@ -126,7 +126,7 @@ def packing(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -
 
 
 def streaming(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
-    """The length study's RoPE model (3 seeds) over 4x its context: full attention against rolling KV caches
+    """The length study's RoPE model (its seeds) over 4x its context: full attention against rolling KV caches
     without and with attention sinks: :mod:`models.studies.length.streaming` (``run_dir``: the length
     study's root, default ``runs/length``, whose RoPE runs it reuses)."""
     from .length import streaming as study

@@ -6,7 +6,7 @@ read from pictures (:mod:`.metrics`: a shape classifier, object count, size, col
 presence, motion and repetition), reports every figure with a paired bootstrap interval
 (:mod:`models.studies.bootstrap`), and writes ``OUT/NAME.md``, ``OUT/NAME.json`` and its pictures under ``OUT/img``.
 
-- :mod:`.resolution`: an image DiT trained at 16 x 16 tokens, at 1.5x, 2x, 3x and 1:2 with every
+- :mod:`.resolution`: an image DiT trained at 8 x 8 tokens, at 1.5x, 2x, 3x and 1:2 with every
   position mode (time-dependent Dy-YaRN included) and fine-tuned, on two test sets;
 - :mod:`.frames`: a video DiT with HunyuanVideo's temporal rope trained on 8 frames, at 16 and 24
   with none, RIFLEx (k as the paper picks it), interpolation and NTK on the time axis;

@@ -75,29 +75,39 @@ def _summary(table: Table, study: PackingStudy) -> list[str]:
     return lines
 
 
-def reproduction(study: PackingStudy, root: Path) -> str:
-    """Whether the one-size arms equal the resolution study's own evaluation of the same runs (per image)."""
-    base_eval, worst, compared = Path(study.base_root) / "eval", 0.0, 0
+def reproduction(study: PackingStudy, root: Path, published: Path, hashes: dict[str, str]) -> str:
+    """Whether the one-size arms are the resolution study's published runs: their checkpoints' hashes (``hashes``,
+    as this page's environment cites them) and their per-image figures against that study's json (``published``)."""
+    if not published.is_file():
+        return f"The resolution study's json ({published.name}) was not found, so the one-size arms were not compared."
+    theirs = json.loads(published.read_text())
+    their_seeds, their_hashes = theirs["environment"]["settings"]["seeds"], theirs["environment"]["checkpoints"]
+    same = [s for s in study.seeds if their_hashes.get(f"s{s}") == hashes[f"s{s}"]]
+    worst, compared, undefined_apart = 0.0, 0, 0
     for size in study.sizes:
+        group = size_name(size)
+        if group not in theirs["cells"]:
+            continue
         for seed in study.seeds:
-            theirs_path = base_eval / f"s{seed}_{size_name(size)}.json"
-            if not theirs_path.is_file():
+            if seed not in their_seeds:
                 continue
-            ours = load_results(root, [f"s{seed}_{size_name(size)}"])[f"s{seed}_{size_name(size)}"]
-            theirs = json.loads(theirs_path.read_text())["result"]
+            ours = load_results(root, [f"s{seed}_{group}"])[f"s{seed}_{group}"]
             for arm, which, mode in arms_at(study, size):
                 ref = "trained size" if arm == ONE_SIZE else mode
-                if which != ONE_SIZE or ref not in theirs:
+                if which != ONE_SIZE or ref not in theirs["cells"][group]:
                     continue
                 for m in COMPARED:
-                    a, b = np.array(ours[arm][m], dtype=float), np.array(theirs[ref][m], dtype=float)
+                    row = theirs["cells"][group][ref][m][their_seeds.index(seed)]
+                    a = np.array(ours[arm][m], dtype=float)
+                    b = np.array([np.nan if x is None else x for x in row], dtype=float)
+                    undefined_apart += int((np.isnan(a) != np.isnan(b)).sum())
                     worst = max(worst, float(np.nanmax(np.abs(a - b), initial=0.0)))
                     compared += 1
-    if not compared:
-        return "The resolution study's evaluations were not found, so the one-size arms were not compared with them."
     return (
-        f"Check: at the sizes both studies evaluate, the one-size arms equal the resolution study's own figures"
-        f" image by image ({compared} per-image series compared, largest difference {worst:.1e})."
+        f"Check: the one-size checkpoints of {len(same)} of {len(study.seeds)} seeds have the hashes the"
+        f" [resolution study](resolution.md) cites; at the sizes both studies evaluate, its json's per-image"
+        f" figures against this study's one-size arms: {compared} per-seed series compared, largest difference"
+        f" {worst:.1e}, {undefined_apart} cells defined in one and not the other."
     )
 
 
@@ -128,12 +138,13 @@ def _where(study: PackingStudy, size) -> str:
 
 def page(study: PackingStudy, root: Path, out: Path, env: dict) -> str:
     """Write ``out/packing.json`` (every cell included) and the pictures; return the page's markdown, which
-    :func:`markdown` rebuilds from that json alone."""
+    :func:`markdown` rebuilds from that json alone. The one-size arms are checked against ``out/resolution.json``."""
     table, images = build_table(study, root), pictures(study, root, out)
+    check = reproduction(study, root, out / "resolution.json", env["checkpoints"])
     data = _json(table, study, env) | {
         "cells": table_to_cells(table),
         "images": images,
-        "reproduction": {"text": reproduction(study, root)},  # every top-level value a dict
+        "reproduction": {"text": check},  # every top-level value a dict
         "sample_labels": sample_labels(replace(study.base, sizes=study.sizes)),  # the samples' classes, per size
     }
     out.mkdir(parents=True, exist_ok=True)
