@@ -205,6 +205,28 @@ def test_packing_checks_its_one_size_arms_against_the_resolution_page(tmp_path):
     assert int(check.group(3)) > 0 and float(check.group(4)) == 0.0 and check.group(5) == "0"
 
 
+def test_quick_streaming_video_study_reuses_the_frames_runs_and_regenerates_from_its_json(tmp_path, capsys):
+    from dataclasses import asdict, replace
+
+    from models.studies import streaming_video, streaming_video_page
+
+    base_root = tmp_path / "frames"
+    path = streaming_video_page.run(tmp_path / "out", quick=True, root=tmp_path / "runs", base_root=base_root)
+    page, data = path.read_text(), json.loads((tmp_path / "out" / "streaming-video.json").read_text())
+    assert not re.search(r"\{[a-z_.]+\}", page) and re.search(r"\| -?\d+\.\d+ \[-?\d+\.\d+, -?\d+\.\d+\] \|", page)
+    assert streaming_video_page.markdown(data) == page  # every number recomputed from the json's cells
+    study = replace(streaming_video.QUICK, base_root=str(base_root))
+    runs = streaming_video.all_runs(study, tmp_path / "runs")
+    for seed in study.seeds:  # the bidirectional arm is the frames study's run; the causal one differs in that alone
+        bi, causal = asdict(runs[f"s{seed}-bidirectional"]), asdict(runs[f"s{seed}-causal"])
+        assert Path(bi["out"]).parent.parent == base_root and (Path(bi["out"]) / "checkpoint.safetensors").is_file()
+        assert {k for k in bi if bi[k] != causal[k]} == {"causal", "out"}
+    capsys.readouterr()
+    streaming_video_page.run(tmp_path / "out", quick=True, root=tmp_path / "runs", base_root=base_root)
+    log = capsys.readouterr().out
+    assert log.count(": reused") + log.count(": ready") == log.count("] ")  # nothing recomputed
+
+
 @pytest.mark.parametrize("name", ["resolution", "frames"])  # packing's published json predates its cells
 def test_published_pages_regenerate_from_their_json(name):
     # every number on a page is recomputed from the cells its json publishes (intervals: the same draws)

@@ -2,10 +2,11 @@
 bidirectional one sampled whole (``python -m scripts.experiments streaming-video``).
 
 Two video DiTs of the frame-count study's design (preset ``tiny-hunyuan``: HunyuanVideo's temporal rope, the slow
-motion of :data:`models.training.tasks.VIDEO_MOTION`; docs/experiments/frames.md) are trained on the same 8-frame
-clips, seeds and steps: *bidirectional* (one noise level per clip) and *causal* (frame-causal attention, one
-noise level per frame: diffusion forcing, ``--causal``). Each is sampled at the training length and at 2x and
-4x it, with the same labels and initial noise for every arm:
+motion of :data:`models.training.tasks.VIDEO_MOTION`; docs/experiments/frames.md) see the same 8-frame clips, seeds
+and steps: *bidirectional* (one noise level per clip): the frame-count study's own runs (:mod:`.vision.frames`;
+trained there, or here into its folders when missing), and *causal* (frame-causal attention, one noise level per
+frame: diffusion forcing, ``--causal``), the same run but for that flag. Each is sampled at the training length
+and at 2x and 4x it, with the same labels and initial noise for every arm:
 
 - ``bidirectional``: every frame at once, plain positions (the frames study's ``none``);
 - ``bidirectional + RIFLEx``: the same with RIFLEx on the time axis (the frames study's best loss);
@@ -14,13 +15,13 @@ noise level per frame: diffusion forcing, ``--causal``). Each is sampled at the 
 - ``causal (streaming)``: :func:`models.video_streaming.sample_streaming`, a frame at a time with a rolling
   frame cache of the training length (positions re-indexed, never past 7).
 
-Scored with the frames study's video metrics (:func:`models.studies.vision.metrics.video_metrics`) and
-the share of clips showing an object per frame (does a stream fade as it goes on?).
+Scored with the frames study's video metrics (:func:`models.studies.vision.metrics.video_metrics`, read by its
+shape classifier) and the share of clips showing an object per frame (does a stream fade as it goes on?).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -32,8 +33,9 @@ from ..training.trainer import load_trained
 from ..video_streaming import sample_streaming
 from .jobs import Job, checkpoint_hash, ensure_trained, read_result, write_result
 from .vision import classifier as shape_classifier
+from .vision import frames as frames_study
 from .vision.classifier import ClassifierConfig
-from .vision.frames import _presence_by_frame, arm_scaling, intrinsic, sample_videos, video_inputs
+from .vision.frames import FramesStudy, _presence_by_frame, arm_scaling, intrinsic, sample_videos, video_inputs
 from .vision.metrics import reference, video_metrics
 
 __all__ = ["ARMS", "FULL", "QUICK", "StreamingVideoStudy", "all_runs", "execute", "sample_path", "study_jobs"]
@@ -44,42 +46,54 @@ TRAINED_ARMS = ("bidirectional", "causal (all at once)", "causal (streaming)")  
 
 @dataclass(frozen=True)
 class StreamingVideoStudy:
-    """The sizes of one run of the study (``FULL``: the published one; ``QUICK``: seconds, plumbing only)."""
+    """The sizes of one run of the study (``FULL``: the published one; ``QUICK``: seconds, plumbing only).
 
-    seeds: tuple[int, ...] = (0, 1, 2)
-    preset: str = "tiny-hunyuan"
-    resolution: int = 16  # the default video run's side (RUN_DEFAULTS), a quarter of the frames study's cost
-    frames: int = 8  # training length = the streaming window
-    steps: int = 600
-    batch_size: int = 16
-    lr: float = 2e-3
+    ``base`` is the frame-count study whose runs are the bidirectional arm and whose training settings, shape
+    classifier and clip inputs every arm here uses; ``base_root`` is where its runs live."""
+
+    base: FramesStudy = frames_study.FULL
+    base_root: str = "runs/frames"
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     lengths: tuple[int, ...] = (16, 32)  # 2x and 4x the training length
     per_class: int = 4  # clips per class, length, arm and seed
     euler_steps: int = 20  # per clip (bidirectional) or per frame (streaming)
     cfg_scale: float = 3.0
-    classifier: ClassifierConfig = field(default_factory=lambda: ClassifierConfig(resolutions=(16, 24, 32, 48)))
     draws: int = 2000
-    workers: int = 0  # one process, one thread (the machine's other cores are busy)
+    workers: int = 2
     quick: bool = False
+
+    # the training settings are the frame-count study's
+    preset = property(lambda self: self.base.preset)
+    resolution = property(lambda self: self.base.resolution)
+    frames = property(lambda self: self.base.frames)  # the training length = the streaming window
+    steps = property(lambda self: self.base.steps)
+    batch_size = property(lambda self: self.base.batch_size)
+
+    @property
+    def classifier(self) -> ClassifierConfig:
+        return self.base.classifier
+
+    @property
+    def classifier_path(self) -> Path:
+        return Path(self.base_root) / "classifier.pt"  # the frame-count study's shape classifier
 
 
 FULL = StreamingVideoStudy()
 QUICK = StreamingVideoStudy(
-    seeds=(0, 1), resolution=16, frames=4, steps=3, batch_size=2, lengths=(8,), per_class=1, euler_steps=2,
-    classifier=ClassifierConfig(steps=4, batch_size=8, resolutions=(16, 32)), draws=200, quick=True,
+    base=frames_study.QUICK, base_root="runs/frames_quick", seeds=(0, 1), lengths=(8,), per_class=1, euler_steps=2,
+    draws=200, workers=0, quick=True,
 )  # fmt: skip
 
 
 def all_runs(study: StreamingVideoStudy, root: Path) -> dict[str, TrainConfig]:
-    """``s<seed>-bidirectional`` and ``s<seed>-causal``: the same settings, data, seeds and steps but ``causal``."""
+    """``s<seed>-bidirectional`` (the frame-count study's run of that seed, in its folder) and ``s<seed>-causal``
+    (the same settings, data, seed and steps but ``causal``, under ``root``)."""
+    base = frames_study.all_runs(replace(study.base, seeds=study.seeds, diagnosis=False), Path(study.base_root))
     runs = {}
     for seed in study.seeds:
-        for kind in ("bidirectional", "causal"):
-            runs[f"s{seed}-{kind}"] = TrainConfig(
-                model="video_dit", preset=study.preset, resolution=study.resolution, frames=study.frames,
-                steps=study.steps, batch_size=study.batch_size, lr=study.lr, seed=seed, causal=kind == "causal",
-                out=str(root / "train" / f"s{seed}-{kind}"), progress=False, report=False, ckpt_every=200,
-            )  # fmt: skip
+        bidirectional = base[f"s{seed}"]
+        runs[f"s{seed}-bidirectional"] = bidirectional
+        runs[f"s{seed}-causal"] = replace(bidirectional, causal=True, out=str(root / "train" / f"s{seed}-causal"))
     return runs
 
 
@@ -96,8 +110,11 @@ def study_jobs(study: StreamingVideoStudy) -> list[Job]:
 def execute(study: StreamingVideoStudy, root: Path, job: Job) -> str:
     """Run one job of :func:`study_jobs`; returns what happened."""
     kind, *rest = job.key.split("/")
-    if (done := shape_classifier.shared_job(kind, study, root, validate)) is not None:
-        return done
+    if kind == "classifier":
+        shape_classifier.load_or_train(study.classifier_path, study.classifier)
+        return "ready"
+    if kind == "validate":
+        return validate(study, root)
     if kind == "train":
         return ensure_trained(all_runs(study, root)[rest[0]])
     return evaluate(study, root, int(rest[0][1:]), int(rest[1]))
@@ -141,7 +158,7 @@ def evaluate(study: StreamingVideoStudy, root: Path, seed: int, length: int) -> 
     path = root / "eval" / f"s{seed}_{length}.json"
     if read_result(path, {"study": settings(study), "length": length, "checkpoints": hashes}) is not None:
         return "reused"
-    classifier = shape_classifier.load_or_train(root / "classifier.pt", study.classifier)
+    classifier = shape_classifier.load_or_train(study.classifier_path, study.classifier)
     ref, (_, period) = reference(study.resolution, moving=True), intrinsic(study.preset, study.frames)
     labels, noise = video_inputs(study.per_class, study.resolution, length)  # the same for every arm and seed
     result = {}
@@ -164,7 +181,7 @@ def validate(study: StreamingVideoStudy, root: Path) -> str:
     path = root / "classifier_check.json"
     if read_result(path, {"study": settings(study)}) is not None:
         return "reused"
-    classifier = shape_classifier.load_or_train(root / "classifier.pt", study.classifier)
+    classifier = shape_classifier.load_or_train(study.classifier_path, study.classifier)
     ref, (_, period) = reference(study.resolution, moving=True), intrinsic(study.preset, study.frames)
     task = VideoTask(study.preset, study.resolution, study.frames, seed=0)
     result = {}

@@ -1,4 +1,5 @@
-"""docs/experiments/streaming-video.md from the streaming video study's results: tables, GIFs, json with per-seed values."""
+"""docs/experiments/streaming-video.md from the streaming video study's results: tables, GIFs and a json with every
+cell, from which the page regenerates (:func:`markdown`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from ..training.data import CLASSES
 from . import streaming_video as sv
+from .bootstrap import verdict
 from .vision import figures
 from .vision.frames import intrinsic
 from .vision.frames_page import METRICS as FRAME_METRICS
@@ -24,10 +26,12 @@ from .vision.report import (
     environment_lines,
     interval_table,
     load_results,
-    mark,
+    settings_to,
+    table_from_cells,
+    table_to_cells,
 )
 
-__all__ = ["METRICS", "build_table", "page", "run"]
+__all__ = ["METRICS", "build_table", "markdown", "page", "run"]
 
 METRICS = [m for m in FRAME_METRICS if m.key != "loss"]  # the frames page's sample metrics
 KEY = [m for m in METRICS if m.key in ("presence", "correct", "speed", "jerk", "repetition")]
@@ -63,73 +67,75 @@ def build_table(study: sv.StreamingVideoStudy, root: Path) -> Table:
     return Table(values, study.draws)
 
 
-def _per_seed(results: dict, length: int, arm: str, key: str) -> list[float]:
-    """One mean per seed (clips whose metric is undefined, NaN, left out; NaN if none is defined)."""
-    rows = [np.array(results[length][s][arm][key], dtype=np.float64) for s in sorted(results[length])]
+def _per_seed(table: Table, length: int, arm: str, key: str) -> list[float]:
+    """One mean per seed over the table's cells (undefined ones, NaN, left out; NaN if none is defined)."""
+    rows = table.values[(str(length), arm, key)]
     return [float(r[~np.isnan(r)].mean()) if (~np.isnan(r)).any() else float("nan") for r in rows]
 
 
-def _seed_signs(results: dict, length: int, a: str, b: str) -> list[str]:
+def _seed_signs(table: Table, length: int, a: str, b: str) -> list[str]:
     """Per key metric: the per-seed differences of the seed means ``a - b``."""
     cells = []
     for m in KEY:
-        d = np.subtract(_per_seed(results, length, a, m.key), _per_seed(results, length, b, m.key))
+        d = np.subtract(_per_seed(table, length, a, m.key), _per_seed(table, length, b, m.key))
         cells.append("-" if np.isnan(d).all() else " ".join(f"{v:+.{m.digits}f}" for v in d))
     return cells
 
 
-def _curve(results: dict, length: int, arm: str, block: int) -> list[float]:
-    """Presence per block of ``block`` frames, mean over seeds and clips."""
-    curve = np.mean([results[length][s][arm]["by_frame"] for s in results[length]], axis=0)  # [T]
+def _curve(by_frame: dict, length: int, arm: str, block: int) -> list[float]:
+    """Presence per block of ``block`` frames, mean over seeds and clips (``by_frame``: the json's per-seed curves)."""
+    curve = np.mean(by_frame[str(length)][arm], axis=0)  # [T]
     return [float(curve[i : i + block].mean()) for i in range(0, length, block)]
 
 
-def _reading(study: sv.StreamingVideoStudy, table: Table, results: dict) -> list[str]:
-    """What the intervals support, in words computed from them (the verdicts are the paired intervals')."""
+def _said(table: Table, length: int, a: str, b: str, key: str, digits: int = 2) -> str:
+    """``a - b`` on ``key`` with its interval and, in words, what that interval shows."""
+    d = table.difference(str(length), a, b, key)
+    words = verdict(d, f"{a} higher", f"{a} lower").replace("no difference shown", "not told apart")
+    return f"{d.format(digits)}: {words}"
+
+
+def _reading(study: sv.StreamingVideoStudy, table: Table, by_frame: dict) -> list[str]:
+    """What the intervals support, in words computed from them (each verdict is its paired interval's alone)."""
     n, longest = study.frames, max(study.lengths)
-
-    def diff(length, a, b, key, digits=2):
-        d = table.difference(str(length), a, b, key)
-        return f"{d.format(digits)}{' ' + mark(d) if mark(d) else ''}"
-
-    fade = ", ".join(f"{v:.2f}" for v in _curve(results, longest, STREAM, n))
+    blocks = lambda arm: ", ".join(f"{v:.2f}" for v in _curve(by_frame, longest, arm, n))  # noqa: E731
+    fades = verdict(table.difference(str(longest), STREAM, BI, "presence")) == "lower"
+    cause = (
+        f"The rolling cache keeps every time position within the trained 0..{n - 1}, so a fade is not positions"
+        " past the trained range; what else differs from training is that each frame's context is the model's own"
+        " earlier output, where training gave it real clips at random noise levels (the train-test gap of"
+        " teacher-forced context that Self-Forcing, Huang et al. 2025, trains on). That this is the cause is not"
+        " tested here."
+    )
     return [
-        f"- At the training length ({n} frames) streaming and the bidirectional model are not told apart on presence"
-        f" ({diff(n, STREAM, BI, 'presence')}) or class accuracy ({diff(n, STREAM, BI, 'correct')}).",
-        "- Past it, the stream loses its objects as it goes on: presence per block of"
-        f" {n} frames at {longest} frames is {fade}, against"
-        f" {', '.join(f'{v:.2f}' for v in _curve(results, longest, BI, n))} for the bidirectional model;"
-        + ";".join(
-            f" at {L} frames streaming - bidirectional is {diff(L, STREAM, BI, 'presence')}" for L in study.lengths
-        )
+        f"- At the training length ({n} frames), streaming - bidirectional: presence"
+        f" {_said(table, n, STREAM, BI, 'presence')}; class accuracy {_said(table, n, STREAM, BI, 'correct')}.",
+        f"- Presence per block of {n} frames at {longest} frames: streaming {blocks(STREAM)}, bidirectional"
+        f" {blocks(BI)}; streaming - bidirectional"
+        + ";".join(f" at {L} frames {_said(table, L, STREAM, BI, 'presence')}" for L in study.lengths)
         + ".",
-        "- The rolling cache keeps every time position within the trained 0.."
-        f"{n - 1}, so the fade is not positions past the trained range; what else differs from training is that each"
-        " frame's context is the model's own earlier output, where training gave it real clips at random noise levels"
-        " (the train-test gap of teacher-forced context that Self-Forcing, Huang et al. 2025, trains on). That this is"
-        " the cause is not tested here.",
-        f"- The causal model sampled all at once is not told apart from the bidirectional one on presence at {longest}"
-        f" frames ({diff(longest, WHOLE, BI, 'presence')}) but moves its objects faster"
-        f" ({diff(longest, WHOLE, BI, 'speed')} px/frame) and less smoothly ({diff(longest, WHOLE, BI, 'jerk')});"
-        " streaming is not told apart from it on speed"
-        f" ({diff(longest, STREAM, BI, 'speed')}).",
-        f"- Streaming repeats least ({diff(longest, STREAM, BI, 'repetition', 3)} against bidirectional at"
-        f" {longest}), but the score is computed on foreground masks, and clips whose objects vanish score low for"
-        " that reason too: read it with presence.",
+        *([f"- {cause}"] if fades else []),
+        f"- At {longest} frames the causal model sampled all at once - bidirectional: presence"
+        f" {_said(table, longest, WHOLE, BI, 'presence')}; speed {_said(table, longest, WHOLE, BI, 'speed')} px/frame;"
+        f" jerk {_said(table, longest, WHOLE, BI, 'jerk')}. Streaming - bidirectional speed:"
+        f" {_said(table, longest, STREAM, BI, 'speed')}.",
+        f"- Repetition, streaming - bidirectional at {longest} frames: {_said(table, longest, STREAM, BI, 'repetition', 3)}."
+        " The score is computed on foreground masks, and clips whose objects vanish score low for that reason too:"
+        " read it with presence.",
     ]
 
 
-def _corrected_reading(study: sv.StreamingVideoStudy, table: Table, results: dict) -> list[str]:
+def _corrected_reading(study: sv.StreamingVideoStudy, table: Table) -> list[str]:
     """Which of the presence comparisons above survive the page's Holm correction (the bullets give each interval
     alone)."""
     adjusted = adjusted_p(table)
     found = [(L, adjusted.get((str(L), STREAM, BI, "presence"))) for L in study.lengths]
     cells = [f"{L} frames p = {p:.3f}" for L, p in found if p is not None]
     held = [L for L, p in found if p is not None and p < 0.05]
-    signs = [np.subtract(_per_seed(results, L, STREAM, "presence"), _per_seed(results, L, BI, "presence")) for L in
+    signs = [np.subtract(_per_seed(table, L, STREAM, "presence"), _per_seed(table, L, BI, "presence")) for L in
              study.lengths]  # fmt: skip
     same = sum(bool((d < 0).all()) for d in signs)
-    verdict = (
+    verdict_ = (
         "both hold"
         if len(held) == len(found)
         else "none holds"
@@ -138,17 +144,17 @@ def _corrected_reading(study: sv.StreamingVideoStudy, table: Table, results: dic
     )
     return [
         f"- Corrected together with the page's other comparisons (Holm, [below](#multiple-comparisons)), the"
-        f" streaming - bidirectional presence differences give adjusted {'; '.join(cells)}: {verdict} at 0.05."
+        f" streaming - bidirectional presence differences give adjusted {'; '.join(cells)}: {verdict_} at 0.05."
         f" Every seed's own difference is negative at {same} of {len(study.lengths)} lengths (tables below)."
     ]
 
 
-def _fade(results: dict, length: int, arms, block: int) -> list[str]:
+def _fade(by_frame: dict, length: int, arms, block: int) -> list[str]:
     """Presence per block of ``block`` frames: mean over seeds and clips, per arm."""
     spans = [(i, min(i + block, length)) for i in range(0, length, block)]
     lines = ["| arm | " + " | ".join(f"frames {a + 1}-{b}" for a, b in spans) + " |", "|---|" + "---|" * len(spans)]
     for arm in arms:
-        curve = np.mean([results[length][s][arm]["by_frame"] for s in results[length]], axis=0)  # [T]
+        curve = np.mean(by_frame[str(length)][arm], axis=0)  # [T]
         lines.append(f"| {arm} | " + " | ".join(f"{curve[a:b].mean():.2f}" for a, b in spans) + " |")
     return lines
 
@@ -166,20 +172,14 @@ def pictures(study: sv.StreamingVideoStudy, root: Path, out: Path) -> dict[str, 
     return paths
 
 
-def _json(study: sv.StreamingVideoStudy, table: Table, results: dict) -> dict:
+def _json(study: sv.StreamingVideoStudy, table: Table) -> dict:
+    """Per length and arm each metric's interval, and the paired differences the page compares."""
     out = {}
     for length in _lengths(study):
-        arms = sv.arms_at(study, length)
-        out[str(length)] = {
-            arm: {
-                "interval": {m.key: list(table.interval(str(length), arm, m.key)) for m in METRICS},
-                "per_seed": {m.key: _per_seed(results, length, arm, m.key) for m in METRICS},
-                "presence_by_frame_per_seed": [results[length][s][arm]["by_frame"] for s in study.seeds],
-            }
-            for arm in arms
-        }
-        out[str(length)]["differences"] = {
-            f"{a} - {b}": {m.key: list(table.difference(str(length), a, b, m.key)) for m in METRICS}
+        arms, g = sv.arms_at(study, length), str(length)
+        out[g] = {arm: {m.key: list(table.interval(g, arm, m.key)) for m in METRICS} for arm in arms}
+        out[g]["differences"] = {
+            f"{a} - {b}": {m.key: list(table.difference(g, a, b, m.key)) for m in METRICS}
             for a, b in PAIRS
             if a in arms and b in arms
         }
@@ -187,19 +187,41 @@ def _json(study: sv.StreamingVideoStudy, table: Table, results: dict) -> dict:
 
 
 def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str:
-    """Write ``out/streaming-video.json`` and the GIFs; return the page's markdown."""
-    table, results, gifs = build_table(study, root), _results(study, root), pictures(study, root, out)
+    """Write ``out/streaming-video.json`` (every cell, the per-seed presence curves) and the GIFs; return the page's
+    markdown, which :func:`markdown` rebuilds from that json alone."""
+    table, results = build_table(study, root), _results(study, root)
+    by_frame = {
+        str(L): {arm: [results[L][s][arm]["by_frame"] for s in study.seeds] for arm in sv.arms_at(study, L)}
+        for L in _lengths(study)
+    }  # {length: {arm: [seeds][frames]}}
+    data = {
+        "environment": env | {"settings": asdict(study)},
+        "results": _json(study, table),
+        "cells": table_to_cells(table),
+        "by_frame": by_frame,
+        "images": pictures(study, root, out),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "streaming-video.json").write_text(json.dumps(data, indent=1))
+    return markdown(data)
+
+
+def markdown(data: dict) -> str:
+    """The page from its json (:func:`page` writes it): intervals recomputed from the cells, the same draws."""
+    env, gifs, by_frame = data["environment"], data["images"], data["by_frame"]
+    study = settings_to(sv.StreamingVideoStudy, env["settings"])
+    table = table_from_cells(data["cells"], study.draws)
     k, period = intrinsic(study.preset, study.frames)
     seeds = ", ".join(map(str, study.seeds))
     lines = [
         "# Streaming video: frame-causal generation with rolling frame caches",
         "",
-        f"Two video DiTs of the [frame-count study](frames.md)'s design (preset `{study.preset}`: width 128, depth 3,"
-        f" 4 heads, temporal rope of 16 channels with theta 256) trained on the same {study.frames}-frame clips of"
-        f" {study.resolution} px, {study.steps} steps of batch {study.batch_size}, seeds {seeds}: *bidirectional* (one"
-        " noise level per clip, as the frames study) and *causal* (frame-causal attention and one noise level per"
-        " frame: diffusion forcing, `python -m scripts.train --model video_dit --causal`). Same clips, labels, initial"
-        " noise and seeds for every arm.",
+        f"Two video DiTs (preset `{study.preset}`: width 128, depth 3, 4 heads, temporal rope of 16 channels with"
+        f" theta 256) trained on the same {study.frames}-frame clips of {study.resolution} px, {study.steps} steps of"
+        f" batch {study.batch_size}, seeds {seeds}: *bidirectional*, one noise level per clip: the"
+        " [frame-count study](frames.md)'s runs; *causal*, the same run with frame-causal attention and one noise level"
+        " per frame (diffusion forcing, `python -m scripts.train --model video_dit --causal`). Same clips, labels,"
+        " initial noise and seeds for every arm.",
         "",
         "Arms: *bidirectional*: every frame at once at plain positions (the frames study's `none`);"
         f" *bidirectional + RIFLEx*: the same with RIFLEx (k = {k}, period {period:.1f} frames) on the time axis;"
@@ -220,9 +242,9 @@ def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str
         "What differs between the two models is only what the comparison is about: the attention mask and the"
         " timestep draws (one per frame against one per clip, from the same seeded generator); the clips, their order,"
         f" the noise, the optimiser and the steps are shared. At {study.resolution} px a frame is"
-        f" {study.resolution // 4} x {study.resolution // 4} tokens of 4 px, so objects are a few pixels wide and the"
-        " classifier reads real clips far from perfectly (the *data* row): class accuracy compares arms, it does not"
-        " grade them.",
+        f" {study.resolution // 4} x {study.resolution // 4} tokens of 4 px, so objects are a few pixels wide; the"
+        " frame-count study's shape classifier reads the class of real clips at"
+        f" {table.interval(str(study.frames), DATA, 'correct').mean:.2f} ({study.frames} frames, the *data* row).",
         "",
         *environment_lines(env),
         "",
@@ -239,29 +261,29 @@ def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str
         lines += ["Paired differences:", "", *difference_table(table, g, pairs, KEY), ""]
         lines += ["Per-seed differences of the seed means (seeds " + seeds + "):", ""]
         lines += ["| arm - reference | " + " | ".join(m.heading for m in KEY) + " |", "|---|" + "---|" * len(KEY)]
-        lines += [f"| {a} - {b} | " + " | ".join(_seed_signs(results, length, a, b)) + " |" for a, b in pairs]
+        lines += [f"| {a} - {b} | " + " | ".join(_seed_signs(table, length, a, b)) + " |" for a, b in pairs]
         ranked = [m for m in KEY if any(not np.isnan(table.interval(g, a, m.key).mean) for a in arms)]
         lines += ["", *best_lines(table, g, arms, ranked), ""]
         lines += [f"Presence per block of {study.frames} frames (share of clips showing an object):", ""]
-        lines += [*_fade(results, length, arms, study.frames), "", f"![clips at {length} frames]({gifs[g]})", ""]
+        lines += [*_fade(by_frame, length, arms, study.frames), "", f"![clips at {length} frames]({gifs[g]})", ""]
     lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
-    lines[reading_at:reading_at] = [*_reading(study, table, results), *_corrected_reading(study, table, results), ""]
-    out.mkdir(parents=True, exist_ok=True)
-    data = {"environment": env | {"settings": asdict(study)}, "results": _json(study, table, results)}
-    (out / "streaming-video.json").write_text(json.dumps(data, indent=1))
+    lines[reading_at:reading_at] = [*_reading(study, table, by_frame), *_corrected_reading(study, table), ""]
     return "\n".join(lines) + "\n"
 
 
-def run(out: Path, quick: bool = False, root: str | Path | None = None) -> Path:
-    """Train (or reuse) the study's runs, evaluate every arm, write ``out/streaming-video.md`` and its json."""
+def run(out: Path, quick: bool = False, root: str | Path | None = None, base_root: str | Path | None = None) -> Path:
+    """Train (or reuse) the study's runs, evaluate every arm, write ``out/streaming-video.md`` and its json
+    (``root``: the causal runs and evaluations; ``base_root``: the frame-count study's root, whose runs are the
+    bidirectional arm)."""
     from .jobs import checkpoint_hash, compute_seconds, run_jobs
 
     study = sv.QUICK if quick else sv.FULL
+    study = study if base_root is None else replace(study, base_root=str(base_root))
     root = Path(root or ("runs/streaming-video_quick" if quick else "runs/streaming-video"))
     wall = run_jobs(sv.study_jobs(study), sv.executor(study, root), root, study.workers, lambda s: print(s, flush=True))
     command = "python -m scripts.experiments streaming-video" + (" --quick" if quick else "")
     hashes = {name: checkpoint_hash(cfg.out) for name, cfg in sv.all_runs(study, root).items()}
-    env = environment(command, wall, compute_seconds(root), hashes, asdict(replace(study)))
+    env = environment(command, wall, compute_seconds(root), hashes, asdict(study))
     text = page(study, root, out, env)
     path = out / "streaming-video.md"
     path.write_text(text)
