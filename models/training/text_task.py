@@ -54,8 +54,8 @@ class TextTask:
 
     The length study's presets (``models.studies.length.positions.STUDY_PRESETS``) are built by the
     study's factory, with their position schemes; they also see planted keys: in a share
-    :data:`NEEDLE_RATE` of their training windows a ``secret_key = '...'`` line is inserted and
-    asked for at the window's end (:mod:`models.training.needles`), so that the retrieval probe
+    :data:`NEEDLE_RATE` of their training windows a two-byte key between marker bytes is inserted
+    and asked for at the window's end (:mod:`models.training.needles`), so that the retrieval probe
     measures how far a model that can retrieve keeps doing so, not whether copying emerged.
     """
 
