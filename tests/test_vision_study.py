@@ -196,13 +196,14 @@ def test_quick_study_writes_tables_pictures_and_reuses_its_runs(name, tmp_path, 
 
 
 def test_packing_checks_its_one_size_arms_against_the_resolution_page(tmp_path):
-    # the packing page compares its one-size arms with the resolution study's json, seed by seed and image by image
+    # the packing page compares its one-size arms with the resolution study's json: hashes and each seed's means
     run_resolution(tmp_path / "out", quick=True, root=tmp_path / "resolution")
     page = run_packing(tmp_path / "out", quick=True, root=tmp_path / "runs", base_root=tmp_path / "resolution")
-    check = re.search(r"Check: the one-size checkpoints of (\d+) of (\d+) seeds .*?: (\d+) per-seed series compared,"
-                      r" largest difference (\S+), (\d+) cells", page.read_text())  # fmt: skip
-    assert check and check.group(1) == check.group(2) == "1"
-    assert int(check.group(3)) > 0 and float(check.group(4)) == 0.0 and check.group(5) == "0"
+    check = re.search(r"Check against .*?: (\d+) of (\d+) one-size checkpoints .*? over the (\d+) .*? is: (.*)\.\n",
+                      page.read_text())  # fmt: skip
+    assert check and check.group(1) == check.group(2) == "1" and int(check.group(3)) > 0  # the same runs
+    gaps = [float(gap.rsplit(" ", 1)[1]) for gap in check.group(4).split("; ")]
+    assert len(gaps) == 4 and gaps == [0.0] * 4  # the same weights: the same figures
 
 
 def test_quick_streaming_video_study_reuses_the_frames_runs_and_regenerates_from_its_json(tmp_path, capsys):
@@ -227,7 +228,7 @@ def test_quick_streaming_video_study_reuses_the_frames_runs_and_regenerates_from
     assert log.count(": reused") + log.count(": ready") == log.count("] ")  # nothing recomputed
 
 
-@pytest.mark.parametrize("name", ["resolution", "frames"])  # packing's published json predates its cells
+@pytest.mark.parametrize("name", ["resolution", "frames", "packing"])  # streaming-video's json predates its cells
 def test_published_pages_regenerate_from_their_json(name):
     # every number on a page is recomputed from the cells its json publishes (intervals: the same draws)
     import importlib

@@ -76,21 +76,18 @@ def _summary(table: Table, study: PackingStudy) -> list[str]:
 
 
 def reproduction(study: PackingStudy, root: Path, published: Path, hashes: dict[str, str]) -> str:
-    """Whether the one-size arms are the resolution study's published runs: their checkpoints' hashes (``hashes``,
-    as this page's environment cites them) and their per-image figures against that study's json (``published``)."""
+    """How the one-size arms compare with the resolution study's published runs: their checkpoints' hashes
+    (``hashes``, as this page cites them) and, at the sizes both studies evaluate, their per-seed means against
+    that study's json (``published``)."""
     if not published.is_file():
         return f"The resolution study's json ({published.name}) was not found, so the one-size arms were not compared."
     theirs = json.loads(published.read_text())
     their_seeds, their_hashes = theirs["environment"]["settings"]["seeds"], theirs["environment"]["checkpoints"]
-    same = [s for s in study.seeds if their_hashes.get(f"s{s}") == hashes[f"s{s}"]]
-    worst, compared, undefined_apart = 0.0, 0, 0
+    same = sum(their_hashes.get(f"s{s}") == hashes[f"s{s}"] for s in study.seeds)
+    worst, series = dict.fromkeys(COMPARED, 0.0), 0  # per metric: the largest difference of a seed's mean
     for size in study.sizes:
         group = size_name(size)
-        if group not in theirs["cells"]:
-            continue
-        for seed in study.seeds:
-            if seed not in their_seeds:
-                continue
+        for seed in (s for s in study.seeds if s in their_seeds and group in theirs["cells"]):
             ours = load_results(root, [f"s{seed}_{group}"])[f"s{seed}_{group}"]
             for arm, which, mode in arms_at(study, size):
                 ref = "trained size" if arm == ONE_SIZE else mode
@@ -98,16 +95,19 @@ def reproduction(study: PackingStudy, root: Path, published: Path, hashes: dict[
                     continue
                 for m in COMPARED:
                     row = theirs["cells"][group][ref][m][their_seeds.index(seed)]
-                    a = np.array(ours[arm][m], dtype=float)
-                    b = np.array([np.nan if x is None else x for x in row], dtype=float)
-                    undefined_apart += int((np.isnan(a) != np.isnan(b)).sum())
-                    worst = max(worst, float(np.nanmax(np.abs(a - b), initial=0.0)))
-                    compared += 1
+                    a = np.nanmean(np.array(ours[arm][m], dtype=float))
+                    b = np.nanmean(np.array([np.nan if x is None else x for x in row], dtype=float))
+                    worst[m] = max(worst[m], abs(float(a - b)))
+                series += 1
+    if not series:
+        return (
+            "The resolution study's json shares no size and seed with this study: the one-size arms were not compared."
+        )
+    gaps = "; ".join(f"{m.heading} {worst[m.key]:.4g}" for m in DIFFERENCE_METRICS)
     return (
-        f"Check: the one-size checkpoints of {len(same)} of {len(study.seeds)} seeds have the hashes the"
-        f" [resolution study](resolution.md) cites; at the sizes both studies evaluate, its json's per-image"
-        f" figures against this study's one-size arms: {compared} per-seed series compared, largest difference"
-        f" {worst:.1e}, {undefined_apart} cells defined in one and not the other."
+        f"Check against the [resolution study](resolution.md)'s json: {same} of {len(study.seeds)} one-size checkpoints"
+        f" have the hashes it cites; over the {series} (size, arm, seed) cells both studies evaluate, the largest"
+        f" difference of a seed's mean is: {gaps}."
     )
 
 
@@ -164,7 +164,8 @@ def markdown(data: dict) -> str:
         "",
         f"Two tiny image DiTs (width 128, depth 4, 4 heads, patch 4), {base.steps} steps of"
         f" {base.batch_size * (R // 4) ** 2} tokens, learning rate {base.lr:g}, training seeds {seeds}: *one size*"
-        f" trains every image at {R} x {R} px (batch {base.batch_size}; the [resolution study](resolution.md)'s runs),"
+        f" trains every image at {R} x {R} px (batch {base.batch_size}; the [resolution study](resolution.md)'s runs,"
+        " retrained in their folders where missing: the check below compares them with the published ones),"
         f" *packed* packs images of sides {R // 2} to {study.packed_max * 4} px and any aspect up to 3:1 into the"
         " same number of tokens per step (`python -m scripts.train --packed`, [packing](../packing.md)). Both are"
         " sampled and scored at sizes inside the packed range and beyond both ranges; the one-size model also with"
