@@ -47,8 +47,8 @@ class PackingStudy:
 
     base: ResolutionStudy = resolution.FULL
     base_root: str = "runs/resolution"
-    # Three of the resolution study's five seeds: both arms' trainings at five seeds (about 4.8 h of one core
-    # each arm) do not fit in one session of this 2-core machine beside its checks.
+    # Three of the resolution study's five seeds: both arms at five seeds (about 3.8 h of one core, the one-size
+    # runs retrained on a fresh machine) do not fit in one session of a 2-core machine beside its checks.
     seeds: tuple[int, ...] = (0, 1, 2)
     sizes: tuple[Size, ...] = ((32, 32), (24, 24), (48, 48), (16, 48), (32, 64), (64, 64))  # of base.resolution 32
     draws: int = 2000
