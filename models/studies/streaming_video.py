@@ -46,7 +46,8 @@ TRAINED_ARMS = ("bidirectional", "causal (all at once)", "causal (streaming)")  
 
 @dataclass(frozen=True)
 class StreamingVideoStudy:
-    """The sizes of one run of the study (``FULL``: the published one; ``QUICK``: seconds, plumbing only).
+    """The sizes of one run of the study (``FULL``: the designed run, docs/experiments.md "Re-running"; the
+    published page predates it and records its own settings; ``QUICK``: seconds, plumbing only).
 
     ``base`` is the frame-count study whose runs are the bidirectional arm and whose training settings, shape
     classifier and clip inputs every arm here uses; ``base_root`` is where its runs live."""
