@@ -120,7 +120,8 @@ class DualChunkAttention(Attention):
             k_pos = q_pos
         causal = k_pos[None, :] <= q_pos[:, None]  # [S, S_k]
         allowed = causal if allowed is None else allowed & causal
-        logits = self.scores(q, k, q_pos, k_pos, seq_len).float()
+        logits = self.scores(q, k, q_pos, k_pos, seq_len)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # softmax in at least float32, never less
         if mask is not None:  # an extra SDPA-style mask: bool (True = attend) or additive
             logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
         logits = logits.masked_fill(~allowed, float("-inf"))
