@@ -1,14 +1,20 @@
-"""Bad distributed settings through torchrun: one clear error on every rank, and no hang.
+"""Bad distributed settings: one clear error on every rank, and no hang.
 
 The layout (models/training/distributed.py: ``plan``) is checked from the settings and the world
 size alone, identically on every rank, before any process group or collective exists; a resume
 from another run's folder fails on every rank when each reads the checkpoint, before a step. Each
 launch has a timeout, so a rank left waiting in a collective fails the test instead of hanging it.
+
+The ranks are started as torchrun starts them (its environment: ``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR`` ...) but without its agent: the agent stops every other rank as soon as one exits
+with an error, so under load a slower rank could be stopped before it printed its own line, and
+"every rank said it" would depend on timing. Here each rank runs to its end.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +25,32 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "1", "--batch-size", "4", "--resolution", "8", "--no-progress", "--no-report"]
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _launch(nproc: int, *args: str) -> subprocess.CompletedProcess:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    cmd = [*launcher, "-m", "scripts.train", *TINY, *args] if nproc > 1 else [sys.executable, "-m", "scripts.train"]
-    cmd += [] if nproc > 1 else [*TINY, *args]
+    """``scripts.train`` in ``nproc`` processes with torchrun's per-rank environment (one process: none), each
+    run to its end; the exit status is the first non-zero one and stderr every rank's, in rank order."""
+    cmd = [sys.executable, "-m", "scripts.train", *TINY, *args]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    if nproc == 1:
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    group = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1"}
+    group |= {"MASTER_PORT": str(_free_port()), "GROUP_RANK": "0"}
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    rank_env = [env | group | {"RANK": str(r), "LOCAL_RANK": str(r)} for r in range(nproc)]
+    ranks = [subprocess.Popen(cmd, cwd=ROOT, env=e, **pipes) for e in rank_env]
+    try:
+        outputs = [rank.communicate(timeout=120) for rank in ranks]
+    finally:
+        for rank in ranks:  # a rank left waiting (the test fails on the timeout) is not left behind
+            rank.kill()
+    codes = [rank.returncode for rank in ranks]
+    code = next((c for c in codes if c != 0), 0)
+    return subprocess.CompletedProcess(cmd, code, "".join(o for o, _ in outputs), "".join(e for _, e in outputs))
 
 
 @pytest.mark.parametrize(
