@@ -212,8 +212,12 @@ def test_quick_streaming_video_study_reuses_the_frames_runs_and_regenerates_from
     from models.studies import streaming_video, streaming_video_page
 
     base_root = tmp_path / "frames"
+    run_frames(tmp_path / "out", quick=True, root=base_root)  # its json is what the bidirectional arm is checked on
     path = streaming_video_page.run(tmp_path / "out", quick=True, root=tmp_path / "runs", base_root=base_root)
     page, data = path.read_text(), json.loads((tmp_path / "out" / "streaming-video.json").read_text())
+    check = re.search(r"Check against .*?: (\d+) of (\d+) bidirectional .*? over the (\d+) .*? is: presence (\S+),"
+                      r" class accuracy (\S+)\.\n", page)  # fmt: skip
+    assert check and check.groups() == ("1", "2", "2", "0", "0")  # seed 0 at 4 and 8 frames: the same runs and clips
     assert not re.search(r"\{[a-z_.]+\}", page) and re.search(r"\| -?\d+\.\d+ \[-?\d+\.\d+, -?\d+\.\d+\] \|", page)
     assert streaming_video_page.markdown(data) == page  # every number recomputed from the json's cells
     study = replace(streaming_video.QUICK, base_root=str(base_root))
@@ -228,12 +232,16 @@ def test_quick_streaming_video_study_reuses_the_frames_runs_and_regenerates_from
     assert log.count(": reused") + log.count(": ready") == log.count("] ")  # nothing recomputed
 
 
-@pytest.mark.parametrize("name", ["resolution", "frames", "packing"])  # streaming-video's json predates its cells
-def test_published_pages_regenerate_from_their_json(name):
+@pytest.mark.parametrize(
+    "name, module",
+    [("resolution", "vision.resolution_page"), ("frames", "vision.frames_page"), ("packing", "vision.packing_page"),
+     ("streaming-video", "streaming_video_page")],
+)  # fmt: skip
+def test_published_pages_regenerate_from_their_json(name, module):
     # every number on a page is recomputed from the cells its json publishes (intervals: the same draws)
     import importlib
 
     root = Path(__file__).resolve().parents[1] / "docs" / "experiments"
-    page = importlib.import_module(f"models.studies.vision.{name}_page")
+    page = importlib.import_module(f"models.studies.{module}")
     data = json.loads((root / f"{name}.json").read_text())
     assert page.markdown(data) == (root / f"{name}.md").read_text()

@@ -159,6 +159,37 @@ def _fade(by_frame: dict, length: int, arms, block: int) -> list[str]:
     return lines
 
 
+def reproduction(study: sv.StreamingVideoStudy, table: Table, published: Path, hashes: dict[str, str]) -> str:
+    """How the bidirectional arm compares with the frame-count study's published runs (``published``: its json):
+    the checkpoints' hashes and, at the lengths both studies sample with the same clips, labels and noise, the
+    largest difference of a seed's mean presence and class accuracy."""
+    if not published.is_file():
+        return (
+            f"The frame-count study's json ({published.name}) was not found, so the bidirectional arm was not compared."
+        )
+    theirs = json.loads(published.read_text())
+    their_seeds, their_hashes = theirs["environment"]["settings"]["seeds"], theirs["environment"]["checkpoints"]
+    same = sum(their_hashes.get(f"s{s}") == hashes[f"s{s}-bidirectional"] for s in study.seeds)
+    keys, worst, cells = ("presence", "correct"), {"presence": 0.0, "correct": 0.0}, 0
+    for length in _lengths(study):  # the frames study names its arm at the training length "trained length"
+        arm = "trained length" if length == study.frames else "none"
+        if arm not in theirs["cells"].get(str(length), {}):
+            continue
+        for seed in (s for s in study.seeds if s in their_seeds):
+            for key in keys:
+                row = theirs["cells"][str(length)][arm][key][their_seeds.index(seed)]
+                b = np.nanmean(np.array([np.nan if x is None else x for x in row], dtype=float))
+                worst[key] = max(worst[key], abs(_per_seed(table, length, BI, key)[study.seeds.index(seed)] - b))
+            cells += 1
+    gaps = f"presence {worst['presence']:.3g}, class accuracy {worst['correct']:.3g}"
+    return (
+        f"Check against the [frame-count study](frames.md)'s json: {same} of {len(study.seeds)} bidirectional"
+        " checkpoints have the hashes it cites"
+        + (f"; over the {cells} (length, seed) cells both studies sample alike, the largest difference of a seed's"
+           f" mean is: {gaps}." if cells else "; the two studies share no length and seed.")
+    )  # fmt: skip
+
+
 def pictures(study: sv.StreamingVideoStudy, root: Path, out: Path) -> dict[str, str]:
     """Per length a GIF: one row per arm, the first clip of each class (seed ``study.seeds[0]``)."""
     paths = {}
@@ -200,6 +231,7 @@ def page(study: sv.StreamingVideoStudy, root: Path, out: Path, env: dict) -> str
         "cells": table_to_cells(table),
         "by_frame": by_frame,
         "images": pictures(study, root, out),
+        "reproduction": {"text": reproduction(study, table, out / "frames.json", env["checkpoints"])},
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "streaming-video.json").write_text(json.dumps(data, indent=1))
@@ -219,7 +251,8 @@ def markdown(data: dict) -> str:
         f"Two video DiTs (preset `{study.preset}`: width 128, depth 3, 4 heads, temporal rope of 16 channels with"
         f" theta 256) trained on the same {study.frames}-frame clips of {study.resolution} px, {study.steps} steps of"
         f" batch {study.batch_size}, seeds {seeds}: *bidirectional*, one noise level per clip: the"
-        " [frame-count study](frames.md)'s runs; *causal*, the same run with frame-causal attention and one noise level"
+        " [frame-count study](frames.md)'s runs (retrained in their folders where missing: the check below compares"
+        " them with the published ones); *causal*, the same run with frame-causal attention and one noise level"
         " per frame (diffusion forcing, `python -m scripts.train --model video_dit --causal`). Same clips, labels,"
         " initial noise and seeds for every arm.",
         "",
@@ -247,6 +280,8 @@ def markdown(data: dict) -> str:
         f" {table.interval(str(study.frames), DATA, 'correct').mean:.2f} ({study.frames} frames, the *data* row).",
         "",
         *environment_lines(env),
+        "",
+        data["reproduction"]["text"],
         "",
         "## What the numbers support",
         "",
