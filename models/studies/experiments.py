@@ -116,7 +116,7 @@ def frames(out: Path, smoke: bool = False, run_dir: str | Path | None = None) ->
 
 
 def packing(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> Path:
-    """The image DiT trained packed on mixed sizes and aspects (3 of its 5 seeds) against the resolution study's
+    """The image DiT trained packed on mixed sizes and aspects (5 seeds) against the resolution study's
     one-size runs, at sizes inside and beyond the packed range, with and without test-time scaling:
     :mod:`models.studies.vision.packing` (``smoke``: its quick variant; ``run_dir``: the study's
     root folder, default ``runs/packing``; the one-size runs stay under ``runs/resolution``)."""
