@@ -17,6 +17,7 @@ from .vision import figures
 from .vision.frames import intrinsic
 from .vision.frames_page import METRICS as FRAME_METRICS
 from .vision.report import (
+    Published,
     Table,
     adjusted_p,
     best_lines,
@@ -163,23 +164,21 @@ def reproduction(study: sv.StreamingVideoStudy, table: Table, published: Path, h
     """How the bidirectional arm compares with the frame-count study's published runs (``published``: its json):
     the checkpoints' hashes and, at the lengths both studies sample with the same clips, labels and noise, the
     largest difference of a seed's mean presence and class accuracy."""
-    if not published.is_file():
+    theirs = Published.read(published)
+    if theirs is None:
         return (
             f"The frame-count study's json ({published.name}) was not found, so the bidirectional arm was not compared."
         )
-    theirs = json.loads(published.read_text())
-    their_seeds, their_hashes = theirs["environment"]["settings"]["seeds"], theirs["environment"]["checkpoints"]
-    same = sum(their_hashes.get(f"s{s}") == hashes[f"s{s}-bidirectional"] for s in study.seeds)
+    same = theirs.same_hashes({s: hashes[f"s{s}-bidirectional"] for s in study.seeds})
     keys, worst, cells = ("presence", "correct"), {"presence": 0.0, "correct": 0.0}, 0
     for length in _lengths(study):  # the frames study names its arm at the training length "trained length"
         arm = "trained length" if length == study.frames else "none"
-        if arm not in theirs["cells"].get(str(length), {}):
+        if arm not in theirs.cells.get(str(length), {}):
             continue
-        for seed in (s for s in study.seeds if s in their_seeds):
+        for seed in (s for s in study.seeds if s in theirs.seeds):
             for key in keys:
-                row = theirs["cells"][str(length)][arm][key][their_seeds.index(seed)]
-                b = np.nanmean(np.array([np.nan if x is None else x for x in row], dtype=float))
-                worst[key] = max(worst[key], abs(_per_seed(table, length, BI, key)[study.seeds.index(seed)] - b))
+                ours = _per_seed(table, length, BI, key)[study.seeds.index(seed)]
+                worst[key] = max(worst[key], abs(ours - theirs.seed_mean(str(length), arm, key, seed)))
             cells += 1
     gaps = f"presence {worst['presence']:.3g}, class accuracy {worst['correct']:.3g}"
     return (

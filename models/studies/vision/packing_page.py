@@ -13,6 +13,7 @@ from ...training.data import CLASSES
 from . import figures
 from .packing import ONE_SIZE, PACKED, PackingStudy, arms_at
 from .report import (
+    Published,
     Table,
     best_lines,
     correction_lines,
@@ -79,25 +80,22 @@ def reproduction(study: PackingStudy, root: Path, published: Path, hashes: dict[
     """How the one-size arms compare with the resolution study's published runs: their checkpoints' hashes
     (``hashes``, as this page cites them) and, at the sizes both studies evaluate, their per-seed means against
     that study's json (``published``)."""
-    if not published.is_file():
+    theirs = Published.read(published)
+    if theirs is None:
         return f"The resolution study's json ({published.name}) was not found, so the one-size arms were not compared."
-    theirs = json.loads(published.read_text())
-    their_seeds, their_hashes = theirs["environment"]["settings"]["seeds"], theirs["environment"]["checkpoints"]
-    same = sum(their_hashes.get(f"s{s}") == hashes[f"s{s}"] for s in study.seeds)
+    same = theirs.same_hashes({s: hashes[f"s{s}"] for s in study.seeds})
     worst, series = dict.fromkeys(COMPARED, 0.0), 0  # per metric: the largest difference of a seed's mean
     for size in study.sizes:
         group = size_name(size)
-        for seed in (s for s in study.seeds if s in their_seeds and group in theirs["cells"]):
+        for seed in (s for s in study.seeds if s in theirs.seeds and group in theirs.cells):
             ours = load_results(root, [f"s{seed}_{group}"])[f"s{seed}_{group}"]
             for arm, which, mode in arms_at(study, size):
                 ref = "trained size" if arm == ONE_SIZE else mode
-                if which != ONE_SIZE or ref not in theirs["cells"][group]:
+                if which != ONE_SIZE or ref not in theirs.cells[group]:
                     continue
                 for m in COMPARED:
-                    row = theirs["cells"][group][ref][m][their_seeds.index(seed)]
                     a = np.nanmean(np.array(ours[arm][m], dtype=float))
-                    b = np.nanmean(np.array([np.nan if x is None else x for x in row], dtype=float))
-                    worst[m] = max(worst[m], abs(float(a - b)))
+                    worst[m] = max(worst[m], abs(float(a - theirs.seed_mean(group, ref, m, seed))))
                 series += 1
     if not series:
         return (

@@ -20,6 +20,7 @@ from .metrics import per_class_accuracy
 __all__ = [
     "INTERVALS",
     "Metric",
+    "Published",
     "Table",
     "adjusted_p",
     "best_and_tied",
@@ -58,6 +59,36 @@ class Metric:
     heading: str
     lower_is_better: bool | None
     digits: int = 3
+
+
+@dataclass(frozen=True)
+class Published:
+    """Another study's published json, read by a page that checks its own runs of that study's model against it.
+
+    ``cells[group][arm][metric]``: per seed (in the order of ``seeds``) the per-sample values, ``None`` where
+    undefined; ``checkpoints``: ``{"s<seed>": hash}`` of the runs that study cites.
+    """
+
+    cells: dict
+    seeds: list[int]
+    checkpoints: dict[str, str]
+
+    @classmethod
+    def read(cls, path: Path) -> Published | None:
+        """The json at ``path``, or ``None`` where there is none."""
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        return cls(data["cells"], data["environment"]["settings"]["seeds"], data["environment"]["checkpoints"])
+
+    def same_hashes(self, ours: dict[int, str]) -> int:
+        """How many of ``ours`` (``{seed: checkpoint hash}``) are the checkpoints it cites."""
+        return sum(self.checkpoints.get(f"s{seed}") == h for seed, h in ours.items())
+
+    def seed_mean(self, group: str, arm: str, metric: str, seed: int) -> float:
+        """The mean of ``seed``'s defined values in a cell (the cell and seed must be there)."""
+        row = self.cells[group][arm][metric][self.seeds.index(seed)]
+        return float(np.nanmean(np.array([np.nan if x is None else x for x in row], dtype=float)))
 
 
 def load_results(root: Path, names: list[str]) -> dict[str, dict]:
