@@ -44,10 +44,12 @@ def overlap(a: Interval, b: Interval) -> bool:
     return a.low <= b.high and b.low <= a.high
 
 
-def verdict(difference: Interval, higher: str = "higher", lower: str = "lower") -> str:
-    """``higher`` / ``lower`` when the paired difference's interval excludes 0, else ``"no difference shown"``."""
+def verdict(
+    difference: Interval, higher: str = "higher", lower: str = "lower", neither: str = "no difference shown"
+) -> str:
+    """``higher`` / ``lower`` when the paired difference's interval excludes 0, else ``neither``."""
     if not difference.excludes(0.0):
-        return "no difference shown"
+        return neither
     return higher if difference.low > 0 else lower
 
 

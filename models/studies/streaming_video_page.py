@@ -92,7 +92,7 @@ def _curve(by_frame: dict, length: int, arm: str, block: int) -> list[float]:
 def _said(table: Table, length: int, a: str, b: str, key: str, digits: int = 2) -> str:
     """``a - b`` on ``key`` with its interval and, in words, what that interval shows."""
     d = table.difference(str(length), a, b, key)
-    words = verdict(d, f"{a} higher", f"{a} lower").replace("no difference shown", "not told apart")
+    words = verdict(d, f"{a} higher", f"{a} lower", "not told apart")
     return f"{d.format(digits)}: {words}"
 
 
