@@ -48,7 +48,7 @@ def test_probe_plants_the_key_once_and_asks_for_it_at_the_end():
         needle = needles.NEEDLE % bytes(key)
         assert seq.endswith(needles.QUESTION + bytes(key)) and seq.count(needle) == 1
         assert 0.4 < seq.index(needle) / 256 < 0.8  # near the requested depth (the next line start)
-        assert all(0x10 <= b < 0x20 for b in key)
+        assert all(b in alphabet for b, alphabet in zip(key, needles.ALPHABETS))
     again, _ = retrieval.probe_inputs(text, 256, 0.5, trials=4, seed=0)
     assert torch.equal(inputs, again)  # the same probes for every arm and seed
 
@@ -58,15 +58,38 @@ def test_source_text_never_holds_the_needles_bytes():
     assert counts[1:32].sum() == counts[ord("\n")]  # of the control bytes only newlines
 
 
-def test_study_presets_plant_keys_in_a_quarter_of_their_windows():
+def test_study_presets_plant_a_key_in_every_window():
     task, plain = TextTask("lm-rope", 256, 0), TextTask("tiny", 256, 0)
     x, y = task.batch(0, 64)
-    planted = [bytes(row).find(b"\x01") >= 0 for row in x.tolist()]
-    assert 6 <= sum(planted) <= 26 and torch.equal(x[:, 1:], y[:, :-1])
+    planted = [bytes(row).count(b"\x01") == 2 for row in x.tolist()]  # the needle's marker and the question's
+    assert sum(planted) == 64 and torch.equal(x[:, 1:], y[:, :-1])
     assert torch.equal(task.batch(0, 64)[0], x)  # a pure function of (seed, step)
     assert not any(bytes(row).find(b"\x01") >= 0 for row in plain.batch(0, 64)[0].tolist())
     model = task.build().eval()
     assert retrieval.passes(model, x[:2], y[:2, -needles.KEY_LENGTH :]).shape == (2,)
+
+
+def test_a_planted_keys_answer_weighs_key_weight_in_the_loss():
+    task, plain = TextTask("lm-rope", 64, 0), TextTask("tiny", 64, 0)
+    x, y = task.batch(3, 16)
+    w = task.target_weights(3, 16)
+    planted = torch.tensor([bytes(row).find(needles.NEEDLE[:1]) >= 0 for row in x.tolist()])
+    assert planted.all() and plain.target_weights(3, 16) is None  # every window (NEEDLE_RATE = 1)
+    expected = torch.ones(16, 64)
+    expected[planted, -needles.KEY_LENGTH :] = needles.KEY_WEIGHT  # the answer: the window's last targets
+    assert torch.equal(w, expected)
+    assert all(bytes(row[-needles.KEY_LENGTH :]) in needles.ALPHABETS[-1] for row in y[planted].tolist())
+    torch.manual_seed(0)
+    model = task.build()
+    per = torch.nn.functional.cross_entropy(model(x).flatten(0, 1).double(), y.flatten(), reduction="none")
+    # the weighted sum over the targets divided by their number. Tolerance: a float32 sum of 1024 positive terms
+    # is within 1024 * 2**-24 = 6.1e-5 of the exact one (the recursive-summation bound), and float32 log-softmax
+    # adds a few ulps per term; dividing by the weights' sum instead is off by about 31 / 1024 per planted window
+    loss = task.loss(model, 3, 16).item()
+    assert loss == pytest.approx((per * w.flatten().double()).mean().item(), rel=1e-4)
+    assert loss != pytest.approx((per * w.flatten().double()).sum().item() / w.sum().item(), rel=1e-3)
+    halves = [task.loss(model, 3, 16, rank=r, world=2).item() for r in range(2)]
+    assert sum(halves) / 2 == pytest.approx(loss, rel=1e-4)  # two ranks' mean is the one-process loss
 
 
 # -- evaluation --------------------------------------------------------------------------------
@@ -103,8 +126,11 @@ def test_published_design_trains_three_schemes_and_states_only_verdicts_on_its_a
     study = design.FULL
     arms = design.arms(study)
     assert {arm.model for arm in arms.values()} == {"rope", "nope", "alibi", "ft-rope", "ft-pi", "ft-ntk", "ft-yarn"}
-    assert not any(arm.retrieval for arm in arms.values()) and "T5 bias" not in arms
+    assert arms["RoPE"].retrieval and "T5 bias" not in arms
     assert len(design.train_configs(study, __import__("pathlib").Path("r"))) == len(study.seeds) * (3 + 4)
+    # the study's record of how keys are planted must be what the trainer does
+    with pytest.raises(ValueError, match="plants a key in 1 of the training windows with its answer weighted 32"):
+        design.train_configs(replace(study, needle_rate=0.25, key_weight=1.0), __import__("pathlib").Path("r"))
     pairs = length_study.comparisons(study)
     assert pairs and all(a in arms and b in arms for a, b, _ in pairs)
     assert ("RoPE fine-tuned x4", "RoPE", 1024) in pairs and ("YaRN fine-tuned x4", "RoPE fine-tuned x4", 1024) in pairs

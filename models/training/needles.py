@@ -1,28 +1,35 @@
 """Planted keys in byte text: the retrieval probe of the length study and the training windows that teach its format.
 
-A needle is ``\x01 k0 k1 \x02`` (a two-byte key between two marker bytes) inserted at a line
-start near a given depth of a window of source text (0: its start, 1: its end); the window
-then ends with the question ``\n\x01`` and the key. The probe (the passkey /
-needle-in-a-haystack test of the RoPE scaling papers, in bytes) asks whether the model
-predicts the key. Markers and keys are control bytes that source text never holds, and
-each key byte has its own alphabet of 8, so a model can find the key by its bytes alone,
-without an induction circuit, and a guess passes with probability 1/64. The study's models
-see the format in a share of their training windows (:func:`plant_batch`), all within the
-training context.
+A needle is ``\x01 k \x02`` (a one-byte key between two marker bytes) inserted at a line start
+near a given depth of a window of source text (0: its start, 1: its end); the window then ends
+with the question ``\n\x01`` and the key. The probe (the passkey / needle-in-a-haystack test of
+the RoPE scaling papers, in bytes) asks whether the model predicts the key. Markers and keys are
+control bytes that source text never holds, so a model can find the key by its byte alone,
+without an induction circuit, and a guess passes with probability 1/28. The study's models see
+the format in a share of their training windows (:func:`plant_batch`), all within the training
+context, with the answer weighted :data:`KEY_WEIGHT` in the loss (:func:`key_weights`).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["ALPHABETS", "KEY_LENGTH", "NEEDLE", "QUESTION", "draw_key", "plant", "plant_batch", "room"]
+__all__ = [
+    "ALPHABETS", "KEY_LENGTH", "KEY_WEIGHT", "NEEDLE", "QUESTION", "draw_key", "key_weights", "plant", "plant_batch",
+    "room",
+]  # fmt: skip
 
-# the key's bytes and the markers: control bytes that source text never holds (of 0x01 .. 0x1f only the
-# newline occurs in the standard library's .py files), so a key can only be read where it was planted
+# the key's byte and the markers: control bytes that source text never holds (of 0x01 .. 0x1f only the newline
+# occurs in the standard library's .py files), so a key can only be read where it was planted
 NEEDLE, QUESTION = b"\x01%s\x02\n", b"\n\x01"
-# byte i of the key is one of 8 symbols of its own (disjoint) alphabet: a guess passes with probability 1/64
-ALPHABETS = (bytes(range(0x10, 0x18)), bytes(range(0x18, 0x20)))
+# one key byte of the 28 control bytes that are neither a marker nor the newline: a guess passes with
+# probability 1/28. (A key of two bytes, each of 8, did not work: the pilot's models learnt to retrieve the
+# first and not the second, so the probe measured one byte's retrieval at chance 1/8; docs/experiments.md.)
+ALPHABETS = (bytes(b for b in range(0x03, 0x20) if b != 0x0A),)
 KEY_LENGTH = len(ALPHABETS)
+# the answer's weight in the training loss (the other targets weigh 1): under the language-model loss alone
+# retrieval is learnt late and by chance within a run of this size (docs/experiments.md, "After the pilot")
+KEY_WEIGHT = 32.0
 
 
 def room(length: int) -> int:
@@ -61,3 +68,11 @@ def plant_batch(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, rate: float) 
         planted = torch.tensor(list(plant(seq[: room(length)], key, float(u[r, 1]))), dtype=torch.long)
         x[r], y[r] = planted[:-1], planted[1:]
     return x, y
+
+
+def key_weights(u: torch.Tensor, rate: float, length: int) -> torch.Tensor:
+    """``[B, length]`` float32 loss weights of the windows :func:`plant_batch` makes from the same ``u``:
+    :data:`KEY_WEIGHT` for the answer's ``KEY_LENGTH`` targets (the last of a planted window), 1 elsewhere."""
+    w = torch.ones(u.shape[0], length)
+    w[u[:, 0] < rate, -KEY_LENGTH:] = KEY_WEIGHT
+    return w

@@ -26,7 +26,8 @@ def stdlib_text(split: str) -> StdlibText:
     return _STDLIB[split]
 
 
-NEEDLE_RATE = 0.25  # the share of a study model's training windows that hold a planted key
+NEEDLE_RATE = 1.0  # the share of a study model's training windows that hold a planted key: all (a quarter left
+# the answer unlearnt in some 600-step runs; docs/experiments.md, "After the pilot")
 NEEDLE_STREAM = 0x6E656564  # offsets the seed of the needle draws ("need")
 
 
@@ -54,9 +55,10 @@ class TextTask:
 
     The length study's presets (``models.studies.length.positions.STUDY_PRESETS``) are built by the
     study's factory, with their position schemes; they also see planted keys: in a share
-    :data:`NEEDLE_RATE` of their training windows a two-byte key between marker bytes is inserted
-    and asked for at the window's end (:mod:`models.training.needles`), so that the retrieval probe
-    measures how far a model that can retrieve keeps doing so, not whether copying emerged.
+    :data:`NEEDLE_RATE` of their training windows a key between marker bytes is inserted and asked
+    for at the window's end, the answer weighted in the loss (:mod:`models.training.needles`), so that
+    the retrieval probe measures how far a model that can retrieve keeps doing so, not whether
+    copying emerged.
     """
 
     name = "gpt"
@@ -72,14 +74,25 @@ class TextTask:
         self.context, self.seed = context, seed
         self.needle_rate = 0.0 if self.positions is None else NEEDLE_RATE
 
+    def _needle_draws(self, step: int, batch_size: int) -> torch.Tensor:
+        """``[batch_size, 2 + KEY_LENGTH]`` uniforms of ``step``'s needles: a stream of its own, independent of
+        the window starts drawn from ``seed``."""
+        rows = torch.arange(step * batch_size, (step + 1) * batch_size)
+        return uniform(self.seed + NEEDLE_STREAM, rows, 2 + needles.KEY_LENGTH)
+
     def batch(self, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The training windows ``x, y [batch_size, context]`` of ``step`` (planted keys included)."""
         x, y = self.train_data.batch(step, batch_size, self.context, seed=self.seed)
-        if self.needle_rate:  # a stream of its own: independent of the window starts drawn from `seed`
-            rows = torch.arange(step * batch_size, (step + 1) * batch_size)
-            u = uniform(self.seed + NEEDLE_STREAM, rows, 2 + needles.KEY_LENGTH)  # [B, 7]
-            x, y = needles.plant_batch(x, y, u, self.needle_rate)
+        if self.needle_rate:
+            x, y = needles.plant_batch(x, y, self._needle_draws(step, batch_size), self.needle_rate)
         return x, y
+
+    def target_weights(self, step: int, batch_size: int) -> torch.Tensor | None:
+        """``[batch_size, context]`` loss weights of ``step``'s targets (:func:`needles.key_weights`: a planted
+        key's answer weighs :data:`needles.KEY_WEIGHT`), or ``None`` where no key is planted (all weigh 1)."""
+        if not self.needle_rate:
+            return None
+        return needles.key_weights(self._needle_draws(step, batch_size), self.needle_rate, self.context)
 
     @classmethod
     def from_run(cls, run: Mapping) -> TextTask:
@@ -100,8 +113,14 @@ class TextTask:
         x, y = self.batch(step, batch_size)
         part = shard(batch_size, rank, world)
         device = next(model.parameters()).device
-        logits = model(x[part].to(device), **kw)
-        return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y[part].flatten().to(device))
+        logits = model(x[part].to(device), **kw).flatten(0, 1).float()
+        weights = self.target_weights(step, batch_size)
+        if weights is None:
+            return torch.nn.functional.cross_entropy(logits, y[part].flatten().to(device))
+        # the weighted sum over this rank's targets divided by their number (not by the weights' sum): every
+        # rank's loss is a mean over its own targets, so the ranks' average is the single-process loss
+        per_target = torch.nn.functional.cross_entropy(logits, y[part].flatten().to(device), reduction="none")
+        return (per_target * weights[part].flatten().to(device)).mean()
 
     @torch.no_grad()
     def val_loss(self, model, n: int = 16, context: int | None = None, **kw) -> dict:

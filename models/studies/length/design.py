@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, replace
 import axial_rope as ar
 
 from ...training.config import TrainConfig
+from ...training.needles import KEY_WEIGHT
+from ...training.text_task import NEEDLE_RATE
 from .positions import DualChunk
 
 __all__ = ["DYNAMIC_NTK", "Arm", "FULL", "QUICK", "Study", "arms", "train_configs"]
@@ -59,6 +61,11 @@ class Study:
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # retrieval: where the key is planted
     trials: int = 8  # retrieval probes per (length, depth) and seed
     probe: bool = True  # run the retrieval probe (off where the base model does not pass it inside its context)
+    # how the training windows teach the probe's format (models/training/needles.py): a record of what the
+    # trainer does (train_configs refuses a study that asks otherwise), kept in a page's json. The runs before
+    # the pilot of 2026-12-02 planted a quarter of the windows, unweighted: their jsons say 0.25 and 1
+    needle_rate: float = NEEDLE_RATE  # the share of training windows that hold a planted key
+    key_weight: float = KEY_WEIGHT  # the answer's weight in the training loss
     dca_local: int = 64  # Dual Chunk Attention's local window w (chunks of context - w)
     draws: int = 2000  # bootstrap replicates
     workers: int = 2  # processes (one thread each); 0: in this process
@@ -74,8 +81,10 @@ class Study:
         return self.lengths[-1]
 
 
-# the published run (docs/experiments.md, "After the pilot"): five seeds of RoPE, NoPE and ALiBi at 600 steps,
-# the fine-tunes and their control, evaluated to 4x the context; no sweeps, upper bound or probe (see the page)
+# the design of the re-run (docs/experiments.md, "After the pilot"): five seeds of RoPE, NoPE and ALiBi at 600
+# steps, the fine-tunes and their control, evaluated to 4x the context; no sweeps or upper bound. The published
+# page (2026-12-01) ran it before the pilot found a key format its models learn: without the probe, keys in a
+# quarter of the windows, unweighted (its json holds those settings)
 FULL = Study(
     seeds=(0, 1, 2, 3, 4),
     schemes=("rope", "nope", "alibi"),
@@ -84,7 +93,6 @@ FULL = Study(
     lengths=(256, 512, 1024),
     windows=96,
     sweep=(),
-    probe=False,
 )
 QUICK = Study(
     seeds=(0,),
@@ -111,6 +119,12 @@ def run_dir(root, model: str, seed: int):
 
 def train_configs(study: Study, root) -> dict[tuple[str, int], tuple[TrainConfig, tuple[str, int] | None]]:
     """``{(model, seed): (config, the run it starts from or None)}`` of every training run, in a safe order."""
+    if (study.needle_rate, study.key_weight) != (NEEDLE_RATE, KEY_WEIGHT):
+        raise ValueError(
+            f"this code plants a key in {NEEDLE_RATE:g} of the training windows with its answer weighted"
+            f" {KEY_WEIGHT:g}; the study asks for {study.needle_rate:g} and {study.key_weight:g} (a page's json"
+            " keeps the settings its runs were trained with: retrain them at the commit it names)"
+        )
     common = dict(model="gpt", lr=study.lr, schedule="cosine", warmup=20, ema=0.0, progress=False, report=False)
     common |= dict(log_every=10, ckpt_every=100, val_every=10**6)
     out = {}

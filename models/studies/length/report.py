@@ -15,10 +15,10 @@ import torch
 import axial_rope
 
 from ...training.needles import ALPHABETS
-from ...training.text_task import NEEDLE_RATE, stdlib_text
+from ...training.text_task import stdlib_text
 from ..bootstrap import Interval
 from ..seed_intervals import correct, correction_note
-from .design import SCHEME_ARMS
+from .design import SCHEME_ARMS, Study
 from .evaluate import BIN
 from .summary import Results
 
@@ -245,13 +245,17 @@ def left_out(study) -> str:
     return " Not trained here: " + "; ".join(parts) + "." if parts else ""
 
 
+def _weighted(study: Study) -> str:
+    return "" if study.key_weight == 1 else f" whose answer weighs {study.key_weight:g} targets in the loss"
+
+
 def setup_text(results: Results, env: dict) -> list[str]:
     s, h = results.study, env["heldout"]
     return [
         f"Every scheme is the byte-level model of `models/gpt.py` (width 128, depth 3, 4 heads, the `lm-*` presets),"
         f" trained {s.steps} steps of {s.batch_size} windows of {s.context} bytes (AdamW, lr {s.lr:g}, cosine,"
-        f" the same data order for every scheme at a given seed; {100 * NEEDLE_RATE:g}% of the windows hold a"
-        f" planted key, see Retrieval), seeds {list(s.seeds)}.{left_out(s)} Fine-tuned arms: the RoPE model of each seed,"
+        f" the same data order for every scheme at a given seed; {100 * s.needle_rate:g}% of the windows hold a"
+        f" planted key{_weighted(s)}, see Retrieval), seeds {list(s.seeds)}.{left_out(s)} Fine-tuned arms: the RoPE model of each seed,"
         f" {s.finetune_steps} more steps at {s.finetune_factor * s.context} bytes with the scaling of factor"
         f" {s.finetune_factor} (lr {s.finetune_lr:g}, the same tokens per step, a fresh data stream), and with plain"
         " positions for the same steps (`RoPE fine-tuned`: the control, so a fine-tuned scaling is compared with"

@@ -1,12 +1,12 @@
 """The retrieval probe: a key planted in held-out source text at some depth, asked for at the end.
 
 The byte-level analogue of the passkey / needle-in-a-haystack test of the RoPE scaling
-papers (format: :mod:`models.training.needles`): a two-byte key between marker bytes is
-inserted into a window of held-out standard-library code, at a line start near the
-requested depth (0: the start of the context, 1: just before the question); the window
-ends with the question marker. The probe passes when the model's greedy next-byte
-prediction at both key positions is the key's byte (teacher forcing: the second
-prediction sees the first key byte). Guessing passes with probability 1/64.
+papers (format: :mod:`models.training.needles`): a key between marker bytes is inserted
+into a window of held-out standard-library code, at a line start near the requested depth
+(0: the start of the context, 1: just before the question); the window ends with the
+question marker. The probe passes when the model's greedy next-byte prediction at every key
+position is the key's byte (teacher forcing: a later prediction sees the earlier key bytes).
+Guessing passes with probability ``1 / prod(len(a) for a in ALPHABETS)`` (1/28).
 """
 
 from __future__ import annotations
