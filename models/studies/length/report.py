@@ -141,11 +141,19 @@ def retrieval_text(results: Results) -> list[str]:
         if arm.retrieval and lengths:
             above.append(f"{name} ({', '.join(map(str, lengths))})")
     found = "; ".join(above) if above else "no arm, at any length"
+    key = "a one-byte key" if len(ALPHABETS) == 1 else f"a {len(ALPHABETS)}-byte key"
+    base = results.pass_rate("RoPE", s.context)
+    competence = (
+        f" The base model (RoPE) at its training length, {s.context} bytes: {fmt(base, 2)} (the competence"
+        " criterion of the design: 0.9)."
+        if base is not None
+        else ""
+    )
     return [
-        f"The probe: a {len(ALPHABETS)}-byte key between marker bytes planted at depths {list(s.depths)} of"
-        f" held-out text, asked for at the end ({s.trials} probes per length, depth and seed, the same for"
-        f" every arm); it passes when both key bytes are the greedy predictions. A guess passes with"
-        f" probability {CHANCE:.3f}. Pass rate significantly above chance (interval above {CHANCE:.3f}): {found}.",
+        f"The probe: {key} between marker bytes planted at depths {list(s.depths)} of held-out text, asked for"
+        f" at the end ({s.trials} probes per length, depth and seed, the same for every arm); it passes when"
+        f" every key byte is the greedy prediction. A guess passes with probability {CHANCE:.3f}.{competence}"
+        f" Pass rate significantly above chance (interval above {CHANCE:.3f}): {found}.",
     ]
 
 
