@@ -73,12 +73,18 @@ def test_a_planted_keys_answer_weighs_key_weight_in_the_loss():
     task, plain = TextTask("lm-rope", 64, 0), TextTask("tiny", 64, 0)
     x, y = task.batch(3, 16)
     w = task.target_weights(3, 16)
-    planted = torch.tensor([bytes(row).find(needles.NEEDLE[:1]) >= 0 for row in x.tolist()])
-    assert planted.all() and plain.target_weights(3, 16) is None  # every window (NEEDLE_RATE = 1)
-    expected = torch.ones(16, 64)
-    expected[planted, -needles.KEY_LENGTH :] = needles.KEY_WEIGHT  # the answer: the window's last targets
-    assert torch.equal(w, expected)
-    assert all(bytes(row[-needles.KEY_LENGTH :]) in needles.ALPHABETS[-1] for row in y[planted].tolist())
+    assert plain.target_weights(3, 16) is None
+    answers = []
+    for r in range(16):  # every window holds a key (NEEDLE_RATE = 1), asked for after the needle
+        row, targets = bytes(x[r].tolist()), bytes(y[r].tolist())
+        needle = row.index(needles.NEEDLE[:1])
+        at = row.index(needles.QUESTION, needle + 1) + len(needles.QUESTION) - 1  # the question's last byte
+        assert targets[at : at + needles.KEY_LENGTH] == row[needle + 1 : needle + 1 + needles.KEY_LENGTH]
+        expected = torch.ones(64)
+        expected[at : at + needles.KEY_LENGTH] = needles.KEY_WEIGHT
+        assert torch.equal(w[r], expected)
+        answers.append(at)
+    assert min(answers) < 50 < max(answers)  # asked anywhere after the needle, not always at the window's end
     torch.manual_seed(0)
     model = task.build()
     per = torch.nn.functional.cross_entropy(model(x).flatten(0, 1).double(), y.flatten(), reduction="none")

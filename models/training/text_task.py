@@ -74,25 +74,25 @@ class TextTask:
         self.context, self.seed = context, seed
         self.needle_rate = 0.0 if self.positions is None else NEEDLE_RATE
 
-    def _needle_draws(self, step: int, batch_size: int) -> torch.Tensor:
-        """``[batch_size, 2 + KEY_LENGTH]`` uniforms of ``step``'s needles: a stream of its own, independent of
-        the window starts drawn from ``seed``."""
+    def _planted(self, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``step``'s windows ``x, y [batch_size, context]`` and where each key's answer is (``None``: no keys).
+        The needles' draws are a stream of their own, independent of the window starts drawn from ``seed``."""
+        x, y = self.train_data.batch(step, batch_size, self.context, seed=self.seed)
+        if not self.needle_rate:
+            return x, y, None
         rows = torch.arange(step * batch_size, (step + 1) * batch_size)
-        return uniform(self.seed + NEEDLE_STREAM, rows, 2 + needles.KEY_LENGTH)
+        u = uniform(self.seed + NEEDLE_STREAM, rows, needles.DRAWS)  # [B, DRAWS]
+        return needles.plant_batch(x, y, u, self.needle_rate)
 
     def batch(self, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The training windows ``x, y [batch_size, context]`` of ``step`` (planted keys included)."""
-        x, y = self.train_data.batch(step, batch_size, self.context, seed=self.seed)
-        if self.needle_rate:
-            x, y = needles.plant_batch(x, y, self._needle_draws(step, batch_size), self.needle_rate)
-        return x, y
+        return self._planted(step, batch_size)[:2]
 
     def target_weights(self, step: int, batch_size: int) -> torch.Tensor | None:
         """``[batch_size, context]`` loss weights of ``step``'s targets (:func:`needles.key_weights`: a planted
         key's answer weighs :data:`needles.KEY_WEIGHT`), or ``None`` where no key is planted (all weigh 1)."""
-        if not self.needle_rate:
-            return None
-        return needles.key_weights(self._needle_draws(step, batch_size), self.needle_rate, self.context)
+        answer = self._planted(step, batch_size)[2]
+        return None if answer is None else needles.key_weights(answer, self.context)
 
     @classmethod
     def from_run(cls, run: Mapping) -> TextTask:
@@ -110,17 +110,17 @@ class TextTask:
         return gpt.GPT(self.config, positions=self.positions)
 
     def loss(self, model, step: int, batch_size: int, rank: int = 0, world: int = 1, **kw) -> torch.Tensor:
-        x, y = self.batch(step, batch_size)
+        x, y, answer = self._planted(step, batch_size)
         part = shard(batch_size, rank, world)
         device = next(model.parameters()).device
         logits = model(x[part].to(device), **kw).flatten(0, 1).float()
-        weights = self.target_weights(step, batch_size)
-        if weights is None:
+        if answer is None:
             return torch.nn.functional.cross_entropy(logits, y[part].flatten().to(device))
         # the weighted sum over this rank's targets divided by their number (not by the weights' sum): every
         # rank's loss is a mean over its own targets, so the ranks' average is the single-process loss
+        weights = needles.key_weights(answer, self.context)[part].flatten().to(device)
         per_target = torch.nn.functional.cross_entropy(logits, y[part].flatten().to(device), reduction="none")
-        return (per_target * weights[part].flatten().to(device)).mean()
+        return (per_target * weights).mean()
 
     @torch.no_grad()
     def val_loss(self, model, n: int = 16, context: int | None = None, **kw) -> dict:
