@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "ALPHABETS", "DRAWS", "KEY_LENGTH", "KEY_WEIGHT", "NEEDLE", "QUESTION", "draw_key", "key_weights", "plant", "plant_batch",
-    "room",
+    "ALPHABETS", "DRAWS", "KEY_LENGTH", "KEY_WEIGHT", "NEEDLE", "QUESTION",
+    "draw_key", "key_weights", "plant", "plant_batch", "room",
 ]  # fmt: skip
 
 # the key's byte and the markers: control bytes that source text never holds (of 0x01 .. 0x1f only the newline
@@ -28,6 +28,8 @@ NEEDLE, QUESTION = b"\x01%s\x02\n", b"\n\x01"
 # first and not the second, so the probe measured one byte's retrieval at chance 1/8; docs/experiments.md.)
 ALPHABETS = (bytes(b for b in range(0x03, 0x20) if b != 0x0A),)
 KEY_LENGTH = len(ALPHABETS)
+# uniforms per training window: whether it is planted, the needle's depth, where it is asked, the key
+DRAWS = 3 + KEY_LENGTH
 # the answer's weight in the training loss (the other targets weigh 1): under the language-model loss alone
 # retrieval is learnt late and by chance within a run of this size (docs/experiments.md, "After the pilot")
 KEY_WEIGHT = 32.0
@@ -55,9 +57,6 @@ def plant(hay: bytes, key: bytes, depth: float, ask: float = 1.0) -> bytes:
     cut = cut if newline < 0 else newline + 1
     at = max(cut, int(round(ask * len(hay))))
     return hay[:cut] + NEEDLE % key + hay[cut:at] + QUESTION + key + hay[at:]
-
-
-DRAWS = 3 + KEY_LENGTH  # per window: whether it is planted, the needle's depth, where it is asked, the key
 
 
 def plant_batch(
