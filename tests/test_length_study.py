@@ -335,6 +335,17 @@ def test_streaming_summary_states_known_differences_and_keeps_per_seed_means():
     assert list(redo) == summary["loss"]["full attention"][study.longest]
 
 
+def test_streaming_sinks_sentence_follows_the_interval():
+    from models.studies.length.streaming import _sinks_reading
+
+    window = (-0.556, -0.719, -0.393)  # the rolling cache's gain over full attention
+    negligible = _sinks_reading((1.5e-05, -1.72e-04, 2.03e-04), window, 1024)
+    assert "no difference shown" in negligible and "under 1/2700 " in negligible  # 0.556 / 2.03e-4 = 2739, floored
+    assert "higher with them" in _sinks_reading((0.01, 0.005, 0.02), window, 1024)  # excludes 0: the direction
+    wide = _sinks_reading((0.01, -0.05, 0.06), window, 1024)  # too wide to call negligible
+    assert "no difference shown" in wide and "practical" not in wide
+
+
 @pytest.mark.slow
 def test_streaming_study_runs_end_to_end(tmp_path):
     from models.studies.length import streaming
