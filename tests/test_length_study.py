@@ -137,6 +137,8 @@ def test_published_design_trains_three_schemes_and_states_only_verdicts_on_its_a
     # the study's record of how keys are planted must be what the trainer does
     with pytest.raises(ValueError, match="plants a key in 1 of the training windows with its answer weighted 32"):
         design.train_configs(replace(study, needle_rate=0.25, key_weight=1.0), __import__("pathlib").Path("r"))
+    with pytest.raises(ValueError, match="asked for anywhere after it; the study asks for 1, 32 and at the end"):
+        design.train_configs(replace(study, asked="at the end"), __import__("pathlib").Path("r"))
     pairs = length_study.comparisons(study)
     assert pairs and all(a in arms and b in arms for a, b, _ in pairs)
     assert ("RoPE fine-tuned x4", "RoPE", 1024) in pairs and ("YaRN fine-tuned x4", "RoPE fine-tuned x4", 1024) in pairs

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "ALPHABETS", "DRAWS", "KEY_LENGTH", "KEY_WEIGHT", "NEEDLE", "QUESTION",
+    "ALPHABETS", "ASKED", "DRAWS", "KEY_LENGTH", "KEY_WEIGHT", "NEEDLE", "QUESTION",
     "draw_key", "key_weights", "plant", "plant_batch", "room",
 ]  # fmt: skip
 
@@ -33,6 +33,8 @@ DRAWS = 3 + KEY_LENGTH
 # the answer's weight in the training loss (the other targets weigh 1): under the language-model loss alone
 # retrieval is learnt late and by chance within a run of this size (docs/experiments.md, "After the pilot")
 KEY_WEIGHT = 32.0
+# where a training window asks for its key (:func:`plant_batch`), in the words of a study's page
+ASKED = "anywhere after it"
 
 
 def room(length: int) -> int:

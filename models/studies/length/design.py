@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import axial_rope as ar
 
 from ...training.config import TrainConfig
-from ...training.needles import KEY_WEIGHT
+from ...training.needles import ASKED, KEY_WEIGHT
 from ...training.text_task import NEEDLE_RATE
 from .positions import DualChunk
 
@@ -66,6 +66,8 @@ class Study:
     # the pilot of 2026-12-02 planted a quarter of the windows, unweighted: their jsons say 0.25 and 1
     needle_rate: float = NEEDLE_RATE  # the share of training windows that hold a planted key
     key_weight: float = KEY_WEIGHT  # the answer's weight in the training loss
+    asked: str = ASKED  # where the window asks for its key (the runs before the published 2026-12-02 re-run:
+    # "at the window's end"; their jsons predate the field)
     dca_local: int = 64  # Dual Chunk Attention's local window w (chunks of context - w)
     draws: int = 2000  # bootstrap replicates
     workers: int = 2  # processes (one thread each); 0: in this process
@@ -119,11 +121,12 @@ def run_dir(root, model: str, seed: int):
 
 def train_configs(study: Study, root) -> dict[tuple[str, int], tuple[TrainConfig, tuple[str, int] | None]]:
     """``{(model, seed): (config, the run it starts from or None)}`` of every training run, in a safe order."""
-    if (study.needle_rate, study.key_weight) != (NEEDLE_RATE, KEY_WEIGHT):
+    if (study.needle_rate, study.key_weight, study.asked) != (NEEDLE_RATE, KEY_WEIGHT, ASKED):
         raise ValueError(
             f"this code plants a key in {NEEDLE_RATE:g} of the training windows with its answer weighted"
-            f" {KEY_WEIGHT:g}; the study asks for {study.needle_rate:g} and {study.key_weight:g} (a page's json"
-            " keeps the settings its runs were trained with: retrain them at the commit it names)"
+            f" {KEY_WEIGHT:g}, asked for {ASKED}; the study asks for {study.needle_rate:g}, {study.key_weight:g}"
+            f" and {study.asked} (a page's json keeps the settings its runs were trained with: retrain them at"
+            " the commit it names)"
         )
     common = dict(model="gpt", lr=study.lr, schedule="cosine", warmup=20, ema=0.0, progress=False, report=False)
     common |= dict(log_every=10, ckpt_every=100, val_every=10**6)

@@ -263,7 +263,7 @@ def setup_text(results: Results, env: dict) -> list[str]:
         f"Every scheme is the byte-level model of `models/gpt.py` (width 128, depth 3, 4 heads, the `lm-*` presets),"
         f" trained {s.steps} steps of {s.batch_size} windows of {s.context} bytes (AdamW, lr {s.lr:g}, cosine,"
         f" the same data order for every scheme at a given seed; {100 * s.needle_rate:g}% of the windows hold a"
-        f" planted key{_weighted(s)}, see Retrieval), seeds {list(s.seeds)}.{left_out(s)} Fine-tuned arms: the RoPE model of each seed,"
+        f" planted key{_weighted(s)}, asked for {s.asked}, see Retrieval), seeds {list(s.seeds)}.{left_out(s)} Fine-tuned arms: the RoPE model of each seed,"
         f" {s.finetune_steps} more steps at {s.finetune_factor * s.context} bytes with the scaling of factor"
         f" {s.finetune_factor} (lr {s.finetune_lr:g}, the same tokens per step, a fresh data stream), and with plain"
         " positions for the same steps (`RoPE fine-tuned`: the control, so a fine-tuned scaling is compared with"
