@@ -187,7 +187,7 @@ def _reading(summary: dict, study: Study) -> list[str]:
 def _sinks_reading(sinks, window, length: int) -> str:
     """The sinks' effect in words: ``sinks``, ``window``: the (estimate, low, high) differences at ``length``."""
     said = f"- {SINKS} attention sinks change the loss at {length} by {_fmt(sinks)} nats/byte"
-    if sinks[1] > 0 or sinks[2] < 0:  # the interval excludes 0: say which way, and how large
+    if sinks[1] > 0 or sinks[2] < 0:  # the interval excludes 0: say which way (the interval gives how far)
         return f"{said}, {'higher' if sinks[0] > 0 else 'lower'} with them (uncorrected)."
     bound = max(abs(sinks[1]), abs(sinks[2]))  # the most the interval allows, either way
     ratio = abs(window[0]) / bound
