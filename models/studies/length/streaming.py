@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ...training.trainer import load_trained
-from ..bootstrap import Bootstrap, verdict
+from ..bootstrap import Bootstrap, Interval, verdict
 from ..jobs import checkpoint_hash, ensure_trained
 from ..seed_intervals import CORRECTIONS, PairedTest, SeedBootstrap, correct, paired_t
 from ..settings import settings_to
@@ -187,8 +187,9 @@ def _reading(summary: dict, study: Study) -> list[str]:
 def _sinks_reading(sinks, window, length: int) -> str:
     """The sinks' effect in words: ``sinks``, ``window``: the (estimate, low, high) differences at ``length``."""
     said = f"- {SINKS} attention sinks change the loss at {length} by {_fmt(sinks)} nats/byte"
-    if sinks[1] > 0 or sinks[2] < 0:  # the interval excludes 0: say which way (the interval gives how far)
-        return f"{said}, {'higher' if sinks[0] > 0 else 'lower'} with them (uncorrected)."
+    shown = verdict(Interval(*sinks), neither="")
+    if shown:  # the interval excludes 0: say which way (the interval gives how far)
+        return f"{said}, {shown} with them (uncorrected)."
     bound = max(abs(sinks[1]), abs(sinks[2]))  # the most the interval allows, either way
     ratio = abs(window[0]) / bound
     if ratio < 100:  # too wide to call the sinks negligible beside the window's gain
