@@ -204,6 +204,36 @@ def test_packing_checks_its_one_size_arms_against_the_resolution_page(tmp_path):
     assert check and check.group(1) == check.group(2) == "1" and int(check.group(3)) > 0  # the same runs
     gaps = [float(gap.rsplit(" ", 1)[1]) for gap in check.group(4).split("; ")]
     assert len(gaps) == 4 and gaps == [0.0] * 4  # the same weights: the same figures
+    # a resolution json of runs trained longer (the page re-run with more steps) is not compared: other weights
+    from dataclasses import replace
+
+    from models.studies.vision import packing, packing_page
+
+    data = json.loads((tmp_path / "out" / "resolution.json").read_text())
+    data["environment"]["settings"]["steps"] += 1
+    (tmp_path / "longer.json").write_text(json.dumps(data))
+    study = replace(packing.QUICK, base_root=str(tmp_path / "resolution"))
+    hashes = json.loads((tmp_path / "out" / "packing.json").read_text())["environment"]["checkpoints"]
+    text = packing_page.reproduction(study, tmp_path / "runs", tmp_path / "longer.json", hashes)
+    steps = study.base.steps
+    assert text.endswith(f"was made with other settings (steps {steps + 1} there, {steps} here).")
+    assert text.startswith("The one-size arms were not compared with the [resolution study](resolution.md)'s json of")
+
+
+def test_published_json_gaps_are_matched_cell_by_cell(tmp_path):
+    # a page checks its runs against another study's json only where that json holds the (group, arm, seed)
+    from models.studies.vision.report import Published
+
+    env = {"settings": {"seeds": [0, 2], "steps": 10, "sizes": [[8, 8]]}, "checkpoints": {"s0": "a"}, "date": "d"}
+    cells = {"8x8": {"none": {"loss": [[1.0, 3.0], [5.0, None]]}}}  # seed 0 mean 2, seed 2 mean 5 (None: undefined)
+    (tmp_path / "p.json").write_text(json.dumps({"environment": env, "cells": cells}))
+    theirs = Published.read(tmp_path / "p.json")
+    ours = {("8x8", "none", 0): {"loss": 2.5}, ("8x8", "none", 2): {"loss": 4.0}, ("8x8", "none", 1): {"loss": 99.0},
+            ("8x8", "yarn", 0): {"loss": 99.0}, ("9x9", "none", 0): {"loss": 99.0}}  # fmt: skip
+    assert theirs.largest_gaps(ours) == ({"loss": 1.0}, 2)  # seed 1, arm yarn and group 9x9 are not theirs
+    assert theirs.same_hashes({0: "a", 2: "b"}) == 1
+    assert theirs.differing({"seeds": (0,), "steps": 10, "sizes": ((16, 16),)}, ignore=("seeds", "sizes")) == ""
+    assert theirs.differing({"steps": 20, "lr": 0.1}, ignore=()) == "steps 10 there, 20 here; lr None there, 0.1 here"
 
 
 def test_quick_streaming_video_study_reuses_the_frames_runs_and_regenerates_from_its_json(tmp_path, capsys):

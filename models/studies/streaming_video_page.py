@@ -160,30 +160,37 @@ def _fade(by_frame: dict, length: int, arms, block: int) -> list[str]:
     return lines
 
 
+# settings of the frame-count study that choose which cells exist (matched cell by cell) or how fast they are computed
+_SELECTION = ("seeds", "lengths", "arms", "diagnosis", "draws", "workers", "quick")
+
+
 def reproduction(study: sv.StreamingVideoStudy, table: Table, published: Path, hashes: dict[str, str]) -> str:
     """How the bidirectional arm compares with the frame-count study's published runs (``published``: its json):
     the checkpoints' hashes and, at the lengths both studies sample with the same clips, labels and noise, the
-    largest difference of a seed's mean presence and class accuracy."""
+    largest difference of a seed's mean presence and class accuracy; only against a json of the same settings."""
     theirs = Published.read(published)
     if theirs is None:
         return (
             f"The frame-count study's json ({published.name}) was not found, so the bidirectional arm was not compared."
         )
-    same = theirs.same_hashes({s: hashes[f"s{s}-bidirectional"] for s in study.seeds})
-    keys, worst, cells = ("presence", "correct"), {"presence": 0.0, "correct": 0.0}, 0
-    for length in _lengths(study):  # the frames study names its arm at the training length "trained length"
+    source = f"[frame-count study](frames.md)'s json of {theirs.date}"
+    differing = theirs.differing(asdict(study.base), _SELECTION)
+    if differing:
+        return (
+            f"The bidirectional arm was not compared with the {source}: it was made with other settings ({differing})."
+        )
+    ours = {}  # (length, their arm, seed) -> our seed means; the frames study's arm at the training length
+    for length in _lengths(study):
+        per_seed = {key: _per_seed(table, length, BI, key) for key in ("presence", "correct")}
         arm = "trained length" if length == study.frames else "none"
-        if arm not in theirs.cells.get(str(length), {}):
-            continue
-        for seed in (s for s in study.seeds if s in theirs.seeds):
-            for key in keys:
-                ours = _per_seed(table, length, BI, key)[study.seeds.index(seed)]
-                worst[key] = max(worst[key], abs(ours - theirs.seed_mean(str(length), arm, key, seed)))
-            cells += 1
-    gaps = f"presence {worst['presence']:.3g}, class accuracy {worst['correct']:.3g}"
+        for i, seed in enumerate(study.seeds):
+            ours[(str(length), arm, seed)] = {key: means[i] for key, means in per_seed.items()}
+    worst, cells = theirs.largest_gaps(ours)
+    same = theirs.same_hashes({s: hashes[f"s{s}-bidirectional"] for s in study.seeds})
+    gaps = f"presence {worst.get('presence', 0.0):.3g}, class accuracy {worst.get('correct', 0.0):.3g}"
     return (
-        f"Check against the [frame-count study](frames.md)'s json: {same} of {len(study.seeds)} bidirectional"
-        " checkpoints have the hashes it cites"
+        f"Check against the {source} (the same settings): {same} of {len(study.seeds)} bidirectional checkpoints"
+        " have the hashes it cites"
         + (f"; over the {cells} (length, seed) cells both studies sample alike, the largest difference of a seed's"
            f" mean is: {gaps}." if cells else "; the two studies share no length and seed.")
     )  # fmt: skip

@@ -42,7 +42,9 @@ class PackingStudy:
     """The sizes of one run (``FULL``: the published one; ``QUICK``: seconds, plumbing only).
 
     ``base`` is the resolution study whose runs are the one-size arm and whose training settings, test
-    sets, sample inputs and sampler every arm here uses; ``base_root`` is where its runs live.
+    sets, sample inputs and sampler every arm here uses; ``base_root`` is where its runs live. The published
+    page (2026-12-02) was run when that study trained 6000 steps; it records its own settings, and ``FULL``
+    now trains the one-size and packed runs for the resolution study's 12000 (not re-run).
     """
 
     base: ResolutionStudy = resolution.FULL

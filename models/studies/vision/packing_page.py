@@ -76,36 +76,40 @@ def _summary(table: Table, study: PackingStudy) -> list[str]:
     return lines
 
 
+# settings of the resolution study that choose which cells exist (matched cell by cell) or how fast they are computed
+_SELECTION = ("seeds", "sizes", "modes", "finetune_size", "finetune_modes", "finetune_steps", "finetune_batch",
+              "finetune_lr", "draws", "workers", "quick")  # fmt: skip
+
+
 def reproduction(study: PackingStudy, root: Path, published: Path, hashes: dict[str, str]) -> str:
     """How the one-size arms compare with the resolution study's published runs: their checkpoints' hashes
     (``hashes``, as this page cites them) and, at the sizes both studies evaluate, their per-seed means against
-    that study's json (``published``)."""
+    that study's json (``published``), made with the same settings (else they are not compared)."""
     theirs = Published.read(published)
     if theirs is None:
         return f"The resolution study's json ({published.name}) was not found, so the one-size arms were not compared."
-    same = theirs.same_hashes({s: hashes[f"s{s}"] for s in study.seeds})
-    worst, series = dict.fromkeys(COMPARED, 0.0), 0  # per metric: the largest difference of a seed's mean
+    source = f"[resolution study](resolution.md)'s json of {theirs.date}"
+    differing = theirs.differing(asdict(study.base), _SELECTION)
+    if differing:
+        return f"The one-size arms were not compared with the {source}: it was made with other settings ({differing})."
+    ours = {}  # (size, their arm, seed) -> our seed means
     for size in study.sizes:
         group = size_name(size)
-        for seed in (s for s in study.seeds if s in theirs.seeds and group in theirs.cells):
-            ours = load_results(root, [f"s{seed}_{group}"])[f"s{seed}_{group}"]
+        for seed in study.seeds:
+            result = load_results(root, [f"s{seed}_{group}"])[f"s{seed}_{group}"]
             for arm, which, mode in arms_at(study, size):
-                ref = "trained size" if arm == ONE_SIZE else mode
-                if which != ONE_SIZE or ref not in theirs.cells[group]:
-                    continue
-                for m in COMPARED:
-                    a = np.nanmean(np.array(ours[arm][m], dtype=float))
-                    worst[m] = max(worst[m], abs(float(a - theirs.seed_mean(group, ref, m, seed))))
-                series += 1
-    if not series:
-        return (
-            "The resolution study's json shares no size and seed with this study: the one-size arms were not compared."
-        )
+                if which == ONE_SIZE:
+                    mean = {m: float(np.nanmean(np.array(result[arm][m], dtype=float))) for m in COMPARED}
+                    ours[(group, "trained size" if arm == ONE_SIZE else mode, seed)] = mean
+    worst, cells = theirs.largest_gaps(ours)
+    if not cells:
+        return f"The {source} shares no size and seed with this study: the one-size arms were not compared."
+    same = theirs.same_hashes({s: hashes[f"s{s}"] for s in study.seeds})
     gaps = "; ".join(f"{m.heading} {worst[m.key]:.4g}" for m in DIFFERENCE_METRICS)
     return (
-        f"Check against the [resolution study](resolution.md)'s json: {same} of {len(study.seeds)} one-size checkpoints"
-        f" have the hashes it cites; over the {series} (size, arm, seed) cells both studies evaluate, the largest"
-        f" difference of a seed's mean is: {gaps}."
+        f"Check against the {source} (the same settings): {same} of {len(study.seeds)} one-size checkpoints have the"
+        f" hashes it cites; over the {cells} (size, arm, seed) cells both studies evaluate, the largest difference of"
+        f" a seed's mean is: {gaps}."
     )
 
 
@@ -162,8 +166,9 @@ def markdown(data: dict) -> str:
         "",
         f"Two tiny image DiTs (width 128, depth 4, 4 heads, patch 4), {base.steps} steps of"
         f" {base.batch_size * (R // 4) ** 2} tokens, learning rate {base.lr:g}, training seeds {seeds}: *one size*"
-        f" trains every image at {R} x {R} px (batch {base.batch_size}; the [resolution study](resolution.md)'s runs,"
-        " retrained in their folders where missing: the check below compares them with the published ones),"
+        f" trains every image at {R} x {R} px (batch {base.batch_size}; the [resolution study](resolution.md)'s"
+        " configuration and seeds at these steps, its runs reused or trained in their folders: the check below"
+        " compares them with the published ones where that page has the same settings),"
         f" *packed* packs images of sides {R // 2} to {study.packed_max * 4} px and any aspect up to 3:1 into the"
         " same number of tokens per step (`python -m scripts.train --packed`, [packing](../packing.md)). Both are"
         " sampled and scored at sizes inside the packed range and beyond both ranges; the one-size model also with"

@@ -66,12 +66,15 @@ class Published:
     """Another study's published json, read by a page that checks its own runs of that study's model against it.
 
     ``cells[group][arm][metric]``: per seed (in the order of ``seeds``) the per-sample values, ``None`` where
-    undefined; ``checkpoints``: ``{"s<seed>": hash}`` of the runs that study cites.
+    undefined; ``checkpoints``: ``{"s<seed>": hash}`` of the runs that study cites; ``date`` and ``settings``:
+    when and with which study settings they were made.
     """
 
     cells: dict
     seeds: list[int]
     checkpoints: dict[str, str]
+    date: str
+    settings: dict
 
     @classmethod
     def read(cls, path: Path) -> Published | None:
@@ -79,7 +82,19 @@ class Published:
         if not path.is_file():
             return None
         data = json.loads(path.read_text())
-        return cls(data["cells"], data["environment"]["settings"]["seeds"], data["environment"]["checkpoints"])
+        env = data["environment"]
+        return cls(data["cells"], env["settings"]["seeds"], env["checkpoints"], env["date"], env["settings"])
+
+    def differing(self, ours: dict, ignore: tuple[str, ...]) -> str:
+        """``"field X there, Y here"`` for every setting of ``ours`` (a study's ``asdict``) outside ``ignore`` whose
+        published value differs, joined by ``"; "``; ``""`` where none does. ``ignore``: the settings that only
+        choose which cells exist (seeds, sizes, arms), which :meth:`largest_gaps` matches cell by cell."""
+        ours = json.loads(json.dumps(ours))  # tuples as the json holds them: lists
+        return "; ".join(
+            f"{k} {self.settings.get(k)} there, {v} here"
+            for k, v in ours.items()
+            if k not in ignore and self.settings.get(k) != v
+        )
 
     def same_hashes(self, ours: dict[int, str]) -> int:
         """How many of ``ours`` (``{seed: checkpoint hash}``) are the checkpoints it cites."""
@@ -89,6 +104,18 @@ class Published:
         """The mean of ``seed``'s defined values in a cell (the cell and seed must be there)."""
         row = self.cells[group][arm][metric][self.seeds.index(seed)]
         return float(np.nanmean(np.array([np.nan if x is None else x for x in row], dtype=float)))
+
+    def largest_gaps(self, ours: dict[tuple[str, str, int], dict[str, float]]) -> tuple[dict[str, float], int]:
+        """Per metric the largest ``|our seed mean - theirs|`` over the cells of ``ours`` (``(group, their arm,
+        seed) -> {metric: our seed mean}``) that it holds too, and how many such cells there are."""
+        worst, cells = {}, 0
+        for (group, arm, seed), means in ours.items():
+            if seed not in self.seeds or arm not in self.cells.get(group, {}):
+                continue
+            for metric, mean in means.items():
+                worst[metric] = max(worst.get(metric, 0.0), abs(mean - self.seed_mean(group, arm, metric, seed)))
+            cells += 1
+        return worst, cells
 
 
 def load_results(root: Path, names: list[str]) -> dict[str, dict]:
