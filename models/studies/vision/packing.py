@@ -39,12 +39,12 @@ Size = tuple[int, int]
 
 @dataclass(frozen=True)
 class PackingStudy:
-    """The sizes of one run (``FULL``: the published one; ``QUICK``: seconds, plumbing only).
+    """The sizes of one run (``FULL``: the designed one; ``QUICK``: seconds, plumbing only).
 
     ``base`` is the resolution study whose runs are the one-size arm and whose training settings, test
     sets, sample inputs and sampler every arm here uses; ``base_root`` is where its runs live. The published
-    page (2026-12-02) was run when that study trained 6000 steps; it records its own settings, and ``FULL``
-    now trains the one-size and packed runs for the resolution study's 12000 (not re-run).
+    page (2026-12-02) was run when that study trained 6000 steps and records its own settings; ``FULL``
+    trains both arms for the resolution study's 12000 steps today (not yet run).
     """
 
     base: ResolutionStudy = resolution.FULL
