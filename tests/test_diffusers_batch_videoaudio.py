@@ -1,7 +1,7 @@
 """The video and audio family records (Mochi, LTX-2, Kandinsky, MiniMax, SANA-WM, AnyFlow, ACE-Step, Stable Audio)
 against their stock tables: :class:`RotaryTables` of a record, unscaled, gives what the stock tables module (or the
 pipeline's tables argument) gives, at the tiny model's default size and at another one; an install that replaces the
-tables keeps the output within the record's ``max_diff`` at the training size; a scaling that does not fit the
+tables at the training size is checked in ``tests/test_diffusers_families.py``; a scaling that does not fit the
 family's axes is refused with the family and the axis named.
 """
 
@@ -15,7 +15,6 @@ from axial_rope.conventions._registry import DIFFUSERS
 
 diffusers = pytest.importorskip("diffusers")
 
-from test_diffusers_families import _double, _train_size  # noqa: E402
 
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_tables import RotaryTables  # noqa: E402
@@ -76,33 +75,6 @@ def test_unscaled_rotary_tables_equal_the_stock_tables(name, size):
     if not record.amplitude:  # angles: equal as rotations (ours are reduced to (-pi, pi])
         got, stock = (got.cos(), got.sin()), (stock.cos(), stock.sin())
     _same_structure(got, stock)
-
-
-def _replaced(name: str) -> dict:
-    """An install that replaces the tables and leaves the rotation as stock: sized at the training grid, or (no
-    grid) a linear scaling by 1."""
-    if not DIFFUSERS[name].grid_axes:
-        return dict(scaling=ar.scaling.Linear(1.0))
-    return dict(mode="interpolate", train_size=_rope_train_size(name))
-
-
-def _rope_train_size(name: str) -> tuple[int, ...]:
-    """The training grid as the rope counts it: a 1-D model's sequence includes its prepended tokens."""
-    extra = {"StableAudioDiTModel": 1, "StableAudio3DiTModel": 2, "MiniMaxMusic3Transformer1DModel": 1}
-    size = _train_size(name)
-    return (size[0] + extra[name],) if name in extra else size
-
-
-@pytest.mark.parametrize("name", SERVED)
-def test_replaced_tables_at_the_training_size_keep_the_output_within_max_diff(name):
-    model, inputs = tiny.build(name)
-    model, inputs = model.double(), _double(inputs)
-    with torch.no_grad():
-        stock = model(**inputs)[0]
-        handle = set_rope_processors(model, **_replaced(name))
-        assert handle.tables is not None
-        diff = (model(**inputs)[0] - stock).abs().max().item()
-    assert diff <= DIFFUSERS[name].max_diff, diff
 
 
 # per family: a scaling that does not fit its axes, and the axis the error names

@@ -1,13 +1,17 @@
 """The checks every diffusers family record gets, on its tiny model (``models/tiny_diffusers.py``).
 
-For each served class with a tiny model: unscaled, the adapted model equals stock; at twice the training
-grid (twice the frames for video) a scaling changes the output and it stays finite; ``handle.remove()``
-restores stock bit for bit; activation checkpointing gives the same gradients. Batch 2 throughout, with
-the attention masks the tiny inputs carry. Models and inputs are float64 (positions and the model's own
-tables as they are), so the remaining differences are the float32 rounding of the model's tables: ``TOL``.
+For each served class with a tiny model: unscaled, the adapted model equals stock; with its tables replaced at
+the training size it runs on the record's unscaled tables; at twice the training grid (twice the frames for
+video) a scaling changes the output and it stays finite; ``handle.remove()`` restores stock bit for bit;
+activation checkpointing gives the same gradients. Batch 2 throughout, with the attention masks the tiny
+inputs carry. Models and inputs are float64 (positions and the model's own tables as they are), so the
+remaining differences are the float32 rounding of the model's tables: ``TOL``.
 """
 
 from __future__ import annotations
+
+import os
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -18,6 +22,7 @@ from axial_rope.conventions._registry import DIFFUSERS
 diffusers = pytest.importorskip("diffusers")
 
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
+from axial_rope.integrations.diffusers_tables import RotaryTables  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 
 # float64 models against each other, upstream's float32 tables (|angle| 8 u + 2 u at the few-radian angles of
@@ -58,6 +63,17 @@ def _twice(name: str) -> dict:
 _train_size = tiny.train_size  # the batch tests import it from here
 
 
+def _replacing(name: str) -> dict:
+    """An install that replaces the tables and leaves the positions as they are: sized at the training grid as the
+    rope counts it (a 1-D audio model's sequence includes its prepended tokens), or (no grid) a linear scaling by 1.
+    """
+    if not DIFFUSERS[name].grid_axes:
+        return dict(scaling=ar.scaling.Linear(1.0))
+    prepended = {"StableAudioDiTModel": 1, "StableAudio3DiTModel": 2, "MiniMaxMusic3Transformer1DModel": 1}
+    size = _train_size(name)
+    return dict(mode="interpolate", train_size=(size[0] + prepended[name],) if name in prepended else size)
+
+
 def _sized(name: str) -> dict:
     """Resolution scaling for the twice-as-large inputs: the tiny model's ``mode`` (``"interpolate"``; ``"yarn"``
     where the model's own positions interpolate already) against the default grid, or (positions the pipeline
@@ -73,6 +89,61 @@ def test_unscaled_equals_stock(name):
     stock = _run(model, inputs)
     set_rope_processors(model)
     torch.testing.assert_close(_run(model, inputs), stock, atol=TOL, rtol=TOL)
+
+
+@contextmanager
+def answered_by_the_records_tables(model):
+    """The stock model with each tables module (or method) the record replaces answering with the record's
+    unscaled :class:`RotaryTables` (the stock module's other attributes still readable): stock arithmetic on
+    the adapter's tables. An instance attribute stands in front of the submodule or method of that name."""
+    family, config = DIFFUSERS[type(model).__name__], model.config
+    own = None if family.frequencies is None else family.frequencies(config)
+    made = [(family.tables[1], family.rope, family.positions, family.layout, own)]
+    made += [(p.tables[1], p.rope, p.positions, p.layout, None) for p in family.producers]
+    stand_ins = {
+        attr: RotaryTables(rope(config), positions(config), layout, None, stock=getattr(model, attr), frequencies=f)
+        for attr, rope, positions, layout, f in made
+    }
+    stock = {attr: model.__dict__.get(attr) for attr in stand_ins}  # a plain object (Z-Image's) lives there
+    for attr, stand_in in stand_ins.items():
+        object.__setattr__(model, attr, stand_in)
+    try:
+        yield
+    finally:
+        for attr, held in stock.items():
+            if held is None:
+                del model.__dict__[attr]  # the submodule or class method of that name shows again
+            else:
+                object.__setattr__(model, attr, held)
+
+
+@pytest.mark.parametrize("name", [n for n in CLASSES if DIFFUSERS[n].scalable])
+def test_tables_replaced_at_the_training_size_are_the_records_unscaled_tables(name):
+    # sized at the training grid (or scaled by 1), the positions stay as they are. Where the stock processors rotate
+    # by the replaced module's (or method's) tables, the model then runs on the record's unscaled tables: bit for
+    # bit the stock model with that module answering with them, on any CPU (how far those tables sit from
+    # upstream's float32 ones is the tables tests' bound, test_diffusers_batch_*). Tables a pipeline passes as
+    # arguments, or a fused processor's rotation from positions, are held to TOL against stock (their angles are
+    # a few radians at the tiny grids). The difference from stock is the docs' "max diff": one machine's
+    # measurement (AXIAL_ROPE_MEASURE=1 prints it), not a bound (another CPU's float32 libm rounds upstream's
+    # tables otherwise: an AVX-512 Xeon measured Z-Image at 4.0e-8 where the docs' AVX2 EPYC had 1.3e-8).
+    family = DIFFUSERS[name]
+    model, inputs = _model(name)
+    stock = _run(model, inputs)
+    exact = family.processor is None and family.tables[0] in ("module", "method")
+    if exact:
+        with answered_by_the_records_tables(model):
+            on_ours = _run(model, inputs)
+        assert torch.equal(_run(model, inputs), stock)  # the stand-ins removed: stock again
+    handle = set_rope_processors(model, **_replacing(name))
+    assert handle.tables is not None
+    replaced = _run(model, inputs)
+    if os.environ.get("AXIAL_ROPE_MEASURE"):
+        print(f"MEASURED {name} {float((replaced - stock).abs().max()):.3g}")
+    if exact:
+        assert torch.equal(replaced, on_ours)
+    else:
+        torch.testing.assert_close(replaced, stock, atol=TOL, rtol=TOL)
 
 
 @pytest.mark.parametrize("name", [n for n in CLASSES if DIFFUSERS[n].scalable])
