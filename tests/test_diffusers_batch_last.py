@@ -10,7 +10,7 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
-from test_diffusers_families import _double, _run, answered_by_the_records_tables  # noqa: E402
+from test_diffusers_families import _double, _run, answered_by_the_records_tables, records_tables  # noqa: E402
 
 from axial_rope import scaling  # noqa: E402
 from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
@@ -94,17 +94,6 @@ def _stock_calls(name: str, model, inputs: dict, attr: str | None = None) -> lis
     return recorder.calls
 
 
-def _producers(name: str, model) -> list[tuple[str, RotaryTables]]:
-    """The record's tables modules (attribute, ours unscaled): its own, then its further producers (LTX-2)."""
-    family, config = DIFFUSERS[name], model.config
-    own = None if family.frequencies is None else family.frequencies(config)
-    made = [(family.tables[1], RotaryTables(family.rope(config), family.positions(config), family.layout, None,
-                                            frequencies=own))]  # fmt: skip
-    for p in family.producers:
-        made.append((p.tables[1], RotaryTables(p.rope(config), p.positions(config), p.layout, None)))
-    return made
-
-
 def _tolerance(ours: RotaryTables, args, kwargs) -> float:
     """5 u of the largest angle of the call (see TABLES_TOL) + 3e-5."""
     pos, *_ = ours.positions(ours.rope, None, *args, **kwargs)
@@ -120,7 +109,7 @@ def test_unscaled_tables_equal_the_stock_tables(name):
     frames, h, w = tiny.TINY[name].grid
     for size in ((h, w), (5, 3)):
         inputs = tiny.inputs(name, *size)
-        for attr, ours in _producers(name, model):
+        for attr, ours in records_tables(model).items():
             calls = _stock_calls(name, model, inputs, attr)
             assert calls, attr
             for args, kwargs, want in calls:

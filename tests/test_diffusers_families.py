@@ -91,19 +91,28 @@ def test_unscaled_equals_stock(name):
     torch.testing.assert_close(_run(model, inputs), stock, atol=TOL, rtol=TOL)
 
 
-@contextmanager
-def answered_by_the_records_tables(model):
-    """The stock model with each tables module (or method) the record replaces answering with the record's
-    unscaled :class:`RotaryTables` (the stock module's other attributes still readable): stock arithmetic on
-    the adapter's tables. An instance attribute stands in front of the submodule or method of that name."""
+def records_tables(model) -> dict[str, RotaryTables]:
+    """The record's unscaled :class:`RotaryTables` of ``model`` by the attribute each stands for: its own tables
+    module (or method), then its further producers (LTX-2); the stock one's other attributes readable through it
+    (none where the tables are an argument)."""
     family, config = DIFFUSERS[type(model).__name__], model.config
     own = None if family.frequencies is None else family.frequencies(config)
     made = [(family.tables[1], family.rope, family.positions, family.layout, own)]
     made += [(p.tables[1], p.rope, p.positions, p.layout, None) for p in family.producers]
-    stand_ins = {
-        attr: RotaryTables(rope(config), positions(config), layout, None, stock=getattr(model, attr), frequencies=f)
+    return {
+        attr: RotaryTables(
+            rope(config), positions(config), layout, None, stock=getattr(model, attr, None), frequencies=f
+        )
         for attr, rope, positions, layout, f in made
     }
+
+
+@contextmanager
+def answered_by_the_records_tables(model):
+    """The stock model with each tables module (or method) the record replaces answering with the record's
+    unscaled tables (:func:`records_tables`): stock arithmetic on the adapter's tables. An instance attribute
+    stands in front of the submodule or method of that name."""
+    stand_ins = records_tables(model)
     stock = {attr: model.__dict__.get(attr) for attr in stand_ins}  # a plain object (Z-Image's) lives there
     for attr, stand_in in stand_ins.items():
         object.__setattr__(model, attr, stand_in)
