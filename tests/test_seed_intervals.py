@@ -25,6 +25,7 @@ from models.studies.seed_intervals import (
     holm,
     paired_t,
     per_seed_differences,
+    satterthwaite_floor,
     t_cdf,
     t_quantile,
 )
@@ -106,6 +107,19 @@ def test_crossed_t_clusters_and_reduces_to_the_t_over_seeds():
     assert math.isnan(crossed_t(a, b).interval.mean) and math.isnan(crossed_t(a, b).p_value)
     with pytest.raises(ValueError, match="2 seeds"):
         crossed_t(a[:1], b[:1])
+
+
+def test_crossed_t_keeps_an_integer_df_that_floats_compute_below_it():
+    # issue 39, item 8: every sample differing by its seed's amount leaves the seed mean square alone, so
+    # Satterthwaite's df is S - 1 = 4 exactly; the floats give 3.9999999999999987, which the raw floor made 3
+    # (t 3.18 instead of 2.78: the interval 15% too wide; three published intervals were off in their 2nd decimal)
+    a = np.array([0.1, -0.4, -0.2, 0.6, 0.3])[:, None] + np.zeros((5, 7))
+    b = np.zeros((5, 7))
+    got, want = crossed_t(a, b), paired_t(a, b)
+    assert got.interval == pytest.approx(tuple(want.interval), abs=1e-12)
+    assert got.p_value == pytest.approx(want.p_value, abs=1e-12)
+    assert satterthwaite_floor(14.999999999999998) == satterthwaite_floor(15.000000000000002) == 15
+    assert satterthwaite_floor(14.99) == satterthwaite_floor(14.5) == 14  # a fractional df still rounds down
 
 
 def test_t_distribution_matches_the_tables():

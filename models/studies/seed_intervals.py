@@ -53,6 +53,7 @@ __all__ = [
     "holm",
     "paired_t",
     "per_seed_differences",
+    "satterthwaite_floor",
     "t_cdf",
     "t_quantile",
 ]
@@ -180,6 +181,21 @@ def _cluster_means(d: np.ndarray, clusters) -> np.ndarray:
         return total / count
 
 
+def satterthwaite_floor(df: float) -> int:
+    """Satterthwaite's degrees of freedom ``df`` (a float) rounded down, an integer up to float rounding kept.
+
+    Why rounded down rather than used as a fraction: the approximation is conservative that way (the t quantile
+    of fewer degrees is larger, so the interval errs wide, as the bootstrap's does), and :func:`t_cdf` is exact
+    for integer ``df`` only. Why the tolerance: where one mean square carries the whole variance the exact
+    ``df`` is an integer (``S - 1``, ``C - 1`` or ``(S - 1)(C - 1)``), and the float ratio lands a few ulps on
+    either side of it (``14.999999999999998``); floored raw, it loses a whole degree of freedom and widens the
+    interval for nothing. Values within ``1e-9`` (relative) of an integer are taken as that integer: the float
+    error of the ratio of sums of squares is about ``1e-15``, and the t quantile is continuous in ``df``, so
+    even a truly fractional ``df`` that close to ``n`` has the quantile of ``n`` to about ``1e-9``."""
+    nearest = round(df)
+    return int(nearest) if abs(df - nearest) <= 1e-9 * max(1.0, abs(df)) else math.floor(df)
+
+
 def crossed_t(a, b, level: float = 0.95, *, clusters=None) -> PairedTest:
     """``a - b`` (arrays ``[S, N]``, paired cell by cell) with seeds and samples (or ``clusters [N]`` of them)
     as crossed random factors: the two-way random-effects interval with Satterthwaite's degrees of freedom.
@@ -189,7 +205,8 @@ def crossed_t(a, b, level: float = 0.95, *, clusters=None) -> PairedTest:
     squares ``MS_S = C sum_s (r_s - m)^2 / (S - 1)``, ``MS_C = S sum_c (c_c - m)^2 / (C - 1)`` and the residual
     ``MS_E``; ``Var(m) = v_S / S + v_C / C + MS_E / (S C)`` with ``v_S = max(0, (MS_S - MS_E) / C)`` and
     ``v_C = max(0, (MS_C - MS_E) / S)``; the degrees of freedom those mean squares carry, by Satterthwaite,
-    rounded down (the interval errs wide)."""
+    rounded down (the interval errs wide; an integer up to float rounding stays that integer:
+    :func:`satterthwaite_floor`)."""
     cells = _cluster_means(_paired_cells(a, b), clusters)
     per_seed = per_seed_differences(a, b)
     d = cells[:, ~np.isnan(cells).any(0)]  # [S, C]: the units defined in every seed
@@ -214,7 +231,7 @@ def crossed_t(a, b, level: float = 0.95, *, clusters=None) -> PairedTest:
     if var <= 0:  # every cell equal: no spread to estimate
         return PairedTest(Interval(m, m, m), 0.0 if m else 1.0, tuple(map(float, per_seed)), units, method)
     denominator = sum((k * ms) ** 2 / df for k, ms, df in terms if k)
-    df = max(1, math.floor((var * S * C) ** 2 / denominator))
+    df = max(1, satterthwaite_floor((var * S * C) ** 2 / denominator))
     se = math.sqrt(var)
     half = t_quantile((1 + level) / 2, df) * se
     interval = Interval(m, m - half, m + half)
