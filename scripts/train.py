@@ -24,6 +24,7 @@ from models.training.checkpoint import CheckpointError
 from models.training.config import RUN_DEFAULTS, TrainConfig, run_config
 from models.training.distributed import plan
 from models.training.run_checks import check_memory, check_run
+from models.training.run_state import export_refusal
 from models.training.rundir import RunFolderError
 from models.training.trainer import TrainingDiverged, export_weights, train
 
@@ -71,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument(
         "--export",
         metavar="FILE",
-        help="write OUT's run (either format) as one safetensors file for inference, then exit",
+        help="write OUT's run (either format) as one safetensors file for inference, then exit (FILE may be an "
+        "earlier export, never a training checkpoint: the run's own or another's)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-report", action="store_true", help="no validation, samples or loss curve")
@@ -87,6 +89,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     except ValueError as err:  # a nonsense setting: one line and exit status 2, before anything runs
         parser.error(str(err))
     cli.out_folder(parser, "--out", cfg.out)
+    if args.export:  # an export never replaces training state (the run's own checkpoint, or any other)
+        cli.out_file(parser, "--export", args.export)
+        if (refusal := export_refusal(cfg.out, args.export)) is not None:
+            parser.error(f"--export {args.export} {refusal}")
     return cfg
 
 

@@ -163,3 +163,32 @@ def test_bench_refuses_nonsense(argv, words, capsys):
 def test_bench_refuses_outputs_under_a_file(capsys, a_file):
     refused(bench.main, ["--out", str(a_file)], capsys, "--out", "is a file")
     refused(bench.main, ["--packed", "--json", str(a_file / "x.json")], capsys, "--json", "under the file")
+
+
+def test_export_never_replaces_a_training_checkpoint(capsys, tmp_path):
+    """Issue 39, item 5: ``--export RUN/checkpoint.safetensors --out RUN`` replaced the run's checkpoint (AdamW
+    state included) by the export, exit 0; ``--resume`` then failed. Refused now, nothing written."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    train.main([*TINY_RUN, "--resolution", "16", "--out", str(run)])  # one step: AdamW's state in the checkpoint
+    other.mkdir()
+    (other / "checkpoint.safetensors").write_bytes((run / "checkpoint.safetensors").read_bytes())  # another run's
+    kept = {path: path.read_bytes() for path in (run / "checkpoint.safetensors", other / "checkpoint.safetensors")}
+    own = run / "checkpoint.safetensors"
+    refused(train.main, ["--out", str(run), "--export", str(own)], capsys, "--export", str(own), "own checkpoint")
+    (run / "checkpoint.dcp").symlink_to("checkpoint-dcp-000001-x")  # a DCP run's link (dangling: only its name counts)
+    cases = [
+        (tmp_path / "." / "run" / "checkpoint.safetensors", "the run's own checkpoint"),  # the same file, spelt apart
+        (run / "checkpoint.dcp", "the run's own checkpoint"),
+        (run / "checkpoint-dcp-000001-x" / "model.safetensors", "the run's own checkpoint"),
+        (other / "checkpoint.safetensors", "holds a training checkpoint"),
+        (run / "log.jsonl", "is a file of the run"),
+    ]
+    for path, words in cases:
+        refused(train.main, ["--out", str(run), "--export", str(path)], capsys, "--export", str(path), words)
+    assert all(path.read_bytes() == data for path, data in kept.items())
+    (run / "checkpoint.dcp").unlink()
+    exported = tmp_path / "model.safetensors"
+    for _ in range(2):  # an earlier export is replaced
+        train.main(["--out", str(run), "--export", str(exported)])
+    train.main([*TINY_RUN, "--steps", "2", "--resolution", "16", "--resume", "--out", str(run)])
+    assert "done at step 2" in capsys.readouterr().out

@@ -21,6 +21,7 @@ import torch
 
 FORMAT = "axial_rope-train-2"  # 2: checksums; 1 (no checksums) still loads
 LEGACY_FORMATS = ("axial_rope-train-1",)
+EXPORTED = "exported_from"  # the key of an export's extra JSON (the run folder it came from)
 
 
 class CheckpointError(RuntimeError):
@@ -160,10 +161,11 @@ def _parse(path: Path, meta: dict) -> dict:
 
 
 def metadata(path: str | Path) -> dict:
-    """``{"step", "run"}`` of a checkpoint (a file or its run folder), without reading its tensors."""
+    """``{"step", "run", "exported"}`` of a checkpoint (a file or its run folder), without reading its tensors;
+    ``exported``: written by an export (weights for inference, no optimizer state), not by a training run."""
     path, meta = _open(path)
     parsed = _parse(path, meta)
-    return {"step": parsed["step"], "run": parsed["run"]}
+    return {"step": parsed["step"], "run": parsed["run"], "exported": EXPORTED in parsed["extra"]}
 
 
 def _verify(path: Path, tensors: dict[str, torch.Tensor], checksums: dict | None) -> None:

@@ -10,14 +10,16 @@ one process) is keyed by parameter name for FSDP2's ``set_optimizer_state_dict``
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
 from . import checkpoint, sharded_checkpoint
 from .config import HYPERPARAMETERS, RUN_KEYS
 
-__all__ = ["restore", "save", "saved_step", "state"]
+__all__ = ["export_refusal", "restore", "save", "saved_step", "state"]
 
 SAFETENSORS = "checkpoint.safetensors"
 
@@ -61,6 +63,29 @@ def saved_step(out) -> int:
     if sharded_checkpoint.exists(out):
         return sharded_checkpoint.metadata(out)["step"]
     return checkpoint.metadata(out)["step"]
+
+
+def export_refusal(out, path) -> str | None:
+    """Why an export of the run in ``out`` may not be written to ``path`` (``None``: it may), as the end of a
+    sentence that starts with the path. An export replaces an earlier export, nothing else of value: never the
+    run's own checkpoint (either format: what ``--resume`` reads), another file of the run folder (its log, its
+    settings), nor a training checkpoint anywhere (its optimizer state would be lost)."""
+    path = Path(path)
+    here = Path(os.path.realpath(path.parent)) / path.name  # a link at path is replaced, not followed
+    in_run, never = here.parent == Path(os.path.realpath(out)), "an export never replaces"
+    if (in_run and here.name == SAFETENSORS) or sharded_checkpoint.is_state_path(out, path):
+        return f"is the run's own checkpoint in {out}: {never} what --resume reads; choose another file"
+    if not (path.exists() or path.is_symlink()):
+        return None
+    try:
+        exported = checkpoint.metadata(path)["exported"]
+    except checkpoint.CheckpointError:  # not a checkpoint (or an unreadable one)
+        exported = None
+    if exported is False:
+        return f"holds a training checkpoint (with its optimizer state): {never} one; choose another file"
+    if exported is None and in_run:
+        return f"is a file of the run in {out}: {never} one; choose another file"
+    return None
 
 
 def restore(run) -> None:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from .checkpoint import CheckpointError
 
-__all__ = ["LINK", "exists", "export", "load", "metadata", "remove", "remove_temporaries", "save"]
+__all__ = ["LINK", "exists", "export", "is_state_path", "load", "metadata", "remove", "remove_temporaries", "save"]
 
 LINK = "checkpoint.dcp"
 FORMAT = "axial_rope-train-dcp-1"
@@ -62,6 +62,15 @@ def _meta_checksum(meta: dict) -> str:
 
 def exists(folder: str | Path) -> bool:
     return (Path(folder) / LINK).is_symlink()
+
+
+def is_state_path(folder: str | Path, path: str | Path) -> bool:
+    """Whether ``path`` is part of the DCP checkpoint of the run ``folder``: its link, a save folder (finished
+    or not) or a file in one. Compared with both resolved, the last part of ``path`` unfollowed (a link)."""
+    run = Path(os.path.realpath(folder))
+    here = Path(os.path.realpath(Path(path).parent)) / Path(path).name
+    ours = (LINK, f".{LINK}.", _PREFIX, f".{_PREFIX}")  # the link, one not swapped in yet, the save folders
+    return any(p.parent == run and p.name.startswith(ours) for p in (here, *here.parents))
 
 
 def _state(model: torch.nn.Module, optimizer, ema: list[torch.Tensor]) -> dict:

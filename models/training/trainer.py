@@ -333,11 +333,14 @@ def trained_weights(path: str | Path, *, use_ema: bool = True) -> tuple[dict, di
 def export_weights(run_dir: str | Path, path: str | Path) -> Path:
     """One consolidated safetensors checkpoint of a run folder (either format, DCP included) for inference: the
     model and EMA weights whole, no optimizer state; :func:`load_trained`, ``scripts.sample --checkpoint PATH``
-    and the diffusers exports (models/training/export.py) read it."""
+    and the diffusers exports (models/training/export.py) read it. ``path`` may be an earlier export, never
+    training state (:func:`~models.training.run_state.export_refusal`: a ``CheckpointError`` saying why)."""
+    if (refusal := run_state.export_refusal(run_dir, path)) is not None:
+        raise checkpoint.CheckpointError(f"{path} {refusal}")
     run, model = trained_weights(run_dir, use_ema=False)
     _, ema = trained_weights(run_dir, use_ema=True)
     empty = {"state": {}, "param_groups": []}
-    extra = {"exported_from": str(run_dir)}
+    extra = {checkpoint.EXPORTED: str(run_dir)}
     return checkpoint.save(
         path, model=model, ema=ema, optimizer=empty, step=run_state.saved_step(run_dir), run=run, extra=extra
     )
