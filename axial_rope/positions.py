@@ -22,7 +22,7 @@ from .scaling import NTK, Scaling, YaRN
 
 __all__ = ["grid", "crop_grid", "text_positions", "positions_for_size", "SizedPositions", "POSITION_MODES"]
 
-POSITION_MODES = ("none", "interpolate", "ntk", "yarn", "normalize")
+POSITION_MODES = ("none", "interpolate", "ntk", "yarn", "normalize", "content")
 
 _NORMALIZE = (False, True, "separate", "max", "min")
 
@@ -207,7 +207,15 @@ def positions_for_size(
     - ``"normalize"``: ``pos = (i + 1/2 - n_a / 2) * M / m``, cell centres in ``[-1, 1]`` by the
       longest normalised axis ``m = max n_a`` (the aspect ratio is kept), times ``M / 2`` with
       ``M = max N_a``, so the training size has unit spacing (centred). Sizes below the
-      training size are compressed the other way; the mode has no factor.
+      training size are compressed the other way; the mode has no factor;
+    - ``"content"``: ``pos = i / c`` with ``c = min_a s_a`` over the axes in this mode: positions
+      interpolated by the growth those axes share. Content that grows with the image (the same
+      scene at a higher resolution) is interpolated as by ``"interpolate"``; extent one side gains
+      beyond the other (a wider canvas, another aspect ratio) keeps unit spacing, as ``"none"``
+      would. One ``"content"`` axis is ``"interpolate"``. A square upscale is interpolation and a
+      1:2 canvas of the trained height plain positions: what the resolution study measured best
+      for each (docs/experiments/resolution.md); the automatic policy (:mod:`axial_rope.policy`)
+      plans it for image axes.
 
     Args:
         sizes: tokens per axis now, e.g. ``(h, w)`` or ``(t, h, w)``.
@@ -233,11 +241,16 @@ def positions_for_size(
     normalized = [a for a, m in enumerate(modes) if m == "normalize"]
     longest = functools.reduce(torch.sym_max, (sizes[a] for a in normalized), 1)
     longest_train = functools.reduce(torch.sym_max, (train[a] for a in normalized), 1)
+    # the growth every "content" axis shares (sym_min: no branch on a symbolic size)
+    content = [factors[a] for a, m in enumerate(modes) if m == "content"]
+    common = functools.reduce(torch.sym_min, content) if content else 1.0
     axes, scaling = [], []
     for n, t, s, m in zip(sizes, train, factors, modes):
         c = torch.arange(n, dtype=torch.float64)
         if m == "interpolate":
             c = c / s
+        elif m == "content":
+            c = c / common
         elif m == "normalize":
             c = (c + 0.5 - n / 2) * (longest_train / longest)
         scaled = m in ("ntk", "yarn") and s > 1  # only these modes look at the factor (a guard when symbolic)
