@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 __all__ = [
-    "Convention", "DiffusersFamily", "TablesProducer", "DIFFUSERS", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "REGISTRY", "builds_rope",
+    "Convention", "DiffusersFamily", "PipelineUnits", "TablesProducer", "TrainedGrid", "DIFFUSERS", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "REGISTRY", "builds_rope",
     "diffusers_family", "diffusers_table", "register", "register_diffusers", "table",
 ]  # fmt: skip
 
@@ -121,6 +121,51 @@ class TablesProducer:
 
 
 @dataclass(frozen=True)
+class TrainedGrid:
+    """A released checkpoint's training size, what the automatic policy (:mod:`axial_rope.policy`) plans against.
+
+    Attributes:
+        checkpoint: the released model, e.g. ``"FLUX.1 [dev]"``.
+        size: the largest training size in the pipeline's units (:class:`PipelineUnits`): ``(height, width)`` pixels
+            for images, ``(frames, height, width)`` for video, ``(tokens,)`` for a one-axis latent (audio).
+        source: where it was read: model card, config or paper, with its address or arXiv number.
+    """
+
+    checkpoint: str
+    size: tuple[int, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class PipelineUnits:
+    """How a pipeline's size maps to the token grid of a family's grid axes.
+
+    Attributes:
+        pixels: pixels per token along y and x (the VAE's downsampling times the patch), e.g. 16 for FLUX.1
+            (VAE 8, 2 x 2 patches); ``None``: the grid has no spatial axes.
+        frames: ``(c, p)`` for video: ``latent = (frames - 1) // c + 1`` latent frames (the causal VAE's ``c``-fold
+            compression, the first frame alone), cut into ``ceil(latent / p)`` tokens; ``None``: no time axis
+            in the grid.
+    """
+
+    pixels: int | None = 16
+    frames: tuple[int, int] | None = None
+
+    def tokens(self, size: tuple[int, ...]) -> tuple[int, ...]:
+        """The token grid of a pipeline ``size`` (see :class:`TrainedGrid`), one int per grid axis."""
+        size = tuple(size)
+        if self.pixels is None:  # a one-axis latent: the size is already tokens
+            return size
+        *frames, height, width = size
+        spatial = (height // self.pixels, width // self.pixels)
+        if self.frames is None:
+            return spatial
+        c, p = self.frames
+        latent = (frames[0] - 1) // c + 1
+        return (-(-latent // p), *spatial)
+
+
+@dataclass(frozen=True)
 class DiffusersFamily:
     """How a family of diffusers transformers computes and uses its RoPE: the one place a family is described.
 
@@ -179,6 +224,10 @@ class DiffusersFamily:
             model then runs on the record's own tables instead.
         source: the upstream file and symbol the record transcribes.
         axes: the axes and their channels from the config, in words (for the docs table).
+        trained: the released checkpoints' training sizes (:class:`TrainedGrid`), each with its source: what
+            ``policy="auto"`` plans against (the largest extent per axis over them); ``()``: unknown, so the
+            policy needs ``train_size``.
+        units: how the pipeline's size (pixels, frames) maps to the token grid of ``grid_axes``.
     """
 
     name: str
@@ -203,6 +252,8 @@ class DiffusersFamily:
     max_diff: float = 0.0
     source: str = ""
     axes: str = ""
+    trained: tuple[TrainedGrid, ...] = ()
+    units: PipelineUnits = PipelineUnits()
 
     @property
     def scalable(self) -> bool:
