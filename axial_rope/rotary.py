@@ -118,6 +118,14 @@ class Rotary:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every module it compiles, a submodule of a torch.fx GraphModule
+        # included: the rotation (keyword-only arguments, dataclass records) is Python TorchScript cannot compile
+        raise RuntimeError(
+            f"{type(self).__name__} cannot be scripted with TorchScript (axial_rope's rotation is not scriptable); "
+            "use torch.compile, torch.export or torch.fx (supported)"
+        )
+
     def rotate(self, x: torch.Tensor, pos: torch.Tensor, layout: str = "bshd", **kwargs) -> torch.Tensor:
         """Rotate one tensor (queries or keys alone); same arguments as :meth:`forward`."""
         check_tensor("x", x, 4)

@@ -200,3 +200,45 @@ def test_docs_timm_examples_run():
     namespace: dict = {}
     for block in blocks:  # one reader's session
         exec(compile(block, "docs/integrations.md:timm", "exec"), namespace)
+
+
+def _fx_model(model):
+    """timm's ``_create_fx_model`` (tests/test_models.py): a feature extractor returning the last train/eval node."""
+    fx = pytest.importorskip("torchvision.models.feature_extraction")
+    from timm.models import get_notrace_functions, get_notrace_modules
+
+    kwargs = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
+    train_nodes, eval_nodes = fx.get_graph_node_names(model, tracer_kwargs=kwargs)
+    return fx.create_feature_extractor(model, train_return_nodes=[train_nodes[-1]],
+                                       eval_return_nodes=[eval_nodes[-1]], tracer_kwargs=kwargs)  # fmt: skip
+
+
+@pytest.mark.parametrize("route", ["script", "fx_then_script"])
+@pytest.mark.parametrize("name", NAMES)
+def test_torchscript_of_every_registered_model_raises_the_documented_error(name, route):
+    """timm's test_model_forward_torchscript and test_model_forward_fx_torchscript, for each registered name: the
+    traced one used to reach the rotation's Python and fail with a raw NotSupportedError from axial_rope/rotary.py."""
+    with timm.layers.set_layer_config(scriptable=True):
+        model = timm.create_model(name, pretrained=False, depth=1).eval()  # depth=1: the error is per module
+    target = model if route == "script" else _fx_model(model)
+    with pytest.raises(RuntimeError, match=r"cannot be scripted with TorchScript .*use torch.compile, torch.export or "
+                                           r"torch.fx .*EXCLUDE_JIT_FILTERS"):  # fmt: skip
+        torch.jit.script(target)
+    if route == "fx_then_script":  # the trace itself is supported and runs
+        with torch.no_grad():
+            assert next(iter(target(torch.randn(1, 3, 64, 64)).values())).shape[0] == 1
+
+
+def test_torchscript_of_any_module_holding_a_rope_raises_the_library_error():
+    """Outside timm too: a module that holds an AxialRoPE is refused by name, not by TorchScript's frontend."""
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rope = ar.AxialRoPE((8, 8))
+
+        def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor):
+            return self.rope(q, k, pos)
+
+    with pytest.raises(RuntimeError, match=r"AxialRoPE cannot be scripted with TorchScript .*torch.fx \(supported\)"):
+        torch.jit.script(Holder())

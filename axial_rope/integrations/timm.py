@@ -47,7 +47,7 @@ from ..init import deferred_init
 from ..ops.rotation import Rotation
 from ..rope import AxialRoPE
 from ..scaling import Scaling
-from .timm_rope import ROPE_POSITIONS, GridRoPE, RopeBlock, check_rope_positions, scaling_json
+from .timm_rope import ROPE_POSITIONS, GridRoPE, RopeBlock, check_rope_positions, scaling_json, script_error
 
 __all__ = ["AxialRoPEViT", "EXCLUDE_JIT_FILTERS", "GridRoPE", "ROPE_POSITIONS"]
 
@@ -229,11 +229,7 @@ class AxialRoPEViT(nn.Module):
 
     def __prepare_scriptable__(self):
         # torch.jit.script calls this first: the library's rope is Python TorchScript cannot compile
-        raise RuntimeError(
-            f"{type(self).__name__} cannot be scripted with TorchScript (axial_rope's rotation is not scriptable); "
-            "use torch.compile, torch.export or torch.fx (supported), and exclude it from scripting tests "
-            "like timm's own non-scriptable models (EXCLUDE_JIT_FILTERS)"
-        )
+        raise script_error(type(self).__name__)
 
     def positions(self, height: int, width: int, device=None) -> torch.Tensor:
         """Patch coordinates ``[height * width, 2]`` (y, x), row-major, for a ``height x width`` patch grid."""

@@ -24,7 +24,7 @@ from ..rope import AxialRoPE
 from ..scaling import Scaling
 from ..scaling import from_dict as scaling_from_dict
 
-__all__ = ["GridRoPE", "RopeAttention", "RopeBlock", "ROPE_POSITIONS", "scaling_json"]
+__all__ = ["GridRoPE", "RopeAttention", "RopeBlock", "ROPE_POSITIONS", "scaling_json", "script_error"]
 
 ROPE_POSITIONS = POSITION_MODES  # the modes of axial_rope.positions_for_size
 
@@ -40,6 +40,15 @@ def scaling_json(value) -> dict | list | None:
     if isinstance(value, (list, tuple)):
         return [scaling_json(v) for v in value]
     raise TypeError(f"rope_scaling must be None, a scaling method, its dict, or one per axis, got {value!r}")
+
+
+def script_error(owner: str) -> RuntimeError:
+    """The error of ``torch.jit.script`` on a model (or a torch.fx trace of one) that holds the library's rotation."""
+    return RuntimeError(
+        f"{owner} cannot be scripted with TorchScript (axial_rope's rotation is not scriptable); "
+        "use torch.compile, torch.export or torch.fx (supported), and exclude it from scripting tests "
+        "like timm's own non-scriptable models (EXCLUDE_JIT_FILTERS)"
+    )
 
 
 def _code(value) -> int:
@@ -64,6 +73,11 @@ class GridRoPE(nn.Module):
         super().__init__()
         self.rope, self.trained, self.mode = rope, tuple(trained), mode
         self.scaling = scaling_json(scaling)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script of a torch.fx trace (timm's test_model_forward_fx_torchscript) reaches this leaf,
+        # not the model's own __prepare_scriptable__: the same error
+        raise script_error(f"{type(self).__name__} (the rotary leaf of a traced AxialRoPEViT)")
 
     def code(self) -> torch.Tensor:
         """The settings as int64 (dtype casts leave it exact): version, theta, grid h and w, mode, scaling."""
