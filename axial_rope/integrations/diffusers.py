@@ -46,7 +46,7 @@ from .diffusers_processors import (
     HunyuanVideoRopeProcessor,
     WanRopeProcessor,
 )
-from .diffusers_tables import RotaryTables, argument_hook, grid_hook, time_hook
+from .diffusers_tables import RotaryTables, answer_with, argument_hook, grid_hook, time_hook
 
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
 
@@ -70,11 +70,11 @@ class RopeProcessors:
         hooks: the forward pre-hooks installed on the transformer (the sampling time; CogVideoX's tables).
     """
 
-    def __init__(self, transformer, rope, tables, originals: dict, names: list[str], hooks: list, replaced=None):
+    def __init__(self, transformer, rope, tables, originals: dict, names: list[str], hooks: list, undo=None):
         self.transformer, self.rope, self.tables, self.hooks = transformer, rope, tables, hooks
         self.originals = originals  # every processor before installation, by name ({}: none replaced)
         self.names = names
-        self._replaced = replaced or []  # (attribute, the stock tables module or None) per tables module replaced
+        self._undo = undo or []  # per tables site, what puts the stock one back (run in reverse order)
 
     def remove(self) -> None:
         """Put the stock tables module and processors back and drop the hooks (idempotent).
@@ -91,15 +91,8 @@ class RopeProcessors:
             self.transformer.set_attn_processor(current)
         for hook in self.hooks:
             hook.remove()
-        for name, stock in self._replaced:
-            if stock is None:  # a method was shadowed on the instance: the class's own is found again
-                del self.transformer.__dict__[name]
-            elif isinstance(stock, torch.nn.Module):
-                stock = stock.to(next(self.tables.rope.buffers()).device)
-            else:  # a plain object (Z-Image's RopeEmbedder): our module goes, the attribute is set again
-                delattr(self.transformer, name)
-            if stock is not None:
-                setattr(self.transformer, name, stock)
+        for undo in reversed(self._undo):
+            undo()
         if _TABLES in self.transformer._modules:  # the method's stand-in, the blocks' tables
             delattr(self.transformer, _TABLES)
         delattr(self.transformer, _ATTR)
@@ -192,7 +185,7 @@ def set_rope_processors(
     device = next(iter(transformer.parameters())).device
     rope = rope.to(device)
     scaled = sizing is not None or any(s is not None for s in rope.scaling)
-    tables, hooks, replaced = None, [], []
+    tables, hooks, undo = None, [], []
     if scaled:
         where, attr = family.tables
         config = transformer.config
@@ -221,12 +214,11 @@ def set_rope_processors(
             hooks.append(grid_hook(transformer, every, names, read(config)))
         if where == "module":
             for attribute, stock, ours in built:
-                replaced.append((attribute, stock))
-                setattr(transformer, attribute, ours)
+                undo.append(_stand_in(transformer, attribute, stock, ours))
         elif where == "method":  # a model method computes them: an instance attribute shadows it
-            replaced.append((attr, None))
             transformer.add_module(_TABLES, tables)  # a submodule, so .to() and compile see it
             object.__setattr__(transformer, attr, tables)
+            undo.append(lambda: transformer.__dict__.pop(attr))  # the class's method is found again
         elif where == "block argument":  # each rotary block takes them as an argument: a pre-hook per block
             transformer.add_module(_TABLES, tables)
             for block in _rotary_blocks(transformer, family.blocks):
@@ -243,9 +235,25 @@ def set_rope_processors(
         ours = _PROCESSORS[family.processor]
         new = {n: ours(backend, originals[n]) if n in names else p for n, p in originals.items()}
         transformer.set_attn_processor(new)
-    handle = RopeProcessors(transformer, rope, tables, originals, names, hooks, replaced)
+    handle = RopeProcessors(transformer, rope, tables, originals, names, hooks, undo)
     setattr(transformer, _ATTR, handle)
     return handle
+
+
+def _stand_in(transformer: torch.nn.Module, attribute: str, stock, ours: RotaryTables):
+    """Our tables in place of the stock tables module ``transformer.<attribute>``; returns the undo. A module stays,
+    of its own class (code may inspect it: ``isinstance(model.pos_embed, QwenEmbedLayer3DRope)``), and answers
+    through diffusers' hook registry; a plain object (Z-Image's ``RopeEmbedder``, which no hook reaches) is replaced
+    by ours."""
+    if isinstance(stock, torch.nn.Module):
+        return answer_with(stock, ours)
+    setattr(transformer, attribute, ours)
+
+    def undo() -> None:
+        delattr(transformer, attribute)  # our module goes; the plain object is set again
+        setattr(transformer, attribute, stock)
+
+    return undo
 
 
 def _rotary_blocks(transformer: torch.nn.Module, prefixes: tuple[str, ...]) -> list[torch.nn.Module]:

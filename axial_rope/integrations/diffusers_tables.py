@@ -9,6 +9,12 @@ layout. Every processor downstream, stock or not, then rotates by scaled tables 
 passes them: no side channel, nothing recorded between calls, so ``torch.compile`` (fullgraph,
 regional, dynamic sizes) and ``torch.export`` see the whole rotation.
 
+The stock module stays where it is, an instance of its own class (code that inspects it, such as diffusers' own
+test ``isinstance(model.pos_embed, QwenEmbedLayer3DRope)``, still sees it), and answers with our tables through
+diffusers' hook registry (:func:`answer_with`: a ``ModelHook`` whose ``new_forward`` calls :class:`RotaryTables`,
+held as the stock module's child so that ``.to()`` and ``torch.compile`` see it). Only a tables object that is not
+a module (Z-Image's ``RopeEmbedder``) is replaced by :class:`RotaryTables` itself.
+
 Where the tables are a forward argument (CogVideoX: its pipeline computes them), a forward pre-hook
 of the transformer replaces the argument by the tables of the latent grid (:func:`argument_hook`).
 A time-dependent scaling reads the sampling time from the transformer's own ``timestep``:
@@ -24,6 +30,7 @@ import inspect
 from collections.abc import Callable
 
 import torch
+from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
 from ..conventions._tables import Sizing
@@ -31,7 +38,9 @@ from ..ops import rotation_tables
 from ..ops.common import channel_table
 from ..rope import AxialRoPE
 
-__all__ = ["RotaryTables", "argument_hook", "grid_hook", "time_hook"]
+__all__ = ["RotaryTables", "answer_with", "argument_hook", "grid_hook", "time_hook"]
+
+HOOK = "axial_rope_tables"  # the name of our hook in the stock module's HookRegistry, and of our child module there
 
 
 class RotaryTables(nn.Module):
@@ -96,6 +105,36 @@ class RotaryTables(nn.Module):
     def extra_repr(self) -> str:
         sizing = "" if self.sizing is None else f", sizing={self.sizing}"
         return f"time_dependent={self.time_dependent}{sizing}"
+
+
+class _Answer(ModelHook):
+    """``new_forward`` stands for the stock module's forward: ``tables`` answers the call."""
+
+    def __init__(self, tables: RotaryTables):
+        super().__init__()
+        self.tables = tables
+
+    def new_forward(self, module: nn.Module, *args, **kwargs):
+        return self.tables(*args, **kwargs)
+
+
+def answer_with(stock: nn.Module, tables: RotaryTables) -> Callable[[], None]:
+    """Make the stock tables module ``stock`` answer every call with ``tables`` (same inputs, same outputs), through
+    diffusers' own extension point for a module's forward (``diffusers.hooks.HookRegistry``); ``stock`` keeps its
+    place, class and state. ``tables`` becomes its child (non-persistent buffers only: the state dict is unchanged).
+
+    Returns:
+        the undo: removes the hook and the child, so ``stock`` computes its own tables again.
+    """
+    registry = HookRegistry.check_if_exists_or_initialize(stock)
+    stock.add_module(HOOK, tables)
+    registry.register_hook(_Answer(tables), HOOK)
+
+    def undo() -> None:
+        registry.remove_hook(HOOK, recurse=False)
+        del stock._modules[HOOK]
+
+    return undo
 
 
 def rotation_channel_tables(rotation, *, batched: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
