@@ -132,6 +132,21 @@ PRESETS: dict[str, DiTConfig] = {
         class_init_std=1.0,
         learn_sigma=False,
     ),
+    # the grid study's base (models/studies/vision/grid.py, docs/experiments/design.md): 16 x 16 tokens at 32 px,
+    # 2 heads of 64 channels (16 rotary planes per axis) and theta 100, so that YaRN's ramp, NTK and Dy-YaRN
+    # change planes whose wavelengths lie near the 16-token training extent
+    "tiny-16": DiTConfig(
+        input_size=32,
+        patch_size=2,
+        in_channels=3,
+        hidden_size=128,
+        depth=4,
+        num_heads=2,
+        theta=100.0,
+        num_classes=4,
+        class_init_std=1.0,
+        learn_sigma=False,
+    ),
 }
 
 

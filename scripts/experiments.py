@@ -1,4 +1,4 @@
-"""Extrapolation experiments: ``python -m scripts.experiments resolution|length|frames|packing|streaming|streaming-video|pilot [--smoke | --quick]``.
+"""Extrapolation experiments: ``python -m scripts.experiments resolution|length|frames|packing|streaming|streaming-video|pilot|grid [--smoke | --quick]``.
 
 Each trains its model's default run once into ``runs/<model>`` (``--run-dir`` elsewhere) and
 writes a table and pictures to ``docs/experiments/NAME.md``; ``length`` trains its study's
@@ -10,15 +10,15 @@ seconds-long version into scratch folders, to check that everything runs.
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 from models.studies.experiments import EXPERIMENTS
 from models.training.checkpoint import CheckpointError
+from models.training.rundir import RunFolderError
+
+from . import cli
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog="scripts.experiments", description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=sorted(EXPERIMENTS))
     parser.add_argument(
         "--smoke", "--quick", action="store_true", help="tiny sizes, seconds to a minute; results are meaningless"
@@ -28,11 +28,16 @@ def main(argv: list[str] | None = None) -> None:
         "--run-dir", default=None, help="the training run's folder; default runs/<model>[_smoke] (length: runs/length)"
     )
     args = parser.parse_args(argv)
-    out = Path(args.out or ("runs/experiments_smoke" if args.smoke else "docs/experiments"))
+    # folders, checked before any training: a file there was a traceback once the study had run
+    out = cli.out_folder(parser, "--out", args.out or ("runs/experiments_smoke" if args.smoke else "docs/experiments"))
+    if args.run_dir is not None:
+        cli.out_folder(parser, "--run-dir", args.run_dir)
     try:
         path = EXPERIMENTS[args.name](out, smoke=args.smoke, run_dir=args.run_dir)
-    except CheckpointError as err:  # a run folder holding another run: say which, and what to do
-        parser.exit(1, f"scripts.experiments: {err}\n")
+    except (CheckpointError, RunFolderError) as err:  # a run folder holding another run: say which, and what to do
+        cli.fail("scripts.experiments", err)
+    except OSError as err:  # a folder or file that cannot be written (permissions, disk full)
+        cli.fail("scripts.experiments", f"cannot write the results: {err}")
     print(path.read_text())
 
 

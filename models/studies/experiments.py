@@ -22,7 +22,9 @@ beyond what it was trained on:
 - ``pilot``: one seed of each study's base model (image, video, language) at its own training size: is it
   competent enough to judge (:mod:`models.studies.pilot`; runs under ``runs/pilot``; writes ``OUT/pilot.json``)?
 - ``packing``: the image DiT trained packed on mixed sizes against the resolution study's one-size runs,
-  at sizes inside and beyond the packed range, with and without scaling (runs under ``runs/packing``).
+  at sizes inside and beyond the packed range, with and without scaling (runs under ``runs/packing``);
+- ``grid``: the pre-registered study at 16 x 16 tokens where the scalings differ (docs/experiments/design.md;
+  runs under ``runs/grid``, one resumable job per seed, size and arm; ``--stage pilot`` first).
 
 Results go to ``OUT/NAME.md`` (a table and pictures) and ``OUT/NAME.json``. Reuse rule
 (:func:`trained_run`): a run folder's model is reused only when the folder's whole saved
@@ -152,6 +154,16 @@ def pilot(out: Path, smoke: bool = False, run_dir: str | Path | None = None) -> 
     return study.run(out, quick=smoke, root=run_dir)
 
 
+def grid(out: Path, smoke: bool = False, run_dir: str | Path | None = None, workers: int | None = None,
+         stage: str = "all") -> Path:
+    """The pre-registered study at 16 x 16 tokens (docs/experiments/design.md): every scaling arm at FiT's sizes
+    and 2x-4x, fine-tuned arms at 2x, one resumable job per cell: :mod:`models.studies.vision.grid` (``stage``:
+    ``"pilot"``, ``"all"`` or ``"page"``; ``run_dir``: the study's root, default ``runs/grid``)."""
+    from .vision import run_grid
+
+    return run_grid(out, quick=smoke, root=run_dir, workers=workers, stage=stage)
+
+
 EXPERIMENTS = {
     "resolution": resolution,
     "length": length,
@@ -160,4 +172,5 @@ EXPERIMENTS = {
     "streaming": streaming,
     "streaming-video": streaming_video,
     "pilot": pilot,
+    "grid": grid,
 }

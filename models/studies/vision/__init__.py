@@ -11,7 +11,9 @@ presence, motion and repetition), reports every figure with a paired bootstrap i
 - :mod:`.frames`: a video DiT with HunyuanVideo's temporal rope trained on 8 frames, at 16 and 24
   with none, RIFLEx (k as the paper picks it), interpolation and NTK on the time axis;
 - :mod:`.packing`: the image DiT trained packed on mixed sizes and aspects against the resolution
-  study's one-size runs, at sizes inside and beyond the packed range, with and without scaling.
+  study's one-size runs, at sizes inside and beyond the packed range, with and without scaling;
+- :mod:`.grid`: the pre-registered study at 16 x 16 tokens where the scalings differ (docs/experiments/design.md),
+  at FiT's sizes and 2x-4x, one resumable job per (seed, size, arm) cell.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from pathlib import Path
 
-__all__ = ["run_frames", "run_packing", "run_resolution"]
+__all__ = ["run_frames", "run_grid", "run_packing", "run_resolution"]
 
 
 def _log(line: str) -> None:
@@ -35,15 +37,16 @@ def _study_root(root: Path) -> Path:
     return root
 
 
-def _run_jobs(name: str, module, quick: bool, root, workers: int | None, **changes):
+def _run_jobs(name: str, module, quick: bool, root, workers: int | None, jobs_args: tuple = (), **changes):
     """A study's settings (``module.QUICK`` or ``module.FULL``, with ``changes``), its root and the wall time of
-    its jobs (run two at a time, resumably: :func:`~models.studies.jobs.run_jobs`)."""
+    its jobs (run two at a time, resumably: :func:`~models.studies.jobs.run_jobs`; ``jobs_args``: more arguments
+    of ``module.study_jobs``)."""
     from ..jobs import run_jobs
 
     changes |= {} if workers is None else {"workers": workers}
     study = replace(module.QUICK if quick else module.FULL, **changes)
     root = _study_root(Path(root or f"runs/{name}{'_quick' if quick else ''}"))
-    wall = run_jobs(module.study_jobs(study), module.executor(study, root), root, study.workers, _log)
+    wall = run_jobs(module.study_jobs(study, *jobs_args), module.executor(study, root), root, study.workers, _log)
     return study, root, wall
 
 
@@ -110,3 +113,22 @@ def run_packing(
     }
     env = _environment("packing", quick, wall, root, runs, study)
     return _write(out, "packing", packing_page.page(study, root, out, env))
+
+
+def run_grid(
+    out: Path, quick: bool = False, root: str | Path | None = None, workers: int | None = None, stage: str = "all"
+) -> Path:
+    """Run the grid study's jobs (``stage="pilot"``: the first seed's base model and its trained-size cell only;
+    ``"page"``: none, only the page from the cells done) and write ``out/grid.md`` from every finished cell."""
+    from . import grid, grid_page
+
+    if stage == "page":
+        study = replace(grid.QUICK if quick else grid.FULL, **({} if workers is None else {"workers": workers}))
+        root, wall = _study_root(Path(root or f"runs/grid{'_quick' if quick else ''}")), 0.0
+    else:
+        study, root, wall = _run_jobs("grid", grid, quick, root, workers, (stage,))
+    runs = {f"s{s}": grid.train_config(study, root, s).out for s in study.seeds}
+    runs |= {f"ft_{m}_s{s}": grid.train_config(study, root, s, m).out for s in study.seeds for m in study.finetune_modes}
+    runs = {k: v for k, v in runs.items() if (Path(v) / "checkpoint.safetensors").is_file()}
+    env = _environment("grid", quick, wall, root, runs, study)
+    return _write(out, "grid", grid_page.page(study, root, out, env))

@@ -1,0 +1,72 @@
+"""The grid study's declared design (docs/experiments/design.md): the grid where the scalings differ, its arms,
+the declared family, and the quality score's validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import axial_rope as ar
+from models.studies.vision import grid
+
+
+def test_on_the_grid_yarn_ramps_ntk_acts_and_dy_yarn_moves_with_time():
+    counts = grid.plane_counts(grid.FULL, 2.0)
+    assert counts["planes"] == 16 and counts["train_tokens"] == 16 and counts["theta"] == 100.0
+    assert counts["yarn"] == {"kept": 1, "ramp": 3, "interpolated": 12}  # the design's numbers
+    assert counts["dy_yarn"]["1.0"]["interpolated"] == 15 and counts["dy_yarn"]["0.25"]["ramp"] == 10
+    assert counts["partial_turn_planes"] == 12
+    assert counts["ntk_ratio"][4] == pytest.approx(2 ** (-8 / 30), abs=0.005)  # the planes near the extent move
+    # the 8 x 8 grid of the resolution study at theta 10000: YaRN there is interpolation but for one plane
+    base = ar.inv_freq(16, 10000.0)[0]
+    yarn = ar.inv_freq(16, 10000.0, ar.scaling.YaRN(2.0, 8))[0]
+    assert int(torch.isclose(yarn, ar.inv_freq(16, 10000.0, ar.scaling.Linear(2.0))[0]).sum()) == 7
+    assert int(torch.isclose(yarn, base).sum()) == 1
+
+
+def test_each_arm_rotates_as_declared():
+    study, size = grid.FULL, (28, 56)  # 14 x 28 tokens: only x is longer than in training
+    assert grid.factors(study, size) == (1.0, 1.75)
+    assert grid.arm_kwargs(study, "interpolate", size) == {"pos_mode": "interpolate"}
+    no_factor = grid.arm_kwargs(study, "yarn, no attention factor", size)["scaling"]
+    assert no_factor[0] is None and no_factor[1].attention_scale() == 1.0
+    assert no_factor[1] == ar.scaling.YaRN(1.75, 16, attention_factor=1.0)
+    y_axis, x_axis = grid.arm_kwargs(study, "interpolate, YaRN's factor", size)["scaling"]
+    inv, factor = ar.inv_freq(32, 100.0, x_axis)
+    assert y_axis is None and factor == pytest.approx(0.1 * math.log(1.75) + 1)
+    assert torch.allclose(inv, ar.inv_freq(32, 100.0, ar.scaling.Linear(1.75))[0])  # interpolation's frequencies
+    assert "normalize" in grid.arms_at(study, size) and "normalize" not in grid.arms_at(study, (64, 64))
+    assert grid.arms_at(study, (32, 32)) == ["trained size"]
+    assert [a for a in grid.arms_at(study, (64, 64)) if a.startswith("fine-tuned")] == [
+        "fine-tuned, none", "fine-tuned, interpolate", "fine-tuned, yarn"
+    ]  # fmt: skip
+
+
+def test_jobs_run_the_pilot_first_and_whole_seeds_before_the_dear_sizes():
+    study = grid.FULL
+    pilot = [j.key for j in grid.study_jobs(study, "pilot")]
+    assert pilot == ["classifier", "train/s0", "eval/s0/32x32/trained size"]
+    keys = [j.key for j in grid.study_jobs(study)]
+    assert keys[:3] == pilot and len(keys) == len(set(keys))
+    assert keys.index("eval/s0/64x64/none") < keys.index("train/s1") < keys.index("eval/s0/128x128/none")
+    first_seed = keys[: keys.index("train/s1")]
+    declared = [k for k in first_seed if k.startswith("eval/s0/40x40")]
+    assert declared[:5] == [f"eval/s0/40x40/{a}" for a in grid.PRIMARY_ARMS]  # the declared arms first
+    done = set()
+    for job in grid.study_jobs(study):  # every job's needs come before it
+        assert set(job.needs) <= done
+        done.add(job.key)
+
+
+@pytest.mark.parametrize("size", grid.FULL.sizes[1:])
+def test_the_automatic_policys_content_positions_are_an_arm_already_run(size):
+    # the policy plans "content" for image axes: interpolation on a square upscale, plain positions where the shorter
+    # side stays inside the trained extent (FiT's 1:2 and 1:3 here), so its cells are those arms' cells
+    tokens = (size[0] // 2, size[1] // 2)
+    content = ar.positions_for_size(tokens, 16, "content")
+    same = "interpolate" if size[0] == size[1] else "none"
+    assert grid.policy_arm(grid.FULL, size) == same
+    assert torch.equal(content.pos, ar.positions_for_size(tokens, 16, same).pos)
+    assert content.scaling == (None, None)
