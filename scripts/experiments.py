@@ -27,13 +27,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--run-dir", default=None, help="the training run's folder; default runs/<model>[_smoke] (length: runs/length)"
     )
+    parser.add_argument("--workers", type=int, default=None, help="grid: processes of one thread (0: this one)")
+    parser.add_argument(
+        "--stage", choices=("pilot", "all", "page"), default="all",
+        help="grid: the pilot's jobs only, every job, or none (the page from the cells done)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.name != "grid" and (args.workers is not None or args.stage != "all"):
+        parser.error("--workers and --stage apply to the grid study only")
+    extra = {"workers": args.workers, "stage": args.stage} if args.name == "grid" else {}
     # folders, checked before any training: a file there was a traceback once the study had run
     out = cli.out_folder(parser, "--out", args.out or ("runs/experiments_smoke" if args.smoke else "docs/experiments"))
     if args.run_dir is not None:
         cli.out_folder(parser, "--run-dir", args.run_dir)
     try:
-        path = EXPERIMENTS[args.name](out, smoke=args.smoke, run_dir=args.run_dir)
+        path = EXPERIMENTS[args.name](out, smoke=args.smoke, run_dir=args.run_dir, **extra)
     except (CheckpointError, RunFolderError) as err:  # a run folder holding another run: say which, and what to do
         cli.fail("scripts.experiments", err)
     except OSError as err:  # a folder or file that cannot be written (permissions, disk full)
