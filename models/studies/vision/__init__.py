@@ -120,7 +120,7 @@ def run_grid(
 ) -> Path:
     """Run the grid study's jobs (``stage="pilot"``: the first seed's base model and its trained-size cell only;
     ``"page"``: none, only the page from the cells done) and write ``out/grid.md`` from every finished cell."""
-    from . import grid, grid_page
+    from . import grid
 
     if stage == "page":
         study = replace(grid.QUICK if quick else grid.FULL, **({} if workers is None else {"workers": workers}))
@@ -131,4 +131,6 @@ def run_grid(
     runs |= {f"ft_{m}_s{s}": grid.train_config(study, root, s, m).out for s in study.seeds for m in study.finetune_modes}
     runs = {k: v for k, v in runs.items() if (Path(v) / "checkpoint.safetensors").is_file()}
     env = _environment("grid", quick, wall, root, runs, study)
+    from . import grid_page  # after the jobs: a study runs for days, its page is read at the end
+
     return _write(out, "grid", grid_page.page(study, root, out, env))
