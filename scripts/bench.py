@@ -72,6 +72,26 @@ SMALL = {
     "llm": Shape("LLM GQA (small)", 1, (2048,), 8, 2, (128,), "half"),
 }
 MODES = ("forward", "backward", "forward+backward", "qknorm+rope fwd+bwd")
+# every provider a run may time (which of them run depends on the device, the pairing and the mode), and the
+# RMSNorms of the unfused QK-norm baseline ("unfused: <norm> + <rope>"): a --providers substring must name one
+PROVIDERS = (
+    "copy",
+    "axial_rope triton (in place)",
+    "axial_rope torch (in place)",
+    "axial_rope triton (bhsd)",
+    "axial_rope triton (bshd)",
+    "axial_rope torch (tables)",
+    "axial_rope torch (positions)",
+    "axial_rope reference",
+    "diffusers apply_rotary_emb",
+    "timm apply_rot_embed_cat",
+    "transformers apply_rotary_pos_emb",
+    "flash-attn rotary",
+    "liger rope",
+    "axial_rope norm_and_rotate (triton)",
+    "axial_rope norm_and_rotate (torch)",
+)
+UNFUSED_NORMS = ("torch.compile rms_norm", "F.rms_norm", "liger rms_norm")  # scripts/peers.py
 
 
 # -- timing ------------------------------------------------------------------------------------
@@ -321,7 +341,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="docs", help="docs folder to write into")
     parser.add_argument("--shapes", default="dit,video,llm", help=f"comma list of {list(SHAPES)}")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {list(MODES)}")
-    parser.add_argument("--providers", default="", help="comma list of substrings (default: all)")
+    parser.add_argument(
+        "--providers", default="", help="comma list of substrings of provider names (default: all; copy always)"
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--repeat", type=positive_int, default=None, help="timed runs per case (default 5 CPU, 50 GPU)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
@@ -345,6 +367,12 @@ def main(argv: list[str] | None = None) -> None:
     repeat = args.repeat if args.repeat is not None else (50 if device == "cuda" else 5)
     shapes = SMALL if args.small else SHAPES
     names = [n for n in args.providers.split(",") if n]
+    unknown = [n for n in names if not any(n in known for known in (*PROVIDERS, "unfused", *UNFUSED_NORMS))]
+    if unknown:  # before anything is measured or written (else: only "copy" timed, benchmarks.md replaced)
+        parser.error(
+            f"--providers: {', '.join(map(repr, unknown))} names no provider; expected substrings of "
+            f"{list(PROVIDERS)} or of the unfused baseline's norms {list(UNFUSED_NORMS)}"
+        )
     peers.unpack()
     print(HEADER)
     tag = args.tag or (device + ("-small" if args.small else ""))

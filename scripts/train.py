@@ -11,6 +11,10 @@ unchanged (DDP; ``--fsdp`` for FSDP2 over all ranks); ``--model video_dit --cont
 shards each video over P ranks (``--cp-method ring|ulysses``), the batch over the N / P groups;
 ``--checkpointing`` recomputes each block in the backward, ``--compile`` compiles each block
 (``--compile-backend``, default inductor); docs/distributed.md has the recipes.
+
+Exit status: 0 trained (or interrupted and saved, or a ``--resume`` at ``--steps`` already: a line says
+nothing was left to train); 1 the work failed (a checkpoint that cannot be read or written, a ``--resume``
+whose ``--steps`` is below the checkpoint's step, a diverged loss); 2 a usage error; 130 a forced stop.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import sys
 
 from models.training.checkpoint import CheckpointError
 from models.training.config import RUN_DEFAULTS, TrainConfig, run_config
-from models.training.distributed import plan
+from models.training.distributed import PeerFailed, plan
 from models.training.run_checks import check_memory, check_run
 from models.training.run_state import export_refusal
 from models.training.rundir import RunFolderError
@@ -78,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-report", action="store_true", help="no validation, samples or loss curve")
     args = parser.parse_args(argv)
+    if args.compile_backend is not None and not args.compile:  # the default named too: a flag is never ignored
+        parser.error(f"--compile-backend {args.compile_backend}: used only with --compile (pass both, or neither)")
     values = {k: v for k, v in vars(args).items() if v is not None and k in TrainConfig.__dataclass_fields__}
     values |= {"progress": not args.no_progress, "report": not args.no_report}
     try:
@@ -110,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         result = train(parse_args(argv))
-    except (CheckpointError, RunFolderError, TrainingDiverged) as err:  # a message for a person, not a traceback
+    except (CheckpointError, RunFolderError, TrainingDiverged, PeerFailed) as err:  # for a person, not a traceback
         cli.fail("scripts.train", err)
     except OSError as err:  # the run folder or a file in it cannot be written (permissions, disk full, size limit)
         cli.fail("scripts.train", f"cannot write the run: {err}")
@@ -119,6 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     if result.get("unsaved"):
         saved = "no checkpoint" if result["step"] is None else f"the checkpoint of step {result['step']} kept"
         _stopped(f"{saved}: {result['out']}")
+    if result.get("nothing_to_train"):
+        print(f"nothing to train: {result['out']} had done its {result['step']} steps already (--steps: train longer)")
+        return
     state = "interrupted, saved" if result["interrupted"] else "done"
     print(f"{state} at step {result['step']}: {result['out']}")
 

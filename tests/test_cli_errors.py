@@ -4,13 +4,16 @@ as "the default", a flag ignored). Run in-process (``main(argv)``): no interpret
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from helpers import one_torch_thread
 
+import axial_rope as ar
 from models.training.config import run_config
 from models.training.trainer import Run
-from scripts import bench, sample, train
+from scripts import bench, experiments, sample, train
 
 _one_thread = one_torch_thread()
 
@@ -192,3 +195,49 @@ def test_export_never_replaces_a_training_checkpoint(capsys, tmp_path):
         train.main(["--out", str(run), "--export", str(exported)])
     train.main([*TINY_RUN, "--steps", "2", "--resolution", "16", "--resume", "--out", str(run)])
     assert "done at step 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [  # before: without --compile the backend was ignored, exit 0 after training
+        (["--compile-backend", "bogus"], ["--compile-backend bogus", "only with --compile"]),
+        (["--compile-backend", "inductor"], ["--compile-backend inductor", "only with --compile"]),
+        (["--compile", "--compile-backend", "bogus"], ["compile_backend must be one of", "'bogus'"]),
+    ],
+)
+def test_train_refuses_a_compile_backend_it_would_not_use(argv, words, capsys, tmp_path):
+    refused(train.main, [*TINY_RUN, "--resolution", "16", *argv, "--out", str(tmp_path / "run")], capsys, *words)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="compile_backend must be the default 'inductor' without compile"):
+        run_config("dit", compile_backend="aot_eager")  # the settings alone, as a library caller makes them
+
+
+def test_train_resume_says_when_there_is_nothing_to_train(capsys, tmp_path):
+    """Issue 39, item 11: ``--resume`` with fewer steps than the checkpoint's exited 0 without a word (and
+    rewrote config.json with the smaller count). Fewer: an error, exit 1; as many: a line saying so, exit 0."""
+    out = [*TINY_RUN[2:], "--resolution", "16", "--out", str(tmp_path)]  # TINY_RUN less its --steps
+    train.main(["--steps", "2", *out])
+    config = (tmp_path / "config.json").read_text()
+    capsys.readouterr()
+    refused(train.main, ["--steps", "1", "--resume", *out], capsys, "steps 1 is below the 2 steps", status=1)
+    assert (tmp_path / "config.json").read_text() == config
+    train.main(["--steps", "2", "--resume", *out])
+    assert capsys.readouterr().out.startswith(f"nothing to train: {tmp_path} had done its 2 steps already")
+
+
+def test_bench_refuses_an_unknown_provider_before_writing(capsys, tmp_path):
+    """Before: ``--providers nosuchprovider`` timed only ``copy``, exit 0, and replaced benchmarks.md."""
+    argv = ["--small", "--shapes", "dit", "--providers", "triton,nosuchprovider", "--out", str(tmp_path / "docs")]
+    refused(bench.main, argv, capsys, "--providers", "'nosuchprovider'", "axial_rope torch (tables)")
+    assert not (tmp_path / "docs").exists()
+    # the list the check reads holds every provider a run can time (CPU here: both pairings, every mode)
+    rope, pos = ar.AxialRoPE((4, 4)), ar.grid(2, 2)
+    for pairing, mode in itertools.product(("interleaved", "half"), bench.MODES):
+        shape = bench.Shape("tiny", 1, (2, 2), 1, 1, (4, 4), pairing)
+        assert set(bench.providers(shape, rope, pos, "cpu", mode)) <= set(bench.PROVIDERS)
+
+
+def test_experiments_refuses_an_out_that_is_a_file(capsys, a_file):
+    """Before: ``experiments length --smoke --out FILE`` trained, then ended in a traceback writing FILE/img."""
+    refused(experiments.main, ["length", "--smoke", "--out", str(a_file)], capsys, "--out", "is a file")
+    refused(experiments.main, ["length", "--smoke", "--run-dir", str(a_file)], capsys, "--run-dir", "is a file")

@@ -31,10 +31,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _launch(nproc: int, *args: str) -> subprocess.CompletedProcess:
+def _launch(nproc: int, *args: str, file_limit: int | None = None) -> subprocess.CompletedProcess:
     """``scripts.train`` in ``nproc`` processes with torchrun's per-rank environment (one process: none), each
-    run to its end; the exit status is the first non-zero one and stderr every rank's, in rank order."""
+    run to its end; the exit status is the first non-zero one and stderr every rank's, in rank order.
+    ``file_limit``: the largest file a rank may write, in bytes (``ulimit -f``: a full disk, as a write sees it)."""
     cmd = [sys.executable, "-m", "scripts.train", *TINY, *args]
+    if file_limit is not None:
+        cmd = ["bash", "-c", f'ulimit -f {file_limit // 1024} && exec "$@"', "bash", *cmd]  # bash: 1024-byte units
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     if nproc == 1:
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -82,3 +85,34 @@ def test_resuming_another_models_run_is_one_error_on_every_rank(tmp_path):
     done = _launch(2, "--model", "video_dit", "--frames", "2", "--fsdp", "--resume", "--out", out)
     assert done.returncode != 0
     assert done.stderr.count("belongs to another run (model: checkpoint 'dit' vs now 'video_dit'") == 2, done.stderr
+
+
+def _one_line_per_rank(done: subprocess.CompletedProcess, *words: str) -> None:
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("scripts.train: error:")]
+    assert len(lines) == 2 and all(word in line for line in lines for word in words), done.stderr[-3000:]
+
+
+def test_an_out_rank_0_cannot_make_is_one_line_on_every_rank():
+    # issue 39, item 11: rank 0 stopped with one line, rank 1 died in a traceback in its next collective
+    _one_line_per_rank(_launch(2, "--fsdp", "--out", "/proc/axial_rope_run"), "/proc/axial_rope_run")
+
+
+def test_a_full_disk_at_a_dcp_save_is_one_line_on_every_rank_and_keeps_the_checkpoint(tmp_path):
+    from dataclasses import asdict
+
+    from models.training import sharded_checkpoint
+    from models.training.config import run_config
+    from models.training.trainer import Run
+
+    out = tmp_path / "run"  # step 1's DCP checkpoint, saved in this process (DCP saves in one process too)
+    run = Run(run_config("dit", steps=1, batch_size=4, resolution=8, out=str(out), progress=False, report=False))
+    run.train_step()
+    out.mkdir()
+    kw = {"model": run.model, "optimizer": run.optimizer, "ema": run.ema}
+    sharded_checkpoint.save(out, **kw, step=1, run=asdict(run.cfg), extra={})
+    # each rank's shard of step 2 (about 10 MB) passes the 1 MB limit: DCP's write fails on both ranks
+    done = _launch(2, "--fsdp", "--resume", "--steps", "2", "--out", str(out), file_limit=2**20)
+    _one_line_per_rank(done, "could not write the checkpoint of step 2", "is unchanged")
+    assert sharded_checkpoint.metadata(out)["step"] == 1  # the earlier checkpoint, whole (checksums verified)
+    assert not list(out.glob(".checkpoint-dcp-*"))  # the failed save's folder removed

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import os
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from models.training import checkpoint
+from models.training import checkpoint, sharded_checkpoint
 from models.training.config import RUN_DEFAULTS
 from models.training.trainer import Run, TrainConfig, train
 from scripts.train import parse_args
@@ -109,3 +110,23 @@ def test_cli_defaults_and_unknown_names():
         assert parse_args(["--model", model]) == default
     with pytest.raises(ValueError, match="preset"):
         Run(replace(TINY, preset="DiT-H/2"))
+
+
+def test_a_dcp_save_that_fails_after_its_writes_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    """The last step of a DCP save (rank 0: checksums, meta.json, the link's swap) failing, as on a full disk:
+    a CheckpointError (every rank's, models/training/distributed.py: on_rank0), the step-1 checkpoint kept whole."""
+    run = Run(replace(TINY, steps=2, out=str(tmp_path)))
+    state = {"model": run.model, "optimizer": run.optimizer, "ema": run.ema, "run": asdict(run.cfg), "extra": {}}
+    run.train_step()
+    sharded_checkpoint.save(tmp_path, **state, step=1)
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    run.train_step()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "symlink", disk_full)
+    with pytest.raises(checkpoint.CheckpointError, match="step 2 .*No space left on device.*is unchanged"):
+        sharded_checkpoint.save(tmp_path, **state, step=2)
+    assert sharded_checkpoint.metadata(tmp_path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == kept  # the failed save's folder removed

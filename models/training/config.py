@@ -109,6 +109,9 @@ def check(cfg: TrainConfig) -> None:
         _fail("schedule", f"one of {SCHEDULES}", cfg.schedule)
     if cfg.precision not in PRECISIONS:
         _fail("precision", f"one of {PRECISIONS}", cfg.precision)
+    if not cfg.compile and cfg.compile_backend != TrainConfig.compile_backend:  # never silently ignored
+        _fail("compile_backend", f"the default {TrainConfig.compile_backend!r} without compile (it is compile's "
+              "backend)", cfg.compile_backend)  # fmt: skip
     if cfg.resume and cfg.overwrite:
         raise ValueError("resume and overwrite exclude each other: resume continues the run, overwrite replaces it")
     check_context_parallel(cfg)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +31,17 @@ from torch.overrides import TorchFunctionMode
 
 from .config import TrainConfig
 
-__all__ = ["Layout", "build_mesh", "compile_backends", "init_process_group", "plan", "prepare", "sharded_init"]
+__all__ = [
+    "Layout",
+    "PeerFailed",
+    "build_mesh",
+    "compile_backends",
+    "init_process_group",
+    "on_rank0",
+    "plan",
+    "prepare",
+    "sharded_init",
+]
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,34 @@ def plan(cfg: TrainConfig, task, world: int) -> Layout:
             f"compile_backend must be one of torch.compile's backends {compile_backends()}, got {cfg.compile_backend!r}"
         )
     return Layout(world, dp, P)
+
+
+class PeerFailed(RuntimeError):
+    """Rank 0 failed in work that only it does (:func:`on_rank0`): the other ranks stop with its message."""
+
+
+def on_rank0(work: Callable[[], object]) -> object:
+    """``work()`` on rank 0 alone (the run folder's files are rank 0's), then every rank learns whether it failed:
+    rank 0 raises its own error, the others a :class:`PeerFailed` carrying its message. Collective: every rank
+    calls it at the same point. Without it, rank 0 stopped with one clear line while the others died in a
+    traceback in their next collective ("Connection closed by peer"). One process: ``work()``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return work()
+    error, result = None, None
+    if dist.get_rank() == 0:
+        try:
+            result = work()
+        except Exception as err:  # any: the others must not be left waiting for rank 0
+            error = err
+    message = [None if error is None else " ".join(str(error).split())]
+    dist.broadcast_object_list(message, src=0)  # a str, or None: the one thing the ranks agree on
+    if error is not None:
+        raise error
+    if message[0] is not None:
+        raise PeerFailed(f"rank {dist.get_rank()} stops: rank 0 failed ({message[0]})")
+    return result
 
 
 def init_process_group(backend: str) -> None:

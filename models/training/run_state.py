@@ -18,6 +18,7 @@ import torch
 
 from . import checkpoint, sharded_checkpoint
 from .config import HYPERPARAMETERS, RUN_KEYS
+from .distributed import on_rank0
 
 __all__ = ["export_refusal", "restore", "save", "saved_step", "state"]
 
@@ -53,9 +54,12 @@ def save(run) -> None:
             (run.out / SAFETENSORS).unlink(missing_ok=True)  # superseded
         return
     whole = state(run)
-    if run.rank == 0:
+
+    def write() -> None:  # rank 0 writes; a failed write (disk full) stops every rank, the old checkpoint kept
         checkpoint.save(run.out / SAFETENSORS, step=run.step, run=asdict(run.cfg), extra=extra, **whole)
         sharded_checkpoint.remove(run.out)  # superseded
+
+    on_rank0(write)
 
 
 def saved_step(out) -> int:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import CheckpointError
+from .distributed import on_rank0
 
 __all__ = ["LINK", "exists", "export", "is_state_path", "load", "metadata", "remove", "remove_temporaries", "save"]
 
@@ -85,6 +86,7 @@ def _state(model: torch.nn.Module, optimizer, ema: list[torch.Tensor]) -> dict:
 def save(folder: str | Path, *, model, optimizer, ema: list, step: int, run: dict, extra: dict) -> Path:
     """Write the checkpoint of ``step`` (collective: every rank calls it); returns its folder."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     folder = Path(folder)
     local = [t.to_local() if hasattr(t, "to_local") else t for t in (*model.parameters(), *ema)]
@@ -96,27 +98,53 @@ def save(folder: str | Path, *, model, optimizer, ema: list, step: int, run: dic
     if not finite:  # NaN weights never replace a checkpoint
         raise CheckpointError(f"non-finite weights at step {step}: not saved, the checkpoint in {folder} is kept")
     target = folder / f".{_PREFIX}{step:06d}-{nonce[0]}"  # hidden until it is complete
-    dcp.save(_state(model, optimizer, ema), checkpoint_id=str(target))
+    kept = f"the checkpoint in {folder}, if any, is unchanged"
+    try:
+        dcp.save(_state(model, optimizer, ema), checkpoint_id=str(target))
+    except CheckpointException as err:  # every rank gets it (DCP gathers the ranks' writes): a full disk, a limit
+        if _rank() == 0:
+            shutil.rmtree(target, ignore_errors=True)
+        raise CheckpointError(
+            f"could not write the checkpoint of step {step} ({_first_failure(err)}): {kept}"
+        ) from None
     _barrier()
     final = folder / target.name[1:]
-    if _rank() == 0:
-        files = sorted(p for p in target.iterdir() if p.is_file())
-        for path in files:  # on disk before the link moves: a power cut leaves the old checkpoint
-            with open(path, "rb+") as f:
-                os.fsync(f.fileno())
-        meta = {"format": FORMAT, "step": step, "run": run, "extra": extra}
-        meta["checksums"] = {p.name: _file_checksum(p) for p in files}
-        meta["meta_checksum"] = _meta_checksum(meta)
-        (target / "meta.json").write_text(json.dumps(meta))
-        os.replace(target, final)
-        link = folder / f".{LINK}.{nonce[0]}"
-        os.symlink(final.name, link)
-        os.replace(link, folder / LINK)  # the one atomic step: from here the new checkpoint is the run's
-        for old in folder.glob(f"{_PREFIX}*"):
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+
+    def publish() -> None:  # rank 0, once every rank's files are written
+        try:
+            _publish(folder, target, final, nonce[0], {"format": FORMAT, "step": step, "run": run, "extra": extra})
+        except OSError as err:  # the link not swapped: the new folder goes, under either name
+            for path in (target, final):
+                if (folder / LINK).resolve() != path.resolve():
+                    shutil.rmtree(path, ignore_errors=True)
+            raise CheckpointError(f"could not write the checkpoint of step {step} ({err}): {kept}") from err
+
+    on_rank0(publish)  # a failure there stops every rank (models/training/distributed.py)
     return final
+
+
+def _first_failure(err) -> str:
+    """One line from DCP's ``CheckpointException``: the first failing rank and its exception."""
+    rank, (exc, _) = next(iter(err.failures.items()))
+    return f"rank {rank}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _publish(folder: Path, target: Path, final: Path, nonce: str, meta: dict) -> None:
+    """Checksum and fsync the save folder ``target``, rename it ``final``, swap the link to it, drop older ones."""
+    files = sorted(p for p in target.iterdir() if p.is_file())
+    for path in files:  # on disk before the link moves: a power cut leaves the old checkpoint
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+    meta["checksums"] = {p.name: _file_checksum(p) for p in files}
+    meta["meta_checksum"] = _meta_checksum(meta)
+    (target / "meta.json").write_text(json.dumps(meta))
+    os.replace(target, final)
+    link = folder / f".{LINK}.{nonce}"
+    os.symlink(final.name, link)
+    os.replace(link, folder / LINK)  # the one atomic step: from here the new checkpoint is the run's
+    for old in folder.glob(f"{_PREFIX}*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def remove_temporaries(folder: str | Path) -> list[Path]:

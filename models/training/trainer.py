@@ -226,24 +226,36 @@ class Run:
             plot_loss(self.out / "log.jsonl", self.out / "loss.png")
 
     def _start(self) -> None:
-        """Resume or start fresh (rank 0 holds the folder's lock), and write config.json."""
+        """Resume or start fresh (rank 0 holds the folder's lock), and write config.json. The folder's files are
+        rank 0's: a failure there stops every rank at once (:func:`~models.training.distributed.on_rank0`)."""
         cfg = self.cfg
-        if self.rank == 0:  # left by saves that were killed
-            checkpoint.remove_temporaries(self.out)
-            sharded_checkpoint.remove_temporaries(self.out)
-        if cfg.resume or self._restarted_after_a_save():
+        resume = cfg.resume or self._restarted_after_a_save()
+        distributed.on_rank0(lambda: self._prepare_folder(resume))
+        if resume:
             self.restore()
-            if self.rank == 0:
-                rundir.truncate_log(self.out / "log.jsonl", self.step)  # a killed run logged steps past it
-                if self.history and self.history[-1]["step"] == self.step:
-                    self.log(self.history[-1])
-        elif self.rank == 0:
-            rundir.start_fresh(self.out, cfg.overwrite)
-            if cfg.overwrite:
+            if self.step > cfg.steps:  # every rank read the same step: the same error on each, nothing written
+                raise checkpoint.CheckpointError(
+                    f"steps {cfg.steps} is below the {self.step} steps the checkpoint in {self.out} has done: nothing "
+                    f"to train (a resume trains up to steps); pass steps above {self.step} to train longer"
+                )
+        distributed.on_rank0(lambda: self._write_start(resume))
+
+    def _prepare_folder(self, resume: bool) -> None:
+        checkpoint.remove_temporaries(self.out)  # left by saves that were killed
+        sharded_checkpoint.remove_temporaries(self.out)
+        if not resume:
+            rundir.start_fresh(self.out, self.cfg.overwrite)
+            if self.cfg.overwrite:
                 sharded_checkpoint.remove(self.out)
-        if self.rank == 0:  # the settings that trained the checkpoint from here on (resumes included)
-            settings = asdict(cfg) | ({"history": self.history} if self.history else {})
-            (self.out / "config.json").write_text(json.dumps(settings, indent=2))
+
+    def _write_start(self, resume: bool) -> None:
+        if resume:
+            rundir.truncate_log(self.out / "log.jsonl", self.step)  # a killed run logged steps past it
+            if self.history and self.history[-1]["step"] == self.step:
+                self.log(self.history[-1])
+        # the settings that trained the checkpoint from here on (resumes included)
+        settings = asdict(self.cfg) | ({"history": self.history} if self.history else {})
+        (self.out / "config.json").write_text(json.dumps(settings, indent=2))
 
     def _restarted_after_a_save(self) -> bool:
         """An elastic restart (``torchrun --max-restarts``: ``TORCHELASTIC_RESTART_COUNT`` > 0) of a run that has
@@ -275,9 +287,12 @@ class Run:
 
     def train(self) -> dict:
         cfg = self.cfg
-        lock = rundir.RunLock(self.out) if self.rank == 0 else contextlib.nullcontext()
-        with lock, DeferredStop() as stop:
+        with contextlib.ExitStack() as held:
+            # rank 0 holds the folder's lock; a folder it cannot make or lock stops every rank here
+            distributed.on_rank0(lambda: held.enter_context(rundir.RunLock(self.out)))
+            stop = held.enter_context(DeferredStop())
             self._start()
+            resumed_done = self.step == cfg.steps  # a resume of a finished run: nothing to train
             bar = None
             if cfg.progress and self.rank == 0:
                 from tqdm import tqdm
@@ -315,6 +330,8 @@ class Run:
                     self.saved_step = run_state.saved_step(self.out) if self.rank == 0 else self.saved_step
                 consistent = consistent and self.saved_step == self.step
         result = {"step": self.step, "interrupted": interrupted, "out": str(self.out)}
+        if resumed_done:
+            result["nothing_to_train"] = True
         if not consistent:  # stopped inside a step: only the last checkpoint holds (None: there is none)
             result |= {"step": self.saved_step, "unsaved": True}
         return result
@@ -356,7 +373,9 @@ def load_trained(path: str | Path, *, use_ema: bool = True, device: str | torch.
 
 
 def train(cfg: TrainConfig) -> dict:
-    """Run (or resume) training; returns ``{"step", "interrupted", "out"}``."""
+    """Run (or resume) training; returns ``{"step", "interrupted", "out"}``, with ``"unsaved": True`` after a
+    forced stop inside a step, ``"nothing_to_train": True`` when resumed at ``cfg.steps`` already. A resume from
+    a checkpoint past ``cfg.steps`` is a :class:`~models.training.checkpoint.CheckpointError`."""
     run = Run(cfg)
     try:
         return run.train()
