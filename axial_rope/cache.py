@@ -7,10 +7,19 @@ A rolling cache (``window``) keeps the ``sinks`` first entries and the last ``wi
 as StreamingLLM (Xiao et al. 2024, arXiv:2309.17453) does. When new tokens would not fit, it
 drops the oldest entries after the sinks and *re-indexes* the kept ones to contiguous positions
 (sinks at ``0 .. sinks - 1``, the rest right after): RoPE turns a key rotated for position ``n``
-into the key for ``n - d`` by one more rotation by ``-d``, so the kept keys are rotated in place
-through the backends (the rotation is one in-place launch on Triton, the move a copy of k and v),
-never recomputed from hidden states. Positions therefore stay below ``window``, however long the stream. A video cache holds whole frames
+into the key for ``n - d`` by one more rotation by ``-d``, so kept keys are re-rotated through the
+backends, never recomputed from hidden states, and positions stay below ``window`` however long the
+stream. Each kept key is rotated from its copy *as written* by the whole shift it has accumulated
+since, so it carries two roundings in the cache's dtype (the write and this rotation) however many
+rolls it survives; rotating the rolled key again at every roll would add one rounding per roll (in
+bfloat16, a relative error of 0.1 after a few hundred rolls). A video cache holds whole frames
 (``frame`` tokens sharing one time coordinate), rolls by frames and re-indexes the time axis only.
+
+Bookkeeping and compile: ``length`` (the slots held or reserved) lives on the host and only
+:meth:`KVCache.advance` moves it (it reserves the slots it returns; rolls happen there, eagerly);
+:meth:`KVCache.update`, which runs inside a compiled model, only writes tensors. An eager update at
+explicit positions (a static cache used as gpt-fast's, without ``advance``) also moves ``length``;
+a compiled one cannot (it would be a host sync), so mix explicit writes with ``advance`` eagerly only.
 """
 
 from __future__ import annotations
@@ -30,14 +39,19 @@ def _positive(name: str, value) -> int:
     return value
 
 
-def check_window(window: int | None, sinks: int = 0, frame: int = 1) -> None:
-    """A rolling window's arguments: ``window`` a positive int of whole frames, ``0 <= sinks < window`` whole frames;
-    ``sinks`` only with a window. Raises ``ValueError`` naming the argument."""
+def check_window(window: int | None, sinks: int = 0, frame: int = 1, evict: int | None = None) -> int | None:
+    """A rolling window's arguments: ``window`` a positive int of whole frames, ``0 <= sinks < window`` whole frames,
+    ``evict`` whole frames in ``[1, window - sinks]`` (default: one frame); ``sinks`` and ``evict`` only with a
+    window. Returns ``evict`` (``None`` without a window); raises ``ValueError`` naming the argument."""
     _positive("frame", frame)
     if window is None:
         if sinks:
             raise ValueError("KVCache: sinks go with a rolling cache (window=)")
-        return
+        if evict is not None:
+            raise ValueError(
+                f"KVCache: evict ({evict!r}) goes with a rolling cache (window=); a static cache never drops"
+            )
+        return None
     _positive("window", window)
     if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
         raise ValueError(f"KVCache: sinks must be an int >= 0, got {sinks!r}")
@@ -48,13 +62,20 @@ def check_window(window: int | None, sinks: int = 0, frame: int = 1) -> None:
             f"KVCache: window ({window}) and sinks ({sinks}) must be whole frames of {frame} tokens "
             "(a window shorter than one frame keeps nothing)"
         )
+    evict = frame if evict is None else _positive("evict", evict)
+    if evict % frame or evict > window - sinks:
+        raise ValueError(
+            f"KVCache: evict ({evict}) must be whole frames of {frame} tokens, at most window - sinks "
+            f"({window - sinks})"
+        )
+    return evict
 
 
 def check_rollable(rope) -> None:
     """A rolling cache re-indexes its keys by one rotation, which needs a rope whose angle is linear in the
     position with fixed frequencies: no position map, no length- or time-dependent scaling."""
     if rope is None:
-        raise ValueError("rolling the cache re-rotates its keys: pass the layer's rope (advance(n, rope))")
+        raise ValueError("a rolling cache re-rotates its keys: pass the layer's rope (advance(n, rope))")
     if rope.transform is not None or rope.length_dependent or rope.time_dependent:
         raise ValueError(
             "a rolling cache re-indexes positions by a rotation, which needs fixed frequencies and no position "
@@ -82,10 +103,15 @@ class KVCache(nn.Module):
         sinks: entries kept at the start of a rolling cache whatever the stream's length (attention sinks).
         frame: tokens per frame (video: one time coordinate each); the cache then rolls by whole frames,
             and ``window`` and ``sinks`` count tokens in whole frames.
-        time_axis: the axis of the positions a roll re-indexes (video ``(t, y, x)``: 0).
-        evict: entries a roll drops at least (whole frames; default one frame): a roll re-rotates every kept
-            key, so dropping ``evict`` at a time rolls once per ``evict`` tokens instead of every token, and
-            each token sees between ``window - sinks - evict + 1`` and ``window - sinks`` recent entries.
+        time_axis: the axis of the positions a roll re-indexes (video ``(t, y, x)``: 0); checked against the
+            rope at each :meth:`advance`.
+        evict: entries a roll drops at least (whole frames; default one frame; rolling caches only): a roll
+            re-rotates every kept key, so dropping ``evict`` at a time rolls once per ``evict`` tokens instead
+            of every token, and each token sees between ``window - sinks - evict + 1`` and ``window - sinks``
+            recent entries.
+
+    Memory: a rolling cache also keeps each key as written (``k_written``, the size of ``k``) and, per slot,
+    the time positions it has moved down since (``moved``, int64): 1.5x a static cache's keys and values.
     """
 
     def __init__(
@@ -104,6 +130,7 @@ class KVCache(nn.Module):
         device: torch.device | str | None = None,
     ):
         super().__init__()
+        evict = check_window(window, sinks, frame, evict)  # first: a bad window is named as such
         for name, value in (
             ("max_batch_size", max_batch_size),
             ("max_seq_len", max_seq_len),
@@ -111,24 +138,25 @@ class KVCache(nn.Module):
             ("head_dim", head_dim),
         ):
             _positive(name, value)
-        check_window(window, sinks, frame)
-        evict = frame if evict is None else evict
-        if window is not None and (_positive("evict", evict) % frame or evict > window - sinks):
+        if isinstance(time_axis, bool) or not isinstance(time_axis, int) or time_axis < 0:
             raise ValueError(
-                f"KVCache: evict ({evict}) must be whole frames of {frame} tokens, at most window - sinks "
-                f"({window - sinks})"
+                f"KVCache: time_axis must be an int >= 0 (an axis of the rope's positions), got {time_axis!r}"
             )
         if window is not None and window > max_seq_len:
             raise ValueError(f"KVCache: window ({window}) exceeds the cache's max_seq_len ({max_seq_len}) slots")
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.window, self.sinks, self.frame, self.time_axis, self.evict = window, sinks, frame, time_axis, evict
-        self.length = 0  # entries held, in slots 0 .. length - 1 (a rolling cache is filled in order)
+        self.length = 0  # slots held or reserved by advance(), 0 .. length - 1 (a rolling cache is filled in order)
+        self._reserved: tuple[int, int] | None = None  # the last advance's slots, not yet written (eager checks)
         shape = (max_batch_size, num_kv_heads, max_seq_len, head_dim)
         # not persistent: a cache is runtime state, never part of a checkpoint
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         # which slots hold a key and value: attention never sees the others (decoding may skip positions)
         self.register_buffer("filled", torch.zeros(max_seq_len, dtype=torch.bool, device=device), persistent=False)
+        if window is not None:  # the keys as written, and the time positions each slot moved down since
+            self.register_buffer("k_written", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+            self.register_buffer("moved", torch.zeros(max_seq_len, dtype=torch.int64, device=device), persistent=False)
 
     def _check(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         if input_pos.ndim != 1 or input_pos.dtype not in (torch.int32, torch.int64):
@@ -141,7 +169,7 @@ class KVCache(nn.Module):
             )
         if k.shape[0] > self.max_batch_size:
             raise ValueError(f"batch {k.shape[0]} exceeds the cache's max_batch_size {self.max_batch_size}")
-        # a host sync, so only outside torch.compile; generate() checks its lengths up front
+        # host syncs, so only outside torch.compile; the models check their lengths up front (advance)
         if input_pos.numel() and not torch.compiler.is_compiling():
             lo, hi = int(input_pos.min()), int(input_pos.max())
             if lo < 0 or hi >= self.max_seq_len:
@@ -151,15 +179,22 @@ class KVCache(nn.Module):
                 )
             if input_pos.unique().numel() != input_pos.numel():
                 raise ValueError(f"input_pos writes one slot twice in one update: {input_pos.tolist()}")
-            if self.window is not None and input_pos.tolist() != list(range(self.length, self.length + len(input_pos))):
+            if self.window is not None and (
+                self._reserved is None or input_pos.tolist() != list(range(*self._reserved))
+            ):
+                wanted = (
+                    "none is reserved" if self._reserved is None else f"{self._reserved[0]}..{self._reserved[1] - 1}"
+                )
                 raise ValueError(
-                    f"a rolling cache is written in order: input_pos must be {self.length}.."
-                    f"{self.length + len(input_pos) - 1} (from advance()), got {input_pos.tolist()}: positions "
-                    "cannot go backwards or skip"
+                    f"a rolling cache is written at the slots advance(n, rope) reserved, in order ({wanted}), got "
+                    f"input_pos {input_pos.tolist()}: positions cannot go backwards, skip or be written twice"
                 )
 
     def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write new keys (rotated) and values at ``input_pos``; return the whole cache for the batch.
+
+        Only tensors are written, so it runs compiled (``fullgraph`` included); a rolling cache's slots come from
+        :meth:`advance`, which reserves them on the host.
 
         Args:
             input_pos: int ``[S]``, the slots (= positions) of the new tokens (a rolling cache: from :meth:`advance`).
@@ -170,12 +205,16 @@ class KVCache(nn.Module):
             are marked in :attr:`filled`, which attention uses as its mask).
         """
         self._check(input_pos, k, v)
-        b = k.shape[0]
-        self.k[:b].index_copy_(2, input_pos, k.to(self.k.dtype))
+        b, k = k.shape[0], k.to(self.k.dtype)
+        self.k[:b].index_copy_(2, input_pos, k)
         self.v[:b].index_copy_(2, input_pos, v.to(self.v.dtype))
         self.filled.index_fill_(0, input_pos, True)
-        if not torch.compiler.is_compiling() and input_pos.numel():
+        if self.window is not None:
+            self.k_written[:b].index_copy_(2, input_pos, k)
+            self.moved.index_fill_(0, input_pos, 0)
+        if not torch.compiler.is_compiling() and input_pos.numel():  # eager bookkeeping of explicit writes
             self.length = max(self.length, int(input_pos.max()) + 1)
+            self._reserved = None
         return self.k[:b], self.v[:b]
 
     def peek(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -201,73 +240,104 @@ class KVCache(nn.Module):
         return keys, values, torch.cat([self.filled, new])
 
     def advance(self, n: int, rope=None) -> torch.Tensor:
-        """The slots (= positions) of ``n`` new tokens: ``length .. length + n - 1``.
+        """Reserve the slots (= positions) of ``n`` new tokens and return them: ``length .. length + n - 1``.
 
-        A rolling cache first makes room: when ``length + n`` would pass ``window``, it drops the oldest
-        entries after the sinks (the overflow, or ``evict`` if more; whole frames) and re-indexes the kept
-        keys by rotating them with ``rope`` (the layer's :class:`~axial_rope.AxialRoPE`). A static cache
-        raises past ``max_seq_len``.
+        A rolling cache first makes room (:meth:`make_room`); a static cache raises past ``max_seq_len``. Call it on
+        the host, before the (possibly compiled) forward that writes the slots with :meth:`update`.
         """
+        self.make_room(n, rope)
+        slots = torch.arange(self.length, self.length + n, device=self.k.device)
+        self._reserved, self.length = (self.length, self.length + n), self.length + n
+        return slots
+
+    def make_room(self, n: int, rope=None) -> None:
+        """Roll if ``n`` new tokens would not fit, reserving nothing: what a read of the cache with ``n`` new tokens
+        (:meth:`peek`) needs before it. A rolling cache drops the oldest entries after the sinks (the overflow, or
+        ``evict`` if more; whole frames) and re-indexes the kept keys with ``rope`` (the layer's
+        :class:`~axial_rope.AxialRoPE`); a static cache raises past ``max_seq_len``."""
         _positive("n", n)
-        if self.window is not None:
-            if n % self.frame:
-                raise ValueError(f"a video cache takes whole frames of {self.frame} tokens, got {n} new tokens")
-            shift = roll_shift(self.length, n, self.window, self.sinks, self.evict)
-            if shift and n > self.window - self.sinks:  # even dropping every entry but the sinks
+        if self.window is None:
+            if self.length + n > self.max_seq_len:
                 raise ValueError(
-                    f"{n} new tokens do not fit a window of {self.window} holding {self.length} with {self.sinks} "
-                    f"sinks: feed at most {self.window - self.sinks} at a time once the window is full"
+                    f"KVCache overflow: {self.length} + {n} tokens exceed max_seq_len={self.max_seq_len} "
+                    "(a rolling cache, window=, keeps a stream going)"
                 )
-            if shift:
-                self.roll(shift, rope)
-        elif self.length + n > self.max_seq_len:
+            return
+        self._check_rope(rope)  # at every call, not only at the first roll
+        if n % self.frame:
+            raise ValueError(f"a video cache takes whole frames of {self.frame} tokens, got {n} new tokens")
+        most = self.window - min(self.length, self.sinks)  # what fits once every entry but the sinks is dropped
+        if n > most:
             raise ValueError(
-                f"KVCache overflow: {self.length} + {n} tokens exceed max_seq_len={self.max_seq_len} "
-                "(a rolling cache, window=, keeps a stream going)"
+                f"{n} new tokens do not fit a window of {self.window} holding {self.length} with {self.sinks} "
+                f"sinks: feed at most {most} at a time"
             )
-        return torch.arange(self.length, self.length + n, device=self.k.device)
+        shift = roll_shift(self.length, n, self.window, self.sinks, self.evict)
+        if shift:
+            self.roll(shift, rope)
 
     def roll(self, shift: int, rope) -> None:
-        """Drop the ``shift`` oldest entries after the sinks; move the rest down and rotate their keys by ``-shift``
-        (``-shift / frame`` on the time axis), in place, so positions stay contiguous."""
+        """Drop the ``shift`` oldest entries after the sinks and move the rest down; each moved key becomes its copy
+        as written rotated by minus the time positions it has moved since (one rotation, whatever the rolls)."""
         if self.window is None:
             raise ValueError("roll() is for a rolling cache (window=)")
+        self._check_rope(rope)
         if shift % self.frame or not 0 < shift <= self.length - self.sinks:
             raise ValueError(f"roll: shift must be whole frames in (0, {self.length - self.sinks}], got {shift}")
         start, keep = self.sinks, self.length - self.sinks - shift
-        if keep:
-            moved = slice(start, start + keep)
-            for buf in (self.k, self.v):  # overlapping ranges: through a copy
-                buf[:, :, moved] = buf[:, :, start + shift : start + shift + keep].clone()
-            with torch.no_grad():
-                rotate(self.k[:, :, moved], None, self._delta(rope, shift, keep), "bhsd", rope.backend, inplace=True)
-        self.filled[start + keep : self.length] = False
-        self.k[:, :, start + keep : self.length] = 0
-        self.v[:, :, start + keep : self.length] = 0
+        with torch.no_grad():
+            if keep:
+                kept, src = slice(start, start + keep), slice(start + shift, start + shift + keep)
+                for buf in (self.k_written, self.v):  # overlapping ranges: through a copy
+                    buf[:, :, kept] = buf[:, :, src].clone()
+                self.moved[kept] = self.moved[src] + shift // self.frame
+                self.k[:, :, kept] = self.k_written[:, :, kept]
+                rotate(
+                    self.k[:, :, kept], None, self._delta(rope, self.moved[kept]), "bhsd", rope.backend, inplace=True
+                )
+            dropped = slice(start + keep, self.length)
+            for buf in (self.k, self.k_written, self.v):
+                buf[:, :, dropped] = 0
+            self.moved[dropped], self.filled[dropped] = 0, False
         self.length -= shift
+        self._reserved = None  # slots reserved before a roll have moved
 
-    def _delta(self, rope, shift: int, tokens: int) -> Rotation:
-        """The rotation by ``-shift / frame`` on the time axis, for ``tokens`` cached keys (no attention factor:
-        the keys carry theirs already)."""
+    def _check_rope(self, rope) -> None:
         check_rollable(rope)
-        delta = torch.zeros(1, tokens, rope.n_axes, dtype=torch.float64 if rope.float64_angles() else torch.float32,
-                            device=self.k.device)  # fmt: skip
-        delta[..., self.time_axis] = -(shift // self.frame)
+        if self.time_axis >= rope.n_axes:
+            raise ValueError(
+                f"KVCache: time_axis ({self.time_axis}) is not an axis of the rope's {rope.n_axes}-axis positions"
+            )
+        if rope.rot_dim > self.k.shape[3]:
+            raise ValueError(
+                f"rope.rot_dim = sum(axes_dim) = {rope.rot_dim} exceeds the cache's head_dim = {self.k.shape[3]}"
+            )
+
+    def _delta(self, rope, moved: torch.Tensor) -> Rotation:
+        """The rotation by ``-moved`` (int ``[S]``) on the time axis (no attention factor: the keys carry theirs)."""
+        dtype = torch.float64 if rope.float64_angles() else torch.float32
+        delta = torch.zeros(1, moved.shape[0], rope.n_axes, dtype=dtype, device=self.k.device)
+        delta[..., self.time_axis] = -moved.to(dtype)
         freqs = rope.learned_freqs if rope.learned_freqs is not None else rope.freqs
         return Rotation(
             delta, freqs.detach(), None, rope.pairing, None if rope.learned_freqs is not None else rope.turns
         )
 
     def reset(self) -> None:
-        """Empty the cache: zero keys and values, no slot written."""
-        self.k.zero_()
-        self.v.zero_()
-        self.filled.zero_()
-        self.length = 0
+        """Empty the cache: zero keys and values, no slot written or reserved."""
+        for buf in self.buffers():
+            buf.zero_()
+        self.length, self._reserved = 0, None
 
     def reset_parameters(self) -> None:
         """The re-initialisation after ``to_empty`` (a cache built on the meta device): an empty cache."""
         self.reset()
+
+    def to_empty(self, *, device: torch.device | str | None, recurse: bool = True) -> KVCache:
+        """``nn.Module.to_empty``, then :meth:`reset`: the new storage holds nothing, so neither does the cache."""
+        super().to_empty(device=device, recurse=recurse)
+        self.reset()
+        return self
 
     def extra_repr(self) -> str:
         rolling = (

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import axial_rope as ar
-from axial_rope.cache import KVCache, check_rollable, roll_shift
+from axial_rope.cache import KVCache, check_rollable, check_window, roll_shift
 from axial_rope.init import deferred_init
 from axial_rope.layers import Attention
 
@@ -123,6 +123,14 @@ class RoPEPositions:
 
     def __repr__(self) -> str:
         return "RoPEPositions()"
+
+
+def _check_idx(idx, name: str, tokens: int) -> None:
+    """Token ids ``[B, S]`` with at least ``tokens`` tokens, or a ``ValueError`` naming ``name``."""
+    if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.shape[1] < tokens or idx.is_floating_point():
+        got = f"{idx.dtype} {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else repr(idx)
+        need = f" with S >= {tokens}" if tokens else ""
+        raise ValueError(f"{name} must be int token ids [B, S]{need}, got {got}")
 
 
 class FeedForward(nn.Module):
@@ -227,6 +235,7 @@ class GPT(nn.Module):
         Returns:
             ``[B, S, vocab_size]``.
         """
+        _check_idx(idx, "idx", tokens=0)
         B, S = idx.shape
         if caches is not None and len(caches) != len(self.layers):
             raise ValueError(f"caches must hold one KVCache per layer ({len(self.layers)}), got {len(caches)}")
@@ -260,7 +269,7 @@ class GPT(nn.Module):
         return_logits: bool = False,
         window: int | None = None,
         sinks: int = 0,
-        evict: int = 1,
+        evict: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Continue ``idx [B, T]`` by ``max_new_tokens`` tokens.
 
@@ -275,24 +284,29 @@ class GPT(nn.Module):
         each step recomputes the model over the kept tokens at their re-indexed positions (StreamingLLM's
         "sliding window with re-computation"). The two agree exactly for one layer; deeper, the cached states
         of layers past the first remember evicted tokens and the recomputation does not. ``evict``: tokens a roll
-        drops at least (:class:`KVCache`): a roll every ``evict`` steps re-rotates the cache that much less often.
+        drops at least (:class:`KVCache`; default 1, rolling only): a roll every ``evict`` steps re-rotates the cache
+        that much less often. The caches' slots are reserved by :meth:`KVCache.advance` on the host before each call,
+        so a compiled model (``model.compile()``) decodes exactly as the eager one.
 
         Returns:
             tokens ``[B, T + max_new_tokens]``; with ``return_logits`` also the logits each new
             token was drawn from, ``[B, max_new_tokens, V]``.
         """
+        _check_idx(idx, "idx (the prompt)", tokens=1)
         B, T = idx.shape
         total = T + max_new_tokens
-        if max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be an int > 0, got {max_new_tokens!r}")
         check_sampling(temperature, top_k)  # before the prefill, not after it
         sampling = (temperature, top_k, generator)
         if window is not None:
-            self._check_streaming(window, sinks, evict)
+            evict = self._check_streaming(window, sinks, evict)
             stream = self._stream_cached if use_cache else self._stream_recomputed
             return stream(idx, max_new_tokens, window, sinks, evict, sampling, return_logits)
         if sinks:
-            raise ValueError("sinks go with a rolling window (window=)")
+            raise ValueError(f"sinks go with a rolling window (window=), got sinks={sinks!r}")
+        if evict is not None:
+            raise ValueError(f"evict goes with a rolling window (window=), got evict={evict!r}")
         self.positions.check_decode(self, total - 1)  # before any work (e.g. a learned table's end)
         if not use_cache:  # the reference: the whole sequence every step
             tokens = idx
@@ -303,18 +317,23 @@ class GPT(nn.Module):
                 return self(tokens, seq_len=total)[:, -1]
 
             return decode(idx, self(idx, seq_len=total)[:, -1], max_new_tokens, feed, sampling, return_logits)
-        caches, written = self.new_caches(B, total), T
+        caches, written = self.new_caches(B, total), 0
 
-        def feed(nxt: torch.Tensor) -> torch.Tensor:
+        def feed(chunk: torch.Tensor) -> torch.Tensor:
             nonlocal written
-            written += 1
-            return self(nxt, torch.tensor([written - 1], device=idx.device), caches, seq_len=total)[:, -1]
+            n = chunk.shape[1]
+            if isinstance(caches[0], KVCache):  # slots reserved on the host: their length is right under compile
+                slots = [cache.advance(n) for cache in caches][0]
+            else:  # a scheme's own state (linear attention's running sums) takes the positions as they come
+                slots = torch.arange(written, written + n, device=idx.device)
+            written += n
+            return self(chunk, slots, caches, seq_len=total)[:, -1]
 
-        logits = self(idx, torch.arange(T, device=idx.device), caches, seq_len=total)[:, -1]  # prefill
-        return decode(idx, logits, max_new_tokens, feed, sampling, return_logits)
+        return decode(idx, feed(idx), max_new_tokens, feed, sampling, return_logits)  # the prompt: one prefill
 
-    def _check_streaming(self, window: int, sinks: int, evict: int) -> None:
-        KVCache(1, window, 1, 1, window=window, sinks=sinks, evict=evict, device="meta")  # checks the arguments
+    def _check_streaming(self, window: int, sinks: int, evict: int | None) -> int:
+        """The rolling window's arguments checked (``ValueError`` naming each); returns ``evict`` (default 1)."""
+        evict = check_window(window, sinks, evict=evict)
         refusal = self.positions.streaming_refusal(self.config)
         if refusal is not None:
             raise ValueError(
@@ -322,6 +341,7 @@ class GPT(nn.Module):
                 f"this model has {refusal}"
             )
         check_rollable(self.rope)
+        return evict
 
     def _rolling_feed(self, B: int, window: int, sinks: int, evict: int):
         """``feed(chunk [B, n]) -> logits [B, n, V]`` through fresh rolling caches, one per layer: every call sees
@@ -340,16 +360,17 @@ class GPT(nn.Module):
         return feed
 
     def stream_logits(
-        self, idx: torch.Tensor, window: int, sinks: int = 0, evict: int = 1, chunk: int = 1
+        self, idx: torch.Tensor, window: int, sinks: int = 0, evict: int | None = None, chunk: int = 1
     ) -> torch.Tensor:
         """Teacher-forced logits ``[B, T, V]`` of ``idx [B, T]`` streamed through rolling caches, ``chunk`` tokens a
         call: the loss a streaming model has at every position of a long text (StreamingLLM's evaluation).
 
         A token sees the ``sinks`` first tokens and the recent ones the cache keeps (``generate(window=)``); with
         ``sinks=0, evict=1, chunk=1`` that is exactly a sliding window of ``window`` tokens."""
-        self._check_streaming(window, sinks, evict)
-        if not 1 <= chunk <= window - sinks:
-            raise ValueError(f"chunk must be in [1, window - sinks = {window - sinks}], got {chunk}")
+        _check_idx(idx, "idx", tokens=1)
+        evict = self._check_streaming(window, sinks, evict)
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= window - sinks:
+            raise ValueError(f"chunk must be an int in [1, window - sinks = {window - sinks}], got {chunk!r}")
         feed = self._rolling_feed(idx.shape[0], window, sinks, evict)
         return torch.cat([feed(idx[:, i : i + chunk]) for i in range(0, idx.shape[1], chunk)], 1)
 

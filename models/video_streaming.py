@@ -9,7 +9,9 @@ generates a video a chunk of frames at a time, past the length it was trained on
    oldest frame and re-indexes the kept ones by rotating their keys on the time axis, so time positions stay
    within ``0 .. window - 1`` frames, the trained range when ``window`` is the training length;
 2. the new chunk is denoised from noise by Euler steps (:func:`models.flow.sample_euler`), attending to the
-   cached frames and to itself *without writing* (``cache_write=False``: its keys change at every step);
+   cached frames and to itself *without writing* (``cache_write=False``: its keys change at every step); the
+   caches make room for it first (:meth:`~axial_rope.KVCache.make_room`: the roll, if one is due), so the
+   steps read the same kept frames its clean pass then writes beside;
 3. one clean pass at timestep 0 writes the finished chunk into the caches: context frames are clean, as
    diffusion forcing samples (timestep 0 for the past, noise for the frame being made).
 
@@ -47,6 +49,10 @@ def frame_caches(
     """
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be a positive int (frames kept), got {window!r}")
+    if isinstance(tokens_per_frame, bool) or not isinstance(tokens_per_frame, int) or tokens_per_frame < 1:
+        raise ValueError(
+            f"tokens_per_frame must be a positive int (tokens of one latent frame), got {tokens_per_frame!r}"
+        )
     attn = model.blocks[0].attn
     param = next(model.parameters())
     tokens = window * tokens_per_frame
@@ -84,9 +90,12 @@ def forward_frames(
         x: the chunk ``[B, C, T_c, H, W]`` (``T_c`` frames, divisible by the patch).
         t: timesteps ``[B]`` (or one value, or ``[B, T_c / p_t]`` per frame), as :meth:`VideoDiT.forward`.
         y, cond: the conditioning, as :meth:`VideoDiT.forward`.
-        caches: one per block (:func:`frame_caches`); they roll first if the chunk does not fit.
+        caches: one per block (:func:`frame_caches`). Writing, they roll first if the chunk does not fit
+            (:meth:`~axial_rope.KVCache.advance`).
         cache_write: ``True`` writes the chunk's keys and values (its final, clean pass); ``False`` reads the
-            caches without changing them (a denoising step).
+            caches without changing them (a denoising step): no roll, no slot reserved, so the chunk must fit
+            beside the cached frames (``ValueError`` otherwise: call ``cache.make_room(tokens, model.rope)`` on
+            each cache first, as :func:`sample_streaming` does before a chunk's steps).
 
     Returns:
         ``[B, out_channels, T_c, H, W]``.
@@ -101,8 +110,21 @@ def forward_frames(
     frame = grid[1] * grid[2]
     if any(cache.frame != frame for cache in caches):
         raise ValueError(f"the caches hold frames of {caches[0].frame} tokens, x has {frame} per frame")
-    slots = [cache.advance(h.shape[1], model.rope) for cache in caches][0]  # [S_c]; rolls if full
-    start = caches[0].length // frame  # the chunk's first frame, after the kept ones (re-indexed from 0)
+    n = h.shape[1]
+    if cache_write:  # reserves the chunk's slots on the host (rolling first if it does not fit)
+        slots = [cache.advance(n, model.rope) for cache in caches][0]  # [S_c]
+        held = caches[0].length - n
+    else:  # a read: where a write would put the chunk, nothing reserved
+        held = caches[0].length
+        if any(cache.length + n > (cache.window or cache.max_seq_len) for cache in caches):
+            raise ValueError(
+                f"forward_frames(cache_write=False) reads the caches without changing them, and the chunk's "
+                f"{n // frame} frame(s) do not fit beside the {held // frame} cached in a window of "
+                f"{(caches[0].window or caches[0].max_seq_len) // frame}: call cache.make_room({n}, model.rope) on each cache first "
+                "(sample_streaming does)"
+            )
+        slots = torch.arange(held, held + n, device=h.device)  # [S_c]
+    start = held // frame  # the chunk's first frame, after the kept ones (re-indexed from 0)
     pos = ar.grid(*grid, offset=(start, 0, 0), device=h.device)  # [S_c, 3]
     rotation = model.rope.rotation(pos)
     # keys: the cache's slots (every written one an earlier frame), then (reading) the chunk's own tokens
@@ -146,9 +168,14 @@ def sample_streaming(
     Returns:
         ``[B, C, T, H, W]`` in [-1, 1] (each chunk clamped before it becomes context).
     """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int (latent frames kept), got {window!r}")
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 < chunk <= window:
         raise ValueError(f"chunk must be an int in [1, window = {window}] (latent frames), got {chunk!r}")
     pt, py, px = model.config.patch_size
+    if not isinstance(noise, torch.Tensor) or noise.ndim != 5 or noise.shape[2] == 0:
+        got = tuple(noise.shape) if isinstance(noise, torch.Tensor) else repr(noise)
+        raise ValueError(f"noise must be [B, C, T, H, W] with T >= 1 frames, got {got}")
     B, _, T, H, W = noise.shape
     if T % (chunk * pt):
         raise ValueError(f"noise's {T} frames must be whole chunks of {chunk} latent frames of {pt}")
@@ -163,6 +190,8 @@ def sample_streaming(
     frames = []
     for first in range(0, T, chunk * pt):
         part = noise[:, :, first : first + chunk * pt]  # [B, C, chunk * pt, H, W]
+        for cache in caches:  # the roll, if one is due, before the steps: they read what the clean pass writes beside
+            cache.make_room(chunk * cache.frame, model.rope)
 
         def velocity(x, t):
             return classifier_free_guidance(step, x, t, labels, null, cfg_scale, **conditioned)

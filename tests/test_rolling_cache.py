@@ -270,11 +270,16 @@ def test_rolling_caches_refuse_positions_that_go_backwards_skip_or_do_not_fit():
     cache = KVCache(1, 8, 1, 8, window=8, sinks=2)
     k = torch.zeros(1, 1, 3, 8)
     cache.update(cache.advance(3, rope), k, k)
-    for bad in ([0, 1, 2], [4, 5, 6], [2, 3, 4]):  # backwards, skipping, rewriting
-        with pytest.raises(ValueError, match="written in order: input_pos must be 3..5"):
+    for bad in ([0, 1, 2], [4, 5, 6], [2, 3, 4]):  # backwards, skipping, rewriting: nothing reserved
+        with pytest.raises(ValueError, match=r"reserved, in order \(none is reserved\)"):
             cache.update(torch.tensor(bad), k, k)
-    cache.update(cache.advance(5, rope), *(torch.zeros(1, 1, 5, 8),) * 2)  # full
-    with pytest.raises(ValueError, match="feed at most 6 at a time once the window is full"):
+    cache.advance(3, rope)
+    for bad in ([2, 3, 4], [4, 5, 6]):  # not the slots reserved
+        with pytest.raises(ValueError, match=r"reserved, in order \(3..5\), got input_pos"):
+            cache.update(torch.tensor(bad), k, k)
+    cache.update(torch.arange(3, 6), k, k)
+    cache.update(cache.advance(2, rope), *(torch.zeros(1, 1, 2, 8),) * 2)  # full
+    with pytest.raises(ValueError, match="holding 8 with 2 sinks: feed at most 6 at a time"):
         cache.advance(7, rope)
     with pytest.raises(ValueError, match="pass the layer's rope"):
         cache.advance(1)

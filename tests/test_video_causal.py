@@ -124,6 +124,8 @@ def test_rolling_frame_cache_equals_the_forward_over_the_kept_frames_float64():
     t_new = torch.tensor([300.0, 800.0], dtype=torch.float64)
     with torch.no_grad():
         for f in range(6):
+            for cache in caches:  # a read never rolls: the roll comes first, as sample_streaming makes it
+                cache.make_room(FRAME, model.rope)
             read = forward_frames(model, x[:, :, f : f + 1], t_new, LABELS, caches=caches, cache_write=False)
             kept = x[:, :, max(0, f - 2) : f + 1]
             t = torch.zeros(2, kept.shape[2], dtype=torch.float64)
