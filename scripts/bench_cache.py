@@ -1,7 +1,7 @@
 """Rolling KV cache costs, ratios side by side in one run: ``python -m scripts.bench --cache [--json PATH]``.
 
-1. One roll of a full cache (drop ``--shift`` entries after the sinks, move the rest down, re-rotate
-   the kept keys in place) against recomputing those keys from the hidden states they came from
+1. One roll of a full cache (drop ``--shift`` entries after the sinks, move the rest down, rotate the
+   kept keys from their copies as written) against recomputing those keys from the hidden states they came from
    (the key projection, then the rotation at the new positions) and moving the values alike: what a
    cache without RoPE's shift property would do.
 2. One decode step of the byte GPT (``models.gpt`` preset ``tiny``) with a static cache against
@@ -45,7 +45,7 @@ def roll_vs_recompute(tokens, heads, head_dim, shift, repeat, device="cpu", dtyp
     width, kw = heads * head_dim, {"device": device, "dtype": dtype}
     cache = KVCache(1, tokens, heads, head_dim, window=tokens, sinks=4, **kw)
     raw = torch.randn(2, 1, heads, tokens, head_dim, **kw)
-    cache.update(torch.arange(tokens, device=device), raw[0], raw[1])
+    cache.update(cache.advance(tokens, rope), raw[0], raw[1])  # a rolling cache writes the slots advance reserves
     keep = tokens - 4 - shift
     hidden = torch.randn(1, keep, width, **kw)  # the kept tokens' hidden states (a recomputing cache must hold them)
     w_k = torch.nn.Linear(width, width, bias=False, **kw)
@@ -63,9 +63,9 @@ def roll_vs_recompute(tokens, heads, head_dim, shift, repeat, device="cpu", dtyp
         cache.v[:, :, 4 : 4 + keep] = cache.v[:, :, 4 + shift :].clone()
 
     t_roll, t_recompute = _median(roll, repeat), _median(recompute, repeat)
-    # what a roll moves: k read and written by the in-place rotation, then k and v each copied out and back
-    # (overlapping ranges go through a copy): 2 + 4 + 4 passes over the kept entries
-    moved = 10 * keep * width * raw.element_size()
+    # what a roll moves: the keys as written and v each copied out and back (overlapping ranges go through a
+    # copy), the kept keys copied from those as written and rotated in place: 4 + 4 + 2 + 2 passes
+    moved = 12 * keep * width * raw.element_size()
     return {"tokens": tokens, "heads": heads, "head_dim": head_dim, "shift": shift, "dtype": str(dtype),
             "device": device, "roll_s": t_roll, "recompute_s": t_recompute, "recompute_over_roll": t_recompute / t_roll,
             "roll_bytes": moved, "roll_GBps": moved / t_roll / 1e9}  # fmt: skip
