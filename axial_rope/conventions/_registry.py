@@ -16,7 +16,7 @@ from torch import nn
 
 __all__ = [
     "Convention", "DiffusersFamily", "PipelineUnits", "TablesProducer", "TrainedGrid", "DIFFUSERS", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "REGISTRY", "builds_rope",
-    "diffusers_family", "diffusers_table", "register", "register_diffusers", "table",
+    "diffusers_family", "diffusers_table", "register", "register_diffusers", "table", "trained_table",
 ]  # fmt: skip
 
 
@@ -330,4 +330,23 @@ def diffusers_table() -> str:
             f"| `{name}` | {f.name} | {where} | {f.axes} | {time} | {scaling} | {f.processor or '-'} | "
             f"{_diff(f.max_diff)} |"
         )
+    return "\n".join(rows) + "\n"
+
+
+def trained_table() -> str:
+    """The markdown table of the released checkpoints' training sizes the records carry (what ``policy="auto"`` plans
+    against): per family and checkpoint, the size in the pipeline's units, the token grid it gives on the family's
+    grid axes (:meth:`PipelineUnits.tokens`) and where the size was read; a family without one says so (the policy
+    then asks for ``train_size``)."""
+    rows = [
+        "| family | checkpoint | size (frames x height x width; tokens for audio) | tokens (grid axes) | source |",
+        "|---|---|---|---|---|",
+    ]
+    for f in sorted({f.name: f for f in DIFFUSERS.values()}.values(), key=lambda f: f.name):
+        if not f.trained:
+            rows.append(f"| {f.name} | - | unknown: pass `train_size` | - | - |")
+        for i, g in enumerate(f.trained):
+            size, tokens = (" x ".join(map(str, s)) for s in (g.size, f.units.tokens(g.size)))
+            source = "(as above)" if i and g.source == f.trained[i - 1].source else g.source
+            rows.append(f"| {f.name} | {g.checkpoint} | {size} | {tokens} | {source} |")
     return "\n".join(rows) + "\n"
