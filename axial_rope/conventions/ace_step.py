@@ -13,7 +13,7 @@ import torch
 
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, register_diffusers
 from ._tables import grid_positions
 
 __all__: list[str] = []
@@ -48,5 +48,9 @@ register_diffusers(
         max_diff=2e-8,  # float64 models, tables replaced: 1.2e-8 measured (upstream float32 tables)
         source=SOURCE,
         axes="(t): `head_dim`, `rope_theta`",
+        # unknown: ACE-Step 1.5 generates 10 s to 10 min (docs `ace_step.md`); the clip lengths it was trained on are
+        # not published
+        trained=(),
+        units=PipelineUnits(pixels=None),
     )
 )

@@ -14,7 +14,7 @@ import torch
 
 from ..rope import AxialRoPE
 from ._fields import field, kind, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import grid_positions, latent_grid
 
 __all__: list[str] = []
@@ -60,6 +60,10 @@ def _layout(cos, sin):  # half pairing over three axes: axis a's planes are chan
     return per_axis, index
 
 
+ALLEGRO_TRAINED_SOURCE = (
+    "github.com/rhymes-ai/Allegro README: 88 frames of 720 x 1280; the transformer's sample_frames 22 and 90 x 160 "
+    "latents"
+)
 register_diffusers(
     DiffusersFamily(
         name="allegro",
@@ -74,5 +78,7 @@ register_diffusers(
         max_diff=2e-9,  # float64 models, tables replaced: 1.1e-9 measured (the pipeline's float32 tables)
         source=SOURCE,
         axes="(t, y, x): D/3 each, theta 10000, each third half-paired; indices / `interpolation_scale_{t,h,w}`",
+        trained=(TrainedGrid("Allegro (88x720P)", (88, 720, 1280), ALLEGRO_TRAINED_SOURCE),),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )

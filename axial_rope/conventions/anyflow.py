@@ -13,7 +13,7 @@ import torch
 
 from ..ops.common import has_float64
 from ._fields import field, kind, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import grid_coordinates, grid_positions
 from .wan import wan
 
@@ -54,6 +54,10 @@ def _sana_wm_positions(config):
     return positions
 
 
+ANYFLOW_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/anyflow/pipeline_anyflow.py` default height 480, "
+    "width 832, num_frames 81 (docs `anyflow.md`: 'the canonical 81 raw frames')"
+)
 register_diffusers(
     DiffusersFamily(
         name="anyflow",
@@ -66,9 +70,15 @@ register_diffusers(
         max_diff=9e-8,  # float64 models: stock turns by float64 (complex128) tables, ours are float32
         source=ANYFLOW_SOURCE,
         axes="(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000",
+        trained=(TrainedGrid("AnyFlow", (81, 480, 832), ANYFLOW_TRAINED_SOURCE),),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )
 
+SANA_WM_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/sana_wm/pipeline_sana_wm.py` default "
+    "TARGET_HEIGHT 704, TARGET_WIDTH 1280 (`cam_utils.py`), num_frames 161"
+)
 register_diffusers(
     DiffusersFamily(
         name="sana_wm",
@@ -81,6 +91,8 @@ register_diffusers(
         max_diff=3e-9,  # float64 models, tables replaced; the GDN recurrence runs in float32
         source=SANA_WM_SOURCE,
         axes="(t, y, x) of `linear_head_dim`: D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000",
+        trained=(TrainedGrid("SANA-WM", (161, 704, 1280), SANA_WM_TRAINED_SOURCE),),
+        units=PipelineUnits(32, frames=(8, 1)),
     )
 )
 
@@ -125,6 +137,10 @@ def _far_positions(config):
     return positions
 
 
+ANYFLOW_FAR_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/anyflow/pipeline_anyflow_far.py` default height "
+    "480, width 832, num_frames 81"
+)
 register_diffusers(
     DiffusersFamily(
         name="anyflow_far",
@@ -138,5 +154,7 @@ register_diffusers(
         source=FAR_SOURCE,
         axes="(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000; compressed frames at window "
         "centres",
+        trained=(TrainedGrid("AnyFlow FAR", (81, 480, 832), ANYFLOW_FAR_TRAINED_SOURCE),),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import axes_sum, field
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 from .z_image import _rope as z_image_rope
@@ -21,7 +21,7 @@ def _rope(config):
     return flux(axes_sum(config, "axes_dims_rope", "attention_head_dim"), field(config, "rope_theta", 10000))
 
 
-def _record(name: str, cls: str, processor: str, source: str) -> DiffusersFamily:
+def _record(name: str, cls: str, processor: str, source: str, trained: tuple[TrainedGrid, ...]) -> DiffusersFamily:
     return DiffusersFamily(
         name=name,
         classes=(cls,),
@@ -35,11 +35,38 @@ def _record(name: str, cls: str, processor: str, source: str) -> DiffusersFamily
         max_diff=0.0,
         source=source,
         axes="(index, y, x): `axes_dims_rope`, `rope_theta`",
+        trained=trained,
+        units=PipelineUnits(16),  # Bria 3.2: VAE 16, latents packed 2 x 2; FIBO: VAE 16, patch 1
     )
 
 
-register_diffusers(_record("bria", "BriaTransformer2DModel", "BriaAttnProcessor", BRIA_SOURCE))
-register_diffusers(_record("bria_fibo", "BriaFiboTransformer2DModel", "BriaFiboAttnProcessor", FIBO_SOURCE))
+BRIA_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/bria/pipeline_bria.py` default: "
+    "`default_sample_size` 64 x `vae_scale_factor` 16 ('res of 1k,1k')"
+)
+BRIA_FIBO_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/bria_fibo/pipeline_bria_fibo.py` default: "
+    "`default_sample_size` 64 x `vae_scale_factor` 16"
+)
+
+register_diffusers(
+    _record(
+        "bria",
+        "BriaTransformer2DModel",
+        "BriaAttnProcessor",
+        BRIA_SOURCE,
+        (TrainedGrid("BRIA-3.2", (1024, 1024), BRIA_TRAINED_SOURCE),),
+    )
+)
+register_diffusers(
+    _record(
+        "bria_fibo",
+        "BriaFiboTransformer2DModel",
+        "BriaFiboAttnProcessor",
+        FIBO_SOURCE,
+        (TrainedGrid("FIBO", (1024, 1024), BRIA_FIBO_TRAINED_SOURCE),),
+    )
+)
 
 FIBO2_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_bria_fibo2.py` `RopeEmbedder`"
 
@@ -56,6 +83,10 @@ def _fibo2_grid(config):
 # over ids (index, y, x): the image at index `max_num_gist_tokens + 1`, each context image on the next index with
 # its own rows and columns, the gist tokens at (1 + i, 0, 0); called once for the image and context ids, once for
 # the gist ids, so a sized forward reads the image grid from `hidden_states` and sizes both calls by it.
+BRIA_FIBO2_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/bria_fibo2/pipeline_bria_fibo2.py` default: "
+    "`default_sample_size` 128 x `vae_scale_factor` 8"
+)
 register_diffusers(
     DiffusersFamily(
         name="bria_fibo2",
@@ -72,5 +103,7 @@ register_diffusers(
         max_diff=4e-8,  # float64 models, tables replaced: 3.0e-8 measured (upstream float32 lookup tables)
         source=FIBO2_SOURCE,
         axes="(index, y, x): `axes_dims` (summing to `dim / n_heads`), `rope_theta` (256)",
+        trained=(TrainedGrid("FIBO 2", (1024, 1024), BRIA_FIBO2_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )

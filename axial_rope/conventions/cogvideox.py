@@ -7,7 +7,15 @@ import torch
 from ..positions import crop_grid, grid
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
+from ._registry import (
+    Convention,
+    DiffusersFamily,
+    PipelineUnits,
+    TrainedGrid,
+    builds_rope,
+    register,
+    register_diffusers,
+)
 from ._tables import latent_positions
 
 __all__ = ["cogvideox", "cogvideox_positions"]
@@ -72,6 +80,10 @@ def _diffusers_rope(config) -> AxialRoPE:
     return cogvideox(size(config, "attention_head_dim"))
 
 
+COGVIDEOX_TRAINED_SOURCE = (
+    "github.com/zai-org/CogVideo README model table: 720 * 480, 6 seconds at 8 frames / second; the transformer's "
+    "sample_frames 49 and 60 x 90 latents"
+)
 register_diffusers(
     DiffusersFamily(
         name="cogvideox",
@@ -88,5 +100,7 @@ register_diffusers(
         max_diff=6e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=SOURCE,
         axes="(t, y, x): D/4, 3D/8, 3D/8, theta 10000",
+        trained=(TrainedGrid("CogVideoX-2B, CogVideoX-5B", (49, 480, 720), COGVIDEOX_TRAINED_SOURCE),),
+        units=PipelineUnits(16, frames=(4, 1)),  # CogVideoX 1.0 (patch_size_t None)
     )
 )

@@ -14,7 +14,7 @@ import torch
 
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, builds_rope, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, builds_rope, register_diffusers
 from ._tables import grid_coordinates, grid_positions
 
 __all__ = ["cogview4", "cogview4_positions"]
@@ -83,6 +83,11 @@ _COMMON = dict(
     time_axis=None,
     blocks=("transformer_blocks.",),
 )
+COGVIEW4_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/cogview4/pipeline_cogview4.py` default: the "
+    "transformer's `sample_size` 128 x `vae_scale_factor` 8 (github.com/THUDM/CogView4 README: any 512 <= H, W <= "
+    "2048 with H W <= 2^21)"
+)
 register_diffusers(
     DiffusersFamily(
         name="cogview4",
@@ -94,8 +99,11 @@ register_diffusers(
         source=COGVIEW4_SOURCE,
         axes="(y, x): D/2, D/2, theta 10000; rows `floor(i rope_axes_dim / n)`",
         **_COMMON,
+        trained=(TrainedGrid("CogView4-6B", (1024, 1024), COGVIEW4_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )
+GLM_IMAGE_TRAINED_SOURCE = "github.com/zai-org/GLM-Image README: the example request's size 1024x1024"
 register_diffusers(
     DiffusersFamily(
         name="glm_image",
@@ -107,5 +115,7 @@ register_diffusers(
         source=GLM_SOURCE,
         axes="(y, x): D/2, D/2, theta 10000",
         **_COMMON,
+        trained=(TrainedGrid("GLM-Image", (1024, 1024), GLM_IMAGE_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )

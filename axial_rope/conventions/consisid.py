@@ -13,7 +13,7 @@ every size.
 from __future__ import annotations
 
 from ._fields import field, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import latent_positions
 from .cogvideox import cogvideox
 
@@ -28,6 +28,7 @@ def _rope(config):
     return cogvideox(size(config, "attention_head_dim"))
 
 
+CONSISID_TRAINED_SOURCE = "github.com/PKU-YuanGroup/ConsisID README: 49 frames, 720x480 (W x H); arXiv:2411.17440"
 register_diffusers(
     DiffusersFamily(
         name="consisid",
@@ -40,5 +41,7 @@ register_diffusers(
         max_diff=8e-9,  # float64 models, tables replaced: 7.6e-9 measured (the pipeline's float32 tables)
         source=SOURCE,
         axes="(t, y, x): D/4, 3D/8, 3D/8, theta 10000",
+        trained=(TrainedGrid("ConsisID", (49, 480, 720), CONSISID_TRAINED_SOURCE),),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )

@@ -16,7 +16,7 @@ import torch
 
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, builds_rope, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, builds_rope, register_diffusers
 from ._tables import grid_positions, latent_grid
 
 __all__ = ["cosmos"]
@@ -51,6 +51,11 @@ def _positions(config):
     return positions
 
 
+COSMOS_TRAINED_SOURCE = (
+    "github.com/nvidia-cosmos/cosmos-predict2 `cosmos_predict2/datasets/utils.py` VIDEO_RES_SIZE_INFO['720'] (16:9 "
+    "1280 x 704), IMAGE_RES_SIZE_INFO['1024'] (16:9 1360 x 768); `configs/base/config_video2world.py` state_t 24 (93 "
+    "frames)"
+)
 register_diffusers(
     DiffusersFamily(
         name="cosmos",
@@ -65,5 +70,10 @@ register_diffusers(
         max_diff=7e-9,  # float64 models, tables replaced: 6.5e-9 measured (upstream float32 tables at 30 fps)
         source=SOURCE,
         axes="(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), bases 10000 `rope_scale` ** (d/(d-2)), half",
+        trained=(
+            TrainedGrid("Cosmos-Predict2 Video2World 720p", (93, 704, 1280), COSMOS_TRAINED_SOURCE),
+            TrainedGrid("Cosmos-Predict2 Text2Image", (1, 768, 1360), COSMOS_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(16, frames=(4, 1)),  # Cosmos-Predict2 (Wan's VAE)
     )
 )

@@ -10,7 +10,7 @@ positions; sized with ``mode``, the integer latent grid is sized against ``train
 from __future__ import annotations
 
 from ._fields import size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import grid_positions
 from .cogvideox import cogvideox, cogvideox_positions
 
@@ -43,6 +43,9 @@ def _positions(config):
     return positions
 
 
+EASYANIMATE_TRAINED_SOURCE = (
+    "github.com/aigc-apps/EasyAnimate README: v5 'up to 1024x1024, 49 frames, 6s, 8fps'; arXiv:2405.18991"
+)
 register_diffusers(
     DiffusersFamily(
         name="easyanimate",
@@ -54,5 +57,7 @@ register_diffusers(
         max_diff=2e-8,  # float64 models, tables replaced: 1.4e-8 measured (the float32 tables)
         source=SOURCE,
         axes="(t, y, x): D/4, 3D/8, 3D/8, theta 10000",
+        trained=(TrainedGrid("EasyAnimateV5.1", (49, 1024, 1024), EASYANIMATE_TRAINED_SOURCE),),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )

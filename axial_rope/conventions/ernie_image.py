@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import field, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 
@@ -30,6 +30,10 @@ def _rope(config):
     return flux(axes, float(field(config, "rope_theta", 256)))
 
 
+ERNIE_IMAGE_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/ernie_image/pipeline_ernie_image.py` default "
+    "height = width = 1024, as the docs' (`ernie_image.md`) examples"
+)
 register_diffusers(
     DiffusersFamily(
         name="ernie_image",
@@ -46,5 +50,7 @@ register_diffusers(
         max_diff=2e-7,  # float64 models, tables replaced: 1.1e-7 measured (float32 angles through atan2)
         source=SOURCE,
         axes="(text length or index, y, x): `rope_axes_dim`, `rope_theta` (256), angles",
+        trained=(TrainedGrid("ERNIE-Image, ERNIE-Image-Turbo", (1024, 1024), ERNIE_IMAGE_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )

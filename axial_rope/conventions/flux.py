@@ -9,7 +9,15 @@ import torch
 from ..positions import grid, text_positions
 from ..rope import AxialRoPE
 from ._fields import axes_sum
-from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
+from ._registry import (
+    Convention,
+    DiffusersFamily,
+    PipelineUnits,
+    TrainedGrid,
+    builds_rope,
+    register,
+    register_diffusers,
+)
 from ._tables import ids_positions
 
 __all__ = ["flux", "flux_positions"]
@@ -49,6 +57,11 @@ register(
     )
 )
 
+FLUX_TRAINED_SOURCE = (
+    "huggingface.co/black-forest-labs/FLUX.1-dev model card example (height = width = 1024, also FluxPipeline's "
+    "default: `default_sample_size` 128 x `vae_scale_factor` 8); github.com/black-forest-labs/flux `src/flux/cli.py` "
+    "default width 1360, height 768"
+)
 register_diffusers(
     DiffusersFamily(
         name="flux",
@@ -64,11 +77,21 @@ register_diffusers(
         max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=SOURCE,
         axes="(index, y, x): `axes_dims_rope`, theta 10000",
+        trained=(
+            TrainedGrid("FLUX.1 [dev], [schnell]", (1024, 1024), FLUX_TRAINED_SOURCE),
+            TrainedGrid("FLUX.1 [dev], [schnell]", (768, 1360), FLUX_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(16),
     )
 )
 
 CHROMA_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_chroma.py` `ChromaTransformer2DModel`"
 
+CHROMA_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/chroma/pipeline_chroma.py` default "
+    "(`default_sample_size` 128 x `vae_scale_factor` 8); huggingface.co/lodestones/Chroma1-HD is the high-resolution "
+    "finetune (diffusers docs `chroma.md`)"
+)
 register_diffusers(
     DiffusersFamily(
         name="chroma",
@@ -83,5 +106,7 @@ register_diffusers(
         max_diff=0.0,
         source=CHROMA_SOURCE,
         axes="(index, y, x): `axes_dims_rope`, theta 10000",
+        trained=(TrainedGrid("Chroma1-HD", (1024, 1024), CHROMA_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )

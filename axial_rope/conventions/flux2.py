@@ -10,7 +10,7 @@ reference ids), and the tables concatenated; so a sized forward reads its image 
 from __future__ import annotations
 
 from ._fields import axes_sum, field
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import id_extent, ids_positions
 from .flux import flux
 
@@ -28,6 +28,10 @@ def _positions(config):
     return lambda rope, sizing, ids: ids_positions(ids, rope, sizing)  # ids [S, 4]; grid columns y, x
 
 
+FLUX2_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/flux2/pipeline_flux2.py`, "
+    "`pipeline_flux2_klein.py` default (`default_sample_size` 128 x `vae_scale_factor` 8)"
+)
 register_diffusers(
     DiffusersFamily(
         name="flux2",
@@ -43,7 +47,13 @@ register_diffusers(
         max_diff=0.0,
         source=FLUX2_SOURCE,
         axes="(t, y, x, l): `axes_dims_rope`, `rope_theta`",
+        trained=(TrainedGrid("FLUX.2 [dev], [klein]", (1024, 1024), FLUX2_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
+)
+FLUX3_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `modular_pipelines/flux3/before_denoise.py` default_height = "
+    "default_width = 1024"
 )
 register_diffusers(
     DiffusersFamily(
@@ -61,5 +71,7 @@ register_diffusers(
         max_diff=0.0,
         source=FLUX3_SOURCE,
         axes="(t, y, x, l): `axes_dims_rope`, `rope_theta`",
+        trained=(TrainedGrid("FLUX.3", (1024, 1024), FLUX3_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )

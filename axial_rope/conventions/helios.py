@@ -12,7 +12,7 @@ import torch
 
 from ..rope import AxialRoPE
 from ._fields import axes_sum, field
-from ._registry import DiffusersFamily, builds_rope, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, builds_rope, register_diffusers
 from ._tables import frames_grid_positions
 
 __all__ = ["helios"]
@@ -39,6 +39,9 @@ def _layout(cos, sin, grid):
     return torch.cat([cos, sin], dim=-1).transpose(1, 2).unflatten(2, grid)
 
 
+HELIOS_TRAINED_SOURCE = (
+    "github.com/PKU-YuanGroup/Helios README (33 frames per chunk), `app.py` height 384, width 640; arXiv:2603.04379"
+)
 register_diffusers(
     DiffusersFamily(
         name="helios",
@@ -53,5 +56,7 @@ register_diffusers(
         max_diff=1.5e-7,  # float64 models, tables replaced: 1.3e-7 measured (the float32 tables against the stock ones)
         source=SOURCE,
         axes="(t, y, x): `rope_dim`, `rope_theta`; t = the pipeline's frame indices",
+        trained=(TrainedGrid("Helios", (33, 384, 640), HELIOS_TRAINED_SOURCE),),
+        units=PipelineUnits(16),  # time is the pipeline's frame indices, not sized
     )
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import field, kind, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 
@@ -36,6 +36,10 @@ def _rope(config):
     return flux(axes)  # HiDreamImageEmbedND(theta=10000)
 
 
+HIDREAM_IMAGE_TRAINED_SOURCE = (
+    "github.com/HiDream-ai/HiDream-I1 `inference.py` RESOLUTION_OPTIONS: 1024 x 1024, 768 x 1360, 1360 x 768, 880 x "
+    "1168, 1168 x 880, 1248 x 832, 832 x 1248"
+)
 register_diffusers(
     DiffusersFamily(
         name="hidream_image",
@@ -53,5 +57,11 @@ register_diffusers(
         max_diff=0.0,
         source=SOURCE,
         axes="(index, y, x): `axes_dims_rope` (the head or its first half), theta 10000",
+        trained=(
+            TrainedGrid("HiDream-I1", (1024, 1024), HIDREAM_IMAGE_TRAINED_SOURCE),
+            TrainedGrid("HiDream-I1", (768, 1360), HIDREAM_IMAGE_TRAINED_SOURCE),
+            TrainedGrid("HiDream-I1", (1360, 768), HIDREAM_IMAGE_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(16),
     )
 )

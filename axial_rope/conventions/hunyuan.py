@@ -9,7 +9,15 @@ import torch
 from ..positions import crop_grid
 from ..rope import AxialRoPE
 from ._fields import axes_sum, field, size
-from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
+from ._registry import (
+    Convention,
+    DiffusersFamily,
+    PipelineUnits,
+    TrainedGrid,
+    builds_rope,
+    register,
+    register_diffusers,
+)
 from ._tables import frames_grid_positions, grid_coordinates, grid_positions, latent_positions
 
 __all__ = ["hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions", "hunyuan_dit_crop"]
@@ -120,6 +128,10 @@ register(
     )
 )
 
+HUNYUAN_VIDEO_TRAINED_SOURCE = (
+    "github.com/Tencent/HunyuanVideo README resolution table: 720p (recommended) 720px1280px129f, 1280px720px129f; "
+    "arXiv:2412.03603"
+)
 register_diffusers(
     DiffusersFamily(
         name="hunyuan_video",
@@ -132,6 +144,11 @@ register_diffusers(
         max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=VIDEO_SOURCE,
         axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
+        trained=(
+            TrainedGrid("HunyuanVideo", (129, 720, 1280), HUNYUAN_VIDEO_TRAINED_SOURCE),
+            TrainedGrid("HunyuanVideo", (129, 1280, 720), HUNYUAN_VIDEO_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )
 
@@ -173,6 +190,11 @@ def _hunyuan_dit_positions(config):
     return positions
 
 
+HUNYUAN_DIT_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/hunyuandit/pipeline_hunyuandit.py` "
+    "SUPPORTED_SHAPE: the 1024 and 1280 px buckets (1:1, 4:3, 3:4, 16:9 1280 x 768, 9:16 768 x 1280); "
+    "arXiv:2405.08748 (multi-resolution training)"
+)
 register_diffusers(
     DiffusersFamily(
         name="hunyuan_dit",
@@ -189,11 +211,21 @@ register_diffusers(
         max_diff=5e-7,  # float64 models: the pipeline's positions are float32 linspace values (1 ulp at 32)
         source=DIT_SOURCE,
         axes="(y, x): D/2 each, x's planes first, theta 10000; the pipeline's crop grid",
+        trained=(
+            TrainedGrid("HunyuanDiT v1.2", (1280, 1280), HUNYUAN_DIT_TRAINED_SOURCE),
+            TrainedGrid("HunyuanDiT v1.2", (768, 1280), HUNYUAN_DIT_TRAINED_SOURCE),
+            TrainedGrid("HunyuanDiT v1.2", (1280, 768), HUNYUAN_DIT_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(16),
     )
 )
 
 VIDEO15_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_hunyuan_video15.py` `HunyuanVideo15RotaryPosEmbed`"
 
+HUNYUAN_VIDEO15_TRAINED_SOURCE = (
+    "github.com/Tencent-Hunyuan/HunyuanVideo-1.5 README: 480p and 720p models, --video_length 121; their 16:9 buckets "
+    "(bases 640 and 960, diffusers' `calculate_default_height_width`); arXiv:2511.18870"
+)
 register_diffusers(
     DiffusersFamily(
         name="hunyuan_video15",
@@ -206,6 +238,11 @@ register_diffusers(
         max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
         source=VIDEO15_SOURCE,
         axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
+        trained=(
+            TrainedGrid("HunyuanVideo-1.5 480p", (121, 480, 848), HUNYUAN_VIDEO15_TRAINED_SOURCE),
+            TrainedGrid("HunyuanVideo-1.5 720p", (121, 720, 1280), HUNYUAN_VIDEO15_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )
 
@@ -230,6 +267,9 @@ def _image_positions(config):
     return positions
 
 
+HUNYUAN_IMAGE_TRAINED_SOURCE = (
+    "github.com/Tencent-Hunyuan/HunyuanImage-2.1 README: 'only supports 2K' (2048 x 2048 for 1:1, 2560 x 1536 for 16:9)"
+)
 register_diffusers(
     DiffusersFamily(
         name="hunyuan_image",
@@ -243,6 +283,11 @@ register_diffusers(
         max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
         source=IMAGE_SOURCE,
         axes="(y, x): `rope_axes_dim`, `rope_theta`",
+        trained=(
+            TrainedGrid("HunyuanImage-2.1", (2048, 2048), HUNYUAN_IMAGE_TRAINED_SOURCE),
+            TrainedGrid("HunyuanImage-2.1", (1536, 2560), HUNYUAN_IMAGE_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(32),
     )
 )
 
@@ -264,6 +309,10 @@ def _framepack_positions(config):
     return positions
 
 
+HUNYUAN_VIDEO_FRAMEPACK_TRAINED_SOURCE = (
+    "github.com/lllyasviel/FramePack `diffusers_helper/bucket_tools.py` bucket_options[640] (416 x 960 to 960 x 416), "
+    "`demo_gradio.py` sections of latent_window_size 9 (33 frames); arXiv:2504.12626"
+)
 register_diffusers(
     DiffusersFamily(
         name="hunyuan_video_framepack",
@@ -276,5 +325,10 @@ register_diffusers(
         max_diff=2e-9,  # float64 models, tables replaced: 1.5e-9 measured (the float32 tables)
         source=FRAMEPACK_SOURCE,
         axes="(t, y, x): `rope_axes_dim`, `rope_theta`; t = the pipeline's frame indices",
+        trained=(
+            TrainedGrid("FramePack (HunyuanVideo)", (33, 416, 960), HUNYUAN_VIDEO_FRAMEPACK_TRAINED_SOURCE),
+            TrainedGrid("FramePack (HunyuanVideo)", (33, 960, 416), HUNYUAN_VIDEO_FRAMEPACK_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(16),  # time is the sections' frame indices, not sized
     )
 )

@@ -9,7 +9,7 @@ the image rows' ``(y, x)`` (counted from their origin, 65536) and keeps the text
 from __future__ import annotations
 
 from ._fields import field, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .qwen_vl import qwen3_vl
 
@@ -38,6 +38,10 @@ def _positions(config):
     return positions
 
 
+IDEOGRAM4_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/ideogram4/pipeline_ideogram4.py` default height = "
+    "width = 2048 ('the defaults are the recommended settings for best quality')"
+)
 register_diffusers(
     DiffusersFamily(
         name="ideogram4",
@@ -56,5 +60,7 @@ register_diffusers(
         source=SOURCE,
         axes="(t, h, w): `mrope_section` planes interleaved t, h, w, `rope_theta`; image ids from 65536; one "
         "spectrum: one scaling for all axes, mode interpolate",
+        trained=(TrainedGrid("Ideogram 4", (2048, 2048), IDEOGRAM4_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )

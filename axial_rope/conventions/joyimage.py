@@ -16,7 +16,7 @@ import torch
 from ..positions import grid
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, register_diffusers
 from ._tables import Sizing, grid_positions
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_joyimage.py` `get_rotary_pos_embed`"
@@ -68,6 +68,10 @@ register_diffusers(
         max_diff=1e-7,  # float64 models, tables replaced: 8.1e-8 measured (the float32 tables)
         source=SOURCE,
         axes="(t, y, x): `rope_dim_list`, `theta`; mrope text at (p, p, p) after the grid",
+        # unknown: an editing model: the size is the input image's bucket (`find_best_bucket` of the checkpoint's
+        # basesize); no published training size
+        trained=(),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )
 
@@ -96,5 +100,8 @@ register_diffusers(
         max_diff=3e-8,  # float64 models, tables replaced: 2.3e-8 measured (the float32 tables)
         source=PLUS_SOURCE,
         axes="(t, y, x): `rope_dim_list`, `theta`; each image of an item at the next frame index",
+        # unknown: an editing model: the size follows the last reference image's bucket; no published training size
+        trained=(),
+        units=PipelineUnits(16),
     )
 )

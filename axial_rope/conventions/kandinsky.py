@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import field
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import at_index, grid_coordinates
 from .flux import flux
 from .hidream import rotation_matrices
@@ -69,6 +69,11 @@ def _layout6(cos, sin, sizes):  # [S, D] -> [T, H, W, 1, D/2, 2, 2]
     return rotation_matrices(cos, sin).view(*sizes, 1, -1, 2, 2)
 
 
+KANDINSKY5_TRAINED_SOURCE = (
+    "github.com/kandinskylab/kandinsky-5 README example: width 768, height 512, 5 s at 24 fps; diffusers 0.42.1 "
+    "(github.com/huggingface/diffusers) `pipelines/kandinsky5/pipeline_kandinsky_t2i.py` resolutions (1024 x 1024, "
+    "640 x 1408, 1408 x 640, 768 x 1280, ...); arXiv:2511.14993"
+)
 register_diffusers(
     DiffusersFamily(
         name="kandinsky5",
@@ -83,7 +88,18 @@ register_diffusers(
         max_diff=0.0,
         source=SOURCE,
         axes="(t, y, x): `axes_dims` (the head), theta 10000, positions / the pipeline's `scale_factor`",
+        trained=(
+            TrainedGrid("Kandinsky 5.0 T2V Lite", (121, 512, 768), KANDINSKY5_TRAINED_SOURCE),
+            TrainedGrid("Kandinsky 5.0 T2I Lite", (1, 1024, 1024), KANDINSKY5_TRAINED_SOURCE),
+            TrainedGrid("Kandinsky 5.0 T2I Lite", (1, 1408, 640), KANDINSKY5_TRAINED_SOURCE),
+            TrainedGrid("Kandinsky 5.0 T2I Lite", (1, 640, 1408), KANDINSKY5_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
+)
+KANDINSKY6_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/kandinsky6/pipeline_kandinsky6_ti2va.py` default "
+    "height 512, width 768, num_frames 121"
 )
 register_diffusers(
     DiffusersFamily(
@@ -99,5 +115,7 @@ register_diffusers(
         max_diff=5e-8,  # float64 models, tables replaced: 4.4e-8 measured (6 SR at 8 x 8; 6: bit for bit)
         source=SOURCE6,
         axes="(t, y, x): `axes_dims` (the head), theta 10000, positions / `scale_factor`",
+        trained=(TrainedGrid("Kandinsky 6", (121, 512, 768), KANDINSKY6_TRAINED_SOURCE),),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )

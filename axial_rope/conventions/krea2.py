@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._fields import axes_sum, field
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 
@@ -11,6 +11,10 @@ __all__: list[str] = []
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_krea2.py` `Krea2RotaryPosEmbed`"
 
+KREA2_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/krea2/pipeline_krea2.py` default height = width = "
+    "1024, as the docs' (`krea2.md`) examples"
+)
 register_diffusers(
     DiffusersFamily(
         name="krea2",
@@ -26,5 +30,7 @@ register_diffusers(
         max_diff=0.0,
         source=SOURCE,
         axes="(index, y, x): `axes_dims_rope`, `rope_theta` (1000)",
+        trained=(TrainedGrid("Krea-2-Raw, Krea-2-Turbo", (1024, 1024), KREA2_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )

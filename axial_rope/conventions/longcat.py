@@ -8,7 +8,7 @@ starts after the text on both axes.
 from __future__ import annotations
 
 from ._fields import axes_sum
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 
@@ -25,6 +25,10 @@ def _positions(config):
     return positions
 
 
+LONGCAT_IMAGE_TRAINED_SOURCE = (
+    "github.com/meituan-longcat/LongCat-Image `longcat_image/dataset/data_utils.py` MULTI_ASPECT_RATIO_1024: the "
+    "training buckets, 704 x 1408 to 1408 x 704 around 1024 x 1024; arXiv:2512.07584"
+)
 register_diffusers(
     DiffusersFamily(
         name="longcat_image",
@@ -39,5 +43,11 @@ register_diffusers(
         max_diff=0.0,
         source=SOURCE,
         axes="(modality, y, x): `axes_dims_rope`, theta 10000; text on the y = x diagonal, image after it",
+        trained=(
+            TrainedGrid("LongCat-Image", (1024, 1024), LONGCAT_IMAGE_TRAINED_SOURCE),
+            TrainedGrid("LongCat-Image", (704, 1408), LONGCAT_IMAGE_TRAINED_SOURCE),
+            TrainedGrid("LongCat-Image", (1408, 704), LONGCAT_IMAGE_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(16),
     )
 )

@@ -23,7 +23,16 @@ import torch
 from ..frequencies import Frequencies, PositionTransform
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import Convention, DiffusersFamily, TablesProducer, builds_rope, register, register_diffusers
+from ._registry import (
+    Convention,
+    DiffusersFamily,
+    PipelineUnits,
+    TablesProducer,
+    TrainedGrid,
+    builds_rope,
+    register,
+    register_diffusers,
+)
 
 __all__ = ["ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions"]
 
@@ -225,6 +234,11 @@ register(
     )
 )
 
+LTX_VIDEO_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/ltx/pipeline_ltx.py` default height 512, width "
+    "704, num_frames 161 (github.com/Lightricks/LTX-Video README: best under 720 x 1280 and 257 frames); "
+    "arXiv:2501.00103"
+)
 register_diffusers(
     DiffusersFamily(
         name="ltx_video",
@@ -239,6 +253,8 @@ register_diffusers(
         max_diff=3e-8,  # float64 models: upstream's float32 tables, rotated as given
         source=LTX_SOURCE,
         axes="(t, y, x) over the hidden size, per head",
+        trained=(TrainedGrid("LTX-Video 0.9", (161, 512, 704), LTX_VIDEO_TRAINED_SOURCE),),
+        units=PipelineUnits(32, frames=(8, 1)),
     )
 )
 
@@ -322,6 +338,10 @@ def _ltx2_grid(config):
     return grid
 
 
+LTX2_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/ltx2/pipeline_ltx2.py` default height 512, width "
+    "768, num_frames 121 (github.com/Lightricks/LTX-2 README: --num-frames 121); arXiv:2601.03233"
+)
 register_diffusers(
     DiffusersFamily(
         name="ltx2",
@@ -355,6 +375,8 @@ register_diffusers(
         source=LTX2_SOURCE,
         axes="(t, y, x) cycled over the hidden size, per head; audio and cross-attention: t; `rope_theta`; "
         "seconds and pixels: no normalize",
+        trained=(TrainedGrid("LTX-2", (121, 512, 768), LTX2_TRAINED_SOURCE),),
+        units=PipelineUnits(32, frames=(8, 1)),
     )
 )
 
@@ -380,6 +402,10 @@ def _refiner_positions(config):
     return positions
 
 
+SANA_WM_LTX2_REFINER_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/sana_wm/pipeline_sana_wm.py` default 704 x 1280 x "
+    "161: the canvas its refiner (`refiner.py`) refines"
+)
 register_diffusers(
     DiffusersFamily(
         name="sana_wm_ltx2_refiner",
@@ -397,5 +423,7 @@ register_diffusers(
         "`build_rotary_emb_for_absolute_positions`",
         axes="(t, y, x) cycled over the hidden size, per head (LTX-2's video rope); absolute frame positions; no "
         "normalize",
+        trained=(TrainedGrid("SANA-WM LTX-2 refiner", (161, 704, 1280), SANA_WM_LTX2_REFINER_TRAINED_SOURCE),),
+        units=PipelineUnits(32),  # time runs in the refiner's chunks, not sized
     )
 )

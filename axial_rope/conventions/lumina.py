@@ -10,7 +10,15 @@ import torch
 from ..positions import grid, text_positions
 from ..rope import AxialRoPE
 from ._fields import axes_sum, field, size
-from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
+from ._registry import (
+    Convention,
+    DiffusersFamily,
+    PipelineUnits,
+    TrainedGrid,
+    builds_rope,
+    register,
+    register_diffusers,
+)
 from ._tables import grid_coordinates, grid_positions
 
 __all__ = ["lumina2", "lumina2_positions", "lumina_next"]
@@ -126,6 +134,7 @@ def _lumina_next_positions(config):
 
 
 _REVERSED_TIME = dict(noise_timestep=0.0, clean_timestep=1.0)  # the pipelines pass 1 - t / 1000 (0 is noise)
+LUMINA2_TRAINED_SOURCE = "github.com/Alpha-VLLM/Lumina-Image-2.0 README model table (resolution 1024); arXiv:2503.21758"
 register_diffusers(
     DiffusersFamily(
         name="lumina2",
@@ -144,7 +153,13 @@ register_diffusers(
         source=SOURCE,
         axes="(index, y, x): `axes_dim_rope`, theta 10000",
         **_REVERSED_TIME,
+        trained=(TrainedGrid("Lumina-Image-2.0", (1024, 1024), LUMINA2_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
+)
+LUMINA_NEXT_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/lumina/pipeline_lumina.py` default: the "
+    "transformer's `sample_size` 128 x `vae_scale_factor` 8"
 )
 register_diffusers(
     DiffusersFamily(
@@ -164,5 +179,7 @@ register_diffusers(
         source=NEXT_SOURCE,
         axes="(y, x): planes alternating y, x, D/4 each, theta 10000",
         **_REVERSED_TIME,
+        trained=(TrainedGrid("Lumina-Next-SFT", (1024, 1024), LUMINA_NEXT_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )

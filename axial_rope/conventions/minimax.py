@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, builds_rope, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, builds_rope, register_diffusers
 from .llm import llama
 from .stable_audio import _sequence_positions
 
@@ -59,6 +59,8 @@ register_diffusers(
         max_diff=2e-9,  # float64 models, tables replaced; the float32 tables
         source=H3_SOURCE,
         axes="(t, h, w): 2 `rope_freq_dim` channels each, half-paired, `rope_theta`; packed pipeline coordinates",
+        # unknown: grid_axes=(): the positions are the pipeline's packed coordinates, no token grid to size
+        trained=(),
     )
 )
 
@@ -76,5 +78,8 @@ register_diffusers(
         max_diff=2e-9,  # float64 models, tables replaced; the float32 tables
         source=MUSIC3_SOURCE,
         axes="t: `rotary_dim` channels half-paired (timestep token at 0), theta 10000",
+        # unknown: the transformer's training sequence length is not published (docs `minimax_music3.md`)
+        trained=(),
+        units=PipelineUnits(pixels=None),
     )
 )

@@ -10,7 +10,7 @@ from ..frequencies import Frequencies
 from ..positions import positions_for_size
 from ..rope import AxialRoPE
 from ._fields import size
-from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
+from ._registry import Convention, DiffusersFamily, PipelineUnits, builds_rope, register, register_diffusers
 
 __all__ = ["mochi", "mochi_positions"]
 
@@ -107,5 +107,9 @@ register_diffusers(
         max_diff=2e-6,  # float64 models, tables replaced: 1.6e-6 measured (stock: float32 angles up to 100 rad)
         source=SOURCE,
         axes="(t, y, x) mixed in every plane by the learned `pos_frequencies` [3, H, D/2], per head",
+        # unknown: Mochi 1 (480 x 848, 163 frames: docs `mochi.md`) sizes time alone (grid_axes (0,)), which
+        # PipelineUnits.tokens cannot return
+        trained=(),
+        units=PipelineUnits(16, frames=(6, 1)),
     )
 )

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from ._fields import axes_sum, field, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import latent_positions
 from .hunyuan import hunyuan_video
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_motif_video.py` `MotifVideoRotaryPosEmbed`"
 
+MOTIF_VIDEO_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/motif_video/pipeline_motif_video.py` default "
+    "height 736, width 1280, num_frames 121, as the docs' (`motif_video.md`) examples"
+)
 register_diffusers(
     DiffusersFamily(
         name="motif_video",
@@ -21,5 +25,7 @@ register_diffusers(
         max_diff=0.0,  # tables replaced at the training size, measured in float32 (the model cannot run in float64)
         source=SOURCE,
         axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
+        trained=(TrainedGrid("Motif-Video-2B", (121, 736, 1280), MOTIF_VIDEO_TRAINED_SOURCE),),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import axes_sum
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from .flux import flux
 from .qwen_image import _complex, _image, _spacing, _text
 
@@ -38,6 +38,10 @@ def _positions(config):
     return positions
 
 
+NUCLEUS_MOE_IMAGE_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/nucleusmoe_image/pipeline_nucleusmoe_image.py` "
+    "default: `default_sample_size` 128 x `vae_scale_factor` 8"
+)
 register_diffusers(
     DiffusersFamily(
         name="nucleus_moe_image",
@@ -54,5 +58,7 @@ register_diffusers(
         max_diff=3e-9,  # float64 models, tables replaced: 2.5e-9 measured (upstream complex64 tables)
         source=SOURCE,
         axes="(frame, y, x): `axes_dims_rope`, theta 10000; y, x centred",
+        trained=(TrainedGrid("NucleusMoE-Image", (1024, 1024), NUCLEUS_MOE_IMAGE_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )

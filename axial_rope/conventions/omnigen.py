@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..rope import AxialRoPE
 from ..scaling import LongRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, register_diffusers
 from ._tables import ids_positions
 
 __all__: list[str] = []
@@ -55,5 +55,9 @@ register_diffusers(
         max_diff=9e-9,  # float64 models, tables replaced: 8.4e-9 measured (upstream float32 tables)
         source=SOURCE,
         axes="(sequence,): the head, `rope_base`, LongRoPE (`rope_scaling`), half",
+        # unknown: OmniGen (1024 x 1024: docs `omnigen.md`) rotates one axis over the packed text and image sequence,
+        # not a token grid PipelineUnits.tokens returns
+        trained=(),
+        units=PipelineUnits(16),
     )
 )

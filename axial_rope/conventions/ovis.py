@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import axes_sum
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 
@@ -33,6 +33,10 @@ def _positions(config):
     return positions
 
 
+OVIS_IMAGE_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/ovis_image/pipeline_ovis_image.py` default: "
+    "`default_sample_size` 128 x `vae_scale_factor` 8"
+)
 register_diffusers(
     DiffusersFamily(
         name="ovis_image",
@@ -47,5 +51,7 @@ register_diffusers(
         max_diff=0.0,
         source=SOURCE,
         axes="(index, y, x): `axes_dims_rope`, theta 10000; text on the y = x diagonal, image from the origin",
+        trained=(TrainedGrid("Ovis-Image-7B", (1024, 1024), OVIS_IMAGE_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )

@@ -7,7 +7,7 @@ patches, ``[B, S, 2]``, and the tables ``[B, 1, S, D/2, 2, 2]`` (``bhsd``).
 from __future__ import annotations
 
 from ._fields import field, kind, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 from .hidream import rotation_matrices
@@ -25,6 +25,9 @@ def _rope(config):
     return flux(axes, field(config, "theta", 10000))
 
 
+PRX_TRAINED_SOURCE = (
+    "diffusers docs `prx.md` model table: huggingface.co/Photoroom/prx-512-t2i 'pre-trained at 512 with Flux VAE'"
+)
 register_diffusers(
     DiffusersFamily(
         name="prx",
@@ -41,5 +44,7 @@ register_diffusers(
         max_diff=0.0,
         source=SOURCE,
         axes="(y, x): `axes_dim`, `theta`",
+        trained=(TrainedGrid("prx-512-t2i", (512, 512), PRX_TRAINED_SOURCE),),
+        units=PipelineUnits(16),  # the Flux-VAE checkpoints (DC-AE ones: 32 px)
     )
 )

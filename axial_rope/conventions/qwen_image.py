@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import axes_sum, field
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import grid_coordinates
 from .flux import flux
 
@@ -110,6 +110,10 @@ _COMMON = dict(
     noise_timestep=1.0,  # the pipelines pass timestep / 1000 = sigma
     axes="(frame, y, x): `axes_dims_rope`, theta 10000; y, x centred",
 )
+QWEN_IMAGE_TRAINED_SOURCE = (
+    "github.com/QwenLM/Qwen-Image README aspect_ratios: 1:1 1328 x 1328, 16:9 1664 x 928, 9:16 928 x 1664, 4:3, 3:4, "
+    "3:2, 2:3 between; arXiv:2508.02324"
+)
 register_diffusers(
     DiffusersFamily(
         name="qwen_image",
@@ -120,7 +124,17 @@ register_diffusers(
         max_diff=8e-10,  # float64 models, at the training size; the tables' float32 rounding
         source=SOURCE,
         **_COMMON,
+        trained=(
+            TrainedGrid("Qwen-Image", (1328, 1328), QWEN_IMAGE_TRAINED_SOURCE),
+            TrainedGrid("Qwen-Image", (928, 1664), QWEN_IMAGE_TRAINED_SOURCE),
+            TrainedGrid("Qwen-Image", (1664, 928), QWEN_IMAGE_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(16),
     )
+)
+QWEN_IMAGE_21_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/qwenimage21/pipeline_qwenimage21.py` default "
+    "`output_resolution` 1024"
 )
 register_diffusers(
     DiffusersFamily(
@@ -132,5 +146,7 @@ register_diffusers(
         max_diff=2e-9,
         source=SOURCE_21,
         **_COMMON,
+        trained=(TrainedGrid("Qwen-Image 2.1", (1024, 1024), QWEN_IMAGE_21_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )

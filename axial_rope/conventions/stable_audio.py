@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import kind, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import grid_positions
 from .llm import llama
 
@@ -61,6 +61,10 @@ def _angles(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.atan2(sin, cos)
 
 
+STABLE_AUDIO_TRAINED_SOURCE = (
+    "huggingface.co/stabilityai/stable-audio-open-1.0 model card (up to 47 s at 44.1 kHz): the transformer's "
+    "sample_size 1024 latents (x 2048 samples: 47.55 s), plus the global token"
+)
 register_diffusers(
     DiffusersFamily(
         name="stable_audio",
@@ -74,6 +78,8 @@ register_diffusers(
         max_diff=1.2e-8,  # float64 models: the rotation in float32 (the processor casts q, k); 1.13e-8 measured
         source=SOURCE,
         axes="t: `attention_head_dim / 2` channels half-paired (global token at 0), theta 10000",
+        trained=(TrainedGrid("Stable Audio Open 1.0", (1025,), STABLE_AUDIO_TRAINED_SOURCE),),
+        units=PipelineUnits(pixels=None),
     )
 )
 
@@ -92,5 +98,9 @@ register_diffusers(
         max_diff=7e-9,  # float64 models, tables replaced at the training size
         source=SOURCE_3,
         axes="t: `head_dim / 2` channels half-paired (memory tokens first), theta 10000",
+        # unknown: the training clip length is not published (docs `stable_audio_3.md`: the duration is a conditioning
+        # input)
+        trained=(),
+        units=PipelineUnits(pixels=None),
     )
 )

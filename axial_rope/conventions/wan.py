@@ -7,7 +7,15 @@ import torch
 from ..positions import grid
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import Convention, DiffusersFamily, builds_rope, register, register_diffusers
+from ._registry import (
+    Convention,
+    DiffusersFamily,
+    PipelineUnits,
+    TrainedGrid,
+    builds_rope,
+    register,
+    register_diffusers,
+)
 from ._tables import latent_positions
 
 __all__ = ["wan", "wan_axes_dim", "video_grid_positions"]
@@ -54,6 +62,11 @@ register(
     )
 )
 
+WAN_TRAINED_SOURCE = (
+    "github.com/Wan-Video/Wan2.1 `wan/configs/__init__.py` SUPPORTED_SIZES (t2v-1.3B: 480 x 832; t2v-14B, i2v-14B: "
+    "720 x 1280, 1280 x 720, 480 x 832, 832 x 480), `generate.py` frame_num 81; Wan2.2's configs repeat them for "
+    "A14B; arXiv:2503.20314"
+)
 register_diffusers(
     DiffusersFamily(
         name="wan",
@@ -68,5 +81,11 @@ register_diffusers(
         max_diff=0.0,
         source=SOURCE,
         axes="(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000",
+        trained=(
+            TrainedGrid("Wan2.1-T2V-1.3B", (81, 480, 832), WAN_TRAINED_SOURCE),
+            TrainedGrid("Wan2.1/2.2 T2V, I2V 14B", (81, 720, 1280), WAN_TRAINED_SOURCE),
+            TrainedGrid("Wan2.1/2.2 T2V, I2V 14B", (81, 1280, 720), WAN_TRAINED_SOURCE),
+        ),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )

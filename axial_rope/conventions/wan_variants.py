@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import latent_positions
 from .wan import wan
 
@@ -17,7 +17,8 @@ AXES = "(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000"
 
 
 def _wan_copy(name: str, classes: tuple[str, ...], stock: tuple[str, ...], source: str, max_diff: float,
-              blocks: tuple[str, ...] = ("blocks.",)) -> DiffusersFamily:  # fmt: skip
+              blocks: tuple[str, ...] = ("blocks.",), trained: tuple[TrainedGrid, ...] = ()
+              ) -> DiffusersFamily:  # fmt: skip
     return register_diffusers(
         DiffusersFamily(
             name=name,
@@ -31,19 +32,42 @@ def _wan_copy(name: str, classes: tuple[str, ...], stock: tuple[str, ...], sourc
             max_diff=max_diff,  # float64 models, tables replaced at the training size
             source=source,
             axes=AXES,
+            trained=trained,
+            units=PipelineUnits(16, frames=(4, 1)),  # Wan's VAE (8 x 8 pixels, 4 frames), (1, 2, 2) patches
         )
     )
 
 
+SKYREELS_V2_TRAINED_SOURCE = (
+    "github.com/SkyworkAI/SkyReels-V2 README model table: 540P 544 * 960 * 97f, 720P 720 * 1280 * 121f"
+)
+WAN_VACE_TRAINED_SOURCE = (
+    "github.com/ali-vilab/VACE README model table: ~ 81 x 480 x 832 (1.3B), ~ 81 x 720 x 1280 (14B)"
+)
+SANA_VIDEO_TRAINED_SOURCE = (
+    "diffusers 0.42.1 (github.com/huggingface/diffusers) `pipelines/sana_video/pipeline_sana_video.py` default height "
+    "480, width 832, num_frames 81, as the docs' (`sana_video.md`) examples"
+)
+WAN_ANIMATE_TRAINED_SOURCE = (
+    "github.com/Wan-Video/Wan2.2 `wan/configs/wan_animate_14B.py` frame_num 77, `wan/configs/__init__.py` "
+    "SUPPORTED_SIZES (animate-14B: 720 x 1280, 1280 x 720)"
+)
 _wan_copy("skyreels_v2", ("SkyReelsV2Transformer3DModel",), ("SkyReelsV2AttnProcessor",),
-          _DIFFUSERS + "transformer_skyreels_v2.py` `SkyReelsV2RotaryPosEmbed`", 0.0)  # fmt: skip
+          _DIFFUSERS + "transformer_skyreels_v2.py` `SkyReelsV2RotaryPosEmbed`", 0.0,
+          trained=(TrainedGrid("SkyReels-V2 540P", (97, 544, 960), SKYREELS_V2_TRAINED_SOURCE),
+                   TrainedGrid("SkyReels-V2 720P", (121, 720, 1280), SKYREELS_V2_TRAINED_SOURCE)))  # fmt: skip
 _wan_copy("wan_vace", ("WanVACETransformer3DModel",), ("WanAttnProcessor",),
-          _DIFFUSERS + "transformer_wan_vace.py` (`WanRotaryPosEmbed`)", 0.0, ("blocks.", "vace_blocks."))  # fmt: skip
+          _DIFFUSERS + "transformer_wan_vace.py` (`WanRotaryPosEmbed`)", 0.0, ("blocks.", "vace_blocks."),
+          trained=(TrainedGrid("Wan2.1-VACE-1.3B", (81, 480, 832), WAN_VACE_TRAINED_SOURCE),
+                   TrainedGrid("Wan2.1-VACE-14B", (81, 720, 1280), WAN_VACE_TRAINED_SOURCE)))  # fmt: skip
 # Sana-Video: linear attention that rotates the ReLU'd q and k of its numerator by Wan's tables
 _wan_copy("sana_video", ("SanaVideoTransformer3DModel",), ("SanaLinearAttnProcessor3_0",),
-          _DIFFUSERS + "transformer_sana_video.py` `WanRotaryPosEmbed`", 0.0, ("transformer_blocks.",))  # fmt: skip
+          _DIFFUSERS + "transformer_sana_video.py` `WanRotaryPosEmbed`", 0.0, ("transformer_blocks.",),
+          trained=(TrainedGrid("SANA-Video 2B 480p", (81, 480, 832), SANA_VIDEO_TRAINED_SOURCE),))  # fmt: skip
 _wan_copy("wan_animate", ("WanAnimateTransformer3DModel",), ("WanAttnProcessor",),
-          _DIFFUSERS + "transformer_wan_animate.py` `WanRotaryPosEmbed`", 0.0)  # fmt: skip
+          _DIFFUSERS + "transformer_wan_animate.py` `WanRotaryPosEmbed`", 0.0,
+          trained=(TrainedGrid("Wan2.2-Animate-14B", (77, 720, 1280), WAN_ANIMATE_TRAINED_SOURCE),
+                   TrainedGrid("Wan2.2-Animate-14B", (77, 1280, 720), WAN_ANIMATE_TRAINED_SOURCE)))  # fmt: skip
 
 CHRONOEDIT_SOURCE = _DIFFUSERS + "transformer_chronoedit.py` `ChronoEditRotaryPosEmbed`"
 
@@ -74,6 +98,9 @@ def _chronoedit_positions(config):
     return positions
 
 
+CHRONOEDIT_TRAINED_SOURCE = (
+    "diffusers docs `chronoedit.md`: max_area 720 x 1280, num_frames 5 (29 with temporal reasoning); arXiv:2510.04290"
+)
 register_diffusers(
     DiffusersFamily(
         name="chronoedit",
@@ -87,5 +114,7 @@ register_diffusers(
         max_diff=0.0,
         source=CHRONOEDIT_SOURCE,
         axes=AXES + "; 2 frames at 0 and skip - 1",
+        trained=(TrainedGrid("ChronoEdit-14B", (29, 720, 1280), CHRONOEDIT_TRAINED_SOURCE),),
+        units=PipelineUnits(16, frames=(4, 1)),
     )
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import axes_sum, field
-from ._registry import DiffusersFamily, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 
@@ -41,6 +41,7 @@ def _rope(config):
     return flux(axes, field(config, "rope_theta", 256.0))
 
 
+Z_IMAGE_TRAINED_SOURCE = "github.com/Tongyi-MAI/Z-Image `inference.py` height = width = 1024; arXiv:2511.22699"
 register_diffusers(
     DiffusersFamily(
         name="z_image",
@@ -60,5 +61,7 @@ register_diffusers(
         max_diff=2e-8,  # float64 models, tables replaced: 1.3e-8 measured (upstream float32 lookup tables)
         source=SOURCE,
         axes="(index, y, x): `axes_dims` (summing to `dim / n_heads`), `rope_theta` (256)",
+        trained=(TrainedGrid("Z-Image-Turbo", (1024, 1024), Z_IMAGE_TRAINED_SOURCE),),
+        units=PipelineUnits(16),
     )
 )
