@@ -107,3 +107,18 @@ def test_a_matching_run_stopped_early_is_resumed(tmp_path, monkeypatch):
     experiments.trained_run(cfg)
     assert metadata(tmp_path / "run")["step"] == 3
     assert json.loads((tmp_path / "run" / "config.json").read_text())["resume"] is True
+
+
+def test_the_guides_paper_table_is_what_the_published_json_gives(tmp_path):
+    from pathlib import Path
+
+    from models.studies import paper_findings
+
+    docs = Path(__file__).resolve().parents[1] / "docs"  # the autouse fixture moved into a scratch folder
+    guide = (docs / "scaling.md").read_text()
+    findings = paper_findings.from_published(docs / "experiments")
+    assert paper_findings.guide_block(findings) in guide
+    assert set(findings) == set(paper_findings.PAGES)  # every page with its json is in the table
+    copy = tmp_path / "scaling.md"
+    copy.write_text(guide)
+    assert not paper_findings.update_guide(copy, docs / "experiments")  # regenerating changes nothing

@@ -70,3 +70,15 @@ def test_the_automatic_policys_content_positions_are_an_arm_already_run(size):
     assert grid.policy_arm(grid.FULL, size) == same
     assert torch.equal(content.pos, ar.positions_for_size(tokens, 16, same).pos)
     assert content.scaling == (None, None)
+
+
+def test_a_papers_verdict_follows_the_intervals_on_the_predicted_side():
+    from models.studies.bootstrap import Interval
+    from models.studies.papers import Measurement, verdict_of
+
+    lower, higher, zero = Interval(-1.0, -2.0, -0.5), Interval(1.0, 0.5, 2.0), Interval(0.1, -0.5, 0.7)
+    assert verdict_of([Measurement("a", lower, "lower"), Measurement("b", zero, "lower")]) == "agree"
+    assert verdict_of([Measurement("a", lower, "higher")]) == "disagree"
+    assert verdict_of([Measurement("a", lower, "lower"), Measurement("b", higher, "lower")]) == "mixed"
+    assert verdict_of([Measurement("a", zero, "lower")]) == "not shown"
+    assert verdict_of([Measurement("a", None, "lower")]) == "not tested"

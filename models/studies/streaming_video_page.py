@@ -11,8 +11,10 @@ import numpy as np
 import torch
 
 from ..training.data import CLASSES
+from . import paper_findings
 from . import streaming_video as sv
 from .bootstrap import verdict
+from .papers import section_lines
 from .vision import figures
 from .vision.frames import intrinsic
 from .vision.frames_page import METRICS as FRAME_METRICS
@@ -307,6 +309,7 @@ def markdown(data: dict) -> str:
         lines += ["", *best_lines(table, g, arms, ranked), ""]
         lines += [f"Presence per block of {study.frames} frames (share of clips showing an object):", ""]
         lines += [*_fade(by_frame, length, arms, study.frames), "", f"![clips at {length} frames]({gifs[g]})", ""]
+    lines += section_lines("streaming-video", paper_findings.streaming_video(table))
     lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
     lines[reading_at:reading_at] = [*_reading(study, table, by_frame), *_corrected_reading(study, table), ""]
     return "\n".join(lines) + "\n"

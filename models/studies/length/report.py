@@ -290,6 +290,20 @@ def setup_text(results: Results, env: dict) -> list[str]:
     ]
 
 
+def paper_lines(results: Results, comparisons: list[dict]) -> list[str]:
+    """The page's paper table (:mod:`models.studies.papers`) from its stated comparisons and pass rates."""
+    from .. import paper_findings
+    from ..papers import section_lines
+
+    differences = {f"{c['a']} vs {c['b']} at {c['length']}": c["difference"] for c in comparisons}
+    retrieval = {
+        arm: {str(L): results.pass_rate(arm, L) for L in results.study.lengths if results.pass_rate(arm, L)}
+        for arm, a in results.arms.items()
+        if a.retrieval
+    }
+    return section_lines("length", paper_findings.length(differences, retrieval))
+
+
 def page(results: Results, measured: dict, timings: dict, comparisons: list[dict], env: dict, pictures: dict) -> str:
     """The whole page: the header and the survey tables, then the per-length results."""
     lines = head(results, measured, timings, env) + body(results, comparisons, env, pictures)
@@ -365,6 +379,7 @@ def body(results: Results, comparisons: list[dict], env: dict, pictures: dict) -
         *statements(comparisons),
         "",
         *correction_lines(comparisons),
+        *paper_lines(results, comparisons),
         "## Configuration",
         "",
         f"`{json.dumps(env['study'])}`",

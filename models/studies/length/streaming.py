@@ -29,8 +29,10 @@ import numpy as np
 import torch
 
 from ...training.trainer import load_trained
+from .. import paper_findings
 from ..bootstrap import Bootstrap, Interval, verdict
 from ..jobs import checkpoint_hash, ensure_trained
+from ..papers import section_lines
 from ..seed_intervals import CORRECTIONS, PairedTest, SeedBootstrap, correct, paired_t
 from ..settings import settings_to
 from . import report
@@ -243,6 +245,7 @@ def page(summary: dict, study: Study, env: dict, picture: str) -> str:
             f"| {k} | {_fmt(v['difference'])} | {p} | {v['verdict']} | {_seed_differences(summary, a, b, L)} |"
         )
     lines += ["", "What the numbers support:", "", *_reading(summary, study), "", f"![loss per position]({picture})"]
+    lines += ["", *section_lines("streaming", paper_findings.streaming(summary["differences"]))[:-1]]
     lines += ["", "Mean loss per seed (nats/byte; also in `streaming.json`):", ""]
     lines += [
         "| arm | seed | " + " | ".join(str(n) for n in study.lengths) + " |",

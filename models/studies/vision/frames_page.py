@@ -10,7 +10,9 @@ import numpy as np
 import torch
 
 from ...training.data import CLASSES
+from .. import paper_findings
 from ..bootstrap import Bootstrap
+from ..papers import section_lines
 from . import figures
 from .frames import REFERENCE, FramesStudy, intrinsic
 from .report import (
@@ -170,6 +172,7 @@ def markdown(data: dict) -> str:
             *_diagnosis(data["diagnosis"], study),
             "",
         ]
+    lines += section_lines("frames", paper_findings.frames(table))
     lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
     return "\n".join(lines) + "\n"
 

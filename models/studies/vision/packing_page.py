@@ -10,6 +10,8 @@ import numpy as np
 import torch
 
 from ...training.data import CLASSES
+from .. import paper_findings
+from ..papers import section_lines
 from . import figures
 from .packing import ONE_SIZE, PACKED, PackingStudy, arms_at
 from .report import (
@@ -216,6 +218,7 @@ def markdown(data: dict) -> str:
             *best_lines(table, size_name(size), arms, METRICS),
         ]
         lines += ["", f"![samples at {size_name(size)}]({images[size_name(size)]})", ""]
+    lines += section_lines("packing", paper_findings.packing(table))
     lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
     return "\n".join(lines) + "\n"
 

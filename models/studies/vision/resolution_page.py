@@ -12,6 +12,8 @@ import torch
 import axial_rope as ar
 
 from ...training.data import CLASSES
+from .. import paper_findings
+from ..papers import section_lines
 from . import figures
 from .report import (
     INTERVALS,
@@ -194,6 +196,7 @@ def markdown(data: dict) -> str:
                 *best_lines(table, size_name(size), arms, METRICS),
             ]
         lines += ["", f"![samples at {size_name(size)}]({images[size_name(size)]})", ""]
+    lines += section_lines("resolution", paper_findings.resolution(table))
     lines += correction_lines(table)  # every comparison of the page, Holm-corrected together
     text = "\n".join(lines) + "\n"  # ends in a blank line: the validation section follows it
     return text + validation_section(data["metric_validation"]) if "metric_validation" in data else text
