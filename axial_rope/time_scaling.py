@@ -58,7 +58,7 @@ def sampling_time(t, device=None, dtype: torch.dtype | None = None) -> torch.Ten
     if isinstance(t, bool) or not isinstance(t, (int, float, torch.Tensor)):
         raise TypeError(f"t must be a number or a tensor (the noise level in [0, 1]), got {t!r}")
     if not isinstance(t, torch.Tensor) and torch.compiler.is_compiling():
-        raise TypeError(
+        _refuse_while_tracing(
             f"t must be a tensor under torch.compile, got the number {t!r}: a Python number is a constant of the "
             "compiled graph, so each new sampling time would recompile; pass torch.tensor(t)"
         )
@@ -80,6 +80,23 @@ def sampling_time(t, device=None, dtype: torch.dtype | None = None) -> torch.Ten
     else:
         torch._assert_async(in_range & shared, "axial_rope: t must be one noise level in [0, 1] per call")
     return first
+
+
+@torch.compiler.assume_constant_result
+def _refuse_while_tracing(message: str) -> None:
+    """Raise ``TypeError(message)`` from inside a ``torch.compile`` trace, with or without ``fullgraph``.
+
+    A ``raise`` in traced code does not reach the caller: dynamo reports it as its own "Observed exception"
+    (``fullgraph=True``) or runs the function again eagerly, where ``is_compiling()`` is False and nothing is
+    refused. A function marked ``assume_constant_result`` runs while dynamo traces, and an exception of the kinds
+    dynamo passes on (here ``torch._dynamo.exc.TorchRuntimeError``) reaches the caller unchanged in both modes.
+    """
+    from torch._dynamo.exc import TorchRuntimeError  # imported: this only runs while dynamo traces
+
+    class CompiledTimeError(TorchRuntimeError, TypeError):
+        """A TypeError that dynamo passes on from its trace (it is also its TorchRuntimeError)."""
+
+    raise CompiledTimeError(message)
 
 
 def _dtype(device) -> torch.dtype:

@@ -91,12 +91,17 @@ def test_time_dependent_dit_compiles_once_for_every_sampling_step():
         assert _count(model, steps).frame_count == 1
 
 
-def test_a_float_time_under_compile_is_refused_with_the_reason():
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_float_time_under_compile_is_refused_with_the_reason(fullgraph):
+    # a TypeError with or without fullgraph: not dynamo's "Observed exception", nor accepted by an eager rerun
     rope = ar.AxialRoPE((8, 8), scaling=(None, DyPE(2.0, 4)))
     q, pos = torch.randn(1, 6, 1, 16), ar.grid(2, 3)
-    compiled = torch.compile(lambda q: rope(q, q, pos, t=0.5), backend="eager", fullgraph=True)
-    with pytest.raises(Exception, match="t must be a tensor under torch.compile"):
-        compiled(q)
+    for call in (lambda q: rope(q, q, pos, t=0.5), lambda q: rope.at_time(0.5)(q, q, pos)):
+        torch._dynamo.reset()
+        compiled = torch.compile(call, backend="eager", fullgraph=fullgraph)
+        with pytest.raises(TypeError, match="t must be a tensor under torch.compile, got the number 0.5"):
+            compiled(q)
+    assert rope.at_time(0.5).t.item() == 0.5  # eagerly a number is fine
     tensor_t = torch.compile(lambda q, t: rope(q, q, pos, t=t), backend="eager", fullgraph=True)
     _close(tensor_t(q, torch.tensor(0.5))[0], rope(q, q, pos, t=0.5)[0])
 
