@@ -1,0 +1,265 @@
+"""Seeded RoPE defects on tiny transformers models: the public incidents the RoPE doctor must name.
+
+Each :class:`Defect` rebuilds one incident on a model of :mod:`models.tiny_transformers` (fresh, seeded) and
+says which class of :data:`axial_rope.doctor.CLASSES` the doctor should report. :func:`seeded` is a context
+manager: a defect that rebinds a modeling function (a pairing mismatch) puts it back on exit.
+:func:`confusion_table` runs the doctor over every defect and the healthy models, for ``docs/doctor.md``
+(``tests/test_doctor_defects.py`` checks that the page holds the table this code gives).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models import tiny_transformers
+
+__all__ = ["DEFECTS", "Defect", "confusion_table", "seeded"]
+
+
+def _fresh(name: str) -> tiny_transformers.Case:
+    """A new tiny model (not the cached one other tests share: a defect changes it)."""
+    return tiny_transformers.case.__wrapped__(name)
+
+
+def _text_config(model: nn.Module):
+    return model.config.get_text_config()
+
+
+def _rotary_path(model: nn.Module) -> str:
+    return next(n for n, m in model.named_modules() if n.rsplit(".", 1)[-1] == "rotary_emb")
+
+
+def _replace_rotary(model: nn.Module, build: Callable[[object], nn.Module]) -> None:
+    """Replace the text rotary module by ``build(config)`` (the config as the faulty code read it)."""
+    path = _rotary_path(model)
+    parent, _, attr = path.rpartition(".")
+    stock = model.get_submodule(path)
+    setattr(model.get_submodule(parent), attr, build(stock.config))
+
+
+def _config_with(config, **rope_changes):
+    """A copy of a text config whose ``rope_parameters`` (or other fields) were read otherwise."""
+    config = copy.deepcopy(config)
+    params = dict(config.rope_parameters)
+    for key, value in rope_changes.items():
+        if key in ("rope_type", "rope_theta", "partial_rotary_factor", "mrope_section"):
+            params[key] = value
+        else:
+            setattr(config, key, value)
+    if params.get("rope_type") == "default":
+        params = {k: v for k, v in params.items() if k in ("rope_type", "rope_theta", "partial_rotary_factor",
+                                                          "mrope_section")}  # fmt: skip
+    config.rope_parameters = params
+    return config
+
+
+def _stock_rotary(model: nn.Module) -> type:
+    return type(model.get_submodule(_rotary_path(model)))
+
+
+class MatmulRotary(nn.Module):
+    """A Llama rotary that computes its angles with a matmul and no autocast guard (transformers' rotary before the
+    guard): under ``torch.autocast`` the matmul, and so every angle, is computed in bfloat16."""
+
+    def __init__(self, stock: nn.Module):
+        super().__init__()
+        self.config, self.attention_scaling = stock.config, stock.attention_scaling
+        self.register_buffer("inv_freq", stock.inv_freq.clone(), persistent=False)
+
+    def forward(self, x, position_ids):
+        inv = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)  # [B, D/2, 1]
+        freqs = (inv @ position_ids[:, None, :].float()).transpose(1, 2)  # [B, S, D/2]: bfloat16 under autocast
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+class Bf16Rotary(MatmulRotary):
+    """A rotary that casts positions and inverse frequencies to bfloat16 before the product (always)."""
+
+    def forward(self, x, position_ids):
+        freqs = position_ids[..., None].bfloat16() * self.inv_freq.bfloat16()  # [B, S, D/2] in bfloat16
+        emb = torch.cat((freqs, freqs), dim=-1).float()
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+def _interleaved_rotation(q, k, cos, sin, unsqueeze_dim=1):
+    """Meta's rotation (planes ``(2j, 2j+1)``) by Hugging Face's rotate_half tables: what runs when a checkpoint
+    converted to Hugging Face's layout (q, k rows permuted) meets code that still pairs channels as Meta did."""
+    half = cos.shape[-1] // 2
+    c = cos[..., :half].repeat_interleave(2, -1).unsqueeze(unsqueeze_dim)
+    s = sin[..., :half].repeat_interleave(2, -1).unsqueeze(unsqueeze_dim)
+
+    def turn(x):
+        pairs = x.unflatten(-1, (-1, 2))
+        rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+        return x * c + rotated * s
+
+    return turn(q), turn(k)
+
+
+@dataclass(frozen=True)
+class Defect:
+    """One seeded incident: its name, the class the doctor must report, the tiny model it is built on, and how.
+
+    Attributes:
+        incident: the public report it rebuilds, in words with its reference.
+        seed: ``(model, inputs) -> context manager or None``: breaks the model (a context where the break is a
+            rebinding to undo).
+    """
+
+    name: str
+    expected: str
+    model: str
+    incident: str
+    seed: Callable
+
+
+def _scaling_dropped(model, inputs):  # Unsloth PR #6197: the replacement rotary never read rope_scaling
+    cls = _stock_rotary(model)
+    _replace_rotary(model, lambda c: cls(_config_with(c, rope_type="default")))
+
+
+def _yarn_noop_mrope(model, inputs):  # jundot/omlx PR #3594: YaRN in rope_parameters ignored by the M-RoPE path
+    cls = _stock_rotary(model)
+    _replace_rotary(model, lambda c: cls(_config_with(c, rope_type="default")))
+
+
+def _positions_ignored(model, inputs):  # NVIDIA-NeMo/Automodel PR #2377: position_ids' values not used
+    def drop(module, args, kwargs):
+        return args, {**kwargs, "position_ids": None}
+
+    model.model.register_forward_pre_hook(drop, with_kwargs=True)
+
+
+def _autocast_tables(model, inputs):  # diffusers 6e8c8c4: tables computed under torch.autocast collapse
+    _replace_rotary(model, lambda c: MatmulRotary(model.get_submodule(_rotary_path(model))))
+
+
+def _bf16_angles(model, inputs):
+    _replace_rotary(model, lambda c: Bf16Rotary(model.get_submodule(_rotary_path(model))))
+
+
+@contextlib.contextmanager
+def _meta_pairing(model, inputs):  # a Meta checkpoint converted to HF layout, rotated with Meta's pairing
+    from transformers.models.llama import modeling_llama
+
+    stock = modeling_llama.apply_rotary_pos_emb
+    modeling_llama.apply_rotary_pos_emb = _interleaved_rotation
+    try:
+        yield
+    finally:
+        modeling_llama.apply_rotary_pos_emb = stock
+
+
+def _partial_ignored(model, inputs):  # a rotary that rotates the whole head, partial_rotary_factor ignored
+    cls = _stock_rotary(model)
+    _replace_rotary(model, lambda c: cls(_config_with(c, partial_rotary_factor=1.0)))
+
+
+def _wrong_theta(model, inputs):  # a rotary built with another base than the config's
+    cls = _stock_rotary(model)
+    _replace_rotary(model, lambda c: cls(_config_with(c, rope_theta=1e6)))
+
+
+def _sections_swapped(model, inputs):  # M-RoPE sections read in another order than the config's
+    cls = _stock_rotary(model)
+    _replace_rotary(model, lambda c: cls(_config_with(c, mrope_section=[6, 6, 4])))
+
+
+def _factor_dropped(model, inputs):  # YaRN's frequencies applied, its attention factor (cos, sin amplitude) not
+    model.get_submodule(_rotary_path(model)).attention_scaling = 1.0
+
+
+def _shuffled(model, inputs):  # inverse frequencies in a scrambled order: no convention lays them out so
+    rotary = model.get_submodule(_rotary_path(model))
+    order = torch.randperm(rotary.inv_freq.shape[0], generator=torch.Generator().manual_seed(0))
+    rotary.inv_freq = rotary.inv_freq[order]
+
+
+LLAMA_YARN_MROPE = "qwen2_vl-yarn"  # Qwen2-VL with YaRN in its rope_parameters (built by _model below)
+
+DEFECTS: tuple[Defect, ...] = (
+    Defect("scaling dropped (Llama 3.1)", "scaling_not_applied", "llama-llama3",
+           "Unsloth ran Llama 3.1/3.2/3.3 unscaled: its rotary class never read rope_scaling (unsloth PR #6197)",
+           _scaling_dropped),
+    Defect("YaRN no-op in M-RoPE", "scaling_not_applied", LLAMA_YARN_MROPE,
+           "YaRN in rope_parameters was a silent no-op in an M-RoPE path (jundot/omlx PR #3594)", _yarn_noop_mrope),
+    Defect("position ids ignored", "positions_ignored", "llama",
+           "a Llama path ignored the values of position_ids (NVIDIA-NeMo/Automodel PR #2377)", _positions_ignored),
+    Defect("tables under bf16 autocast", "autocast_collapse", "llama",
+           "tables computed under torch.autocast collapsed (diffusers commit 6e8c8c4, Ideogram 4)", _autocast_tables),
+    Defect("Meta <-> HF pairing", "wrong_pairing", "llama",
+           "a checkpoint converted to Hugging Face's layout rotated with Meta's interleaved pairing", _meta_pairing),
+    Defect("partial rotary ignored", "partial_rotary_width", "gpt_neox",
+           "a rotary rotating the whole head of a partial-rotary model (partial_rotary_factor ignored)",
+           _partial_ignored),
+    Defect("wrong theta", "wrong_theta", "llama", "a rotary built with rope_theta 1e6 for a config of 1e4",
+           _wrong_theta),
+    Defect("M-RoPE sections swapped", "mrope_sections", "qwen2_vl",
+           "M-RoPE sections [6, 6, 4] read for the config's [4, 6, 6]", _sections_swapped),
+    Defect("bf16 angles", "low_precision_angles", "llama", "angles computed in bfloat16 (every forward)",
+           _bf16_angles),
+    Defect("YaRN factor dropped", "attention_factor", "llama-yarn",
+           "YaRN's frequencies applied without its attention factor", _factor_dropped),
+    Defect("shuffled frequencies", "unexplained_layout", "llama", "inverse frequencies in a scrambled order",
+           _shuffled),
+)  # fmt: skip
+
+
+def _model(name: str) -> tiny_transformers.Case:
+    if name != LLAMA_YARN_MROPE:
+        return _fresh(name)
+    import transformers
+
+    model_cls, config_cls, sections, vision, fused = tiny_transformers.VISION["qwen2_vl"]
+    rope = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
+            "mrope_section": sections}  # fmt: skip
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(
+        text_config=tiny_transformers.SIZES | {"rope_parameters": rope}, vision_config=vision,
+        image_token_id=tiny_transformers.IMAGE, video_token_id=63, vision_start_token_id=tiny_transformers.START,
+        vision_end_token_id=tiny_transformers.END,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    model = getattr(transformers, model_cls)(config).eval()
+    return tiny_transformers.Case(model, tiny_transformers.case("qwen2_vl").inputs, fused)
+
+
+@contextlib.contextmanager
+def seeded(defect: Defect | None, model: str | None = None) -> Iterator[tuple[nn.Module, dict]]:
+    """``(model, inputs)`` of a fresh tiny model with ``defect`` seeded (``None``: the healthy ``model``)."""
+    case = _model(defect.model if defect is not None else model)
+    context = defect.seed(case.model, case.inputs) if defect is not None else None
+    with context if context is not None else contextlib.nullcontext():
+        yield case.model, case.inputs
+
+
+def confusion_table(doctor: Callable | None = None) -> str:
+    """The markdown table: one row per seeded defect (and the healthy tiny models), the classes the doctor
+    reported as alarms in the columns; ``x`` where it reported that class."""
+    from axial_rope.doctor import CLASSES
+    from axial_rope.doctor import doctor as run
+
+    doctor = doctor or run
+    rows = [(d.name, d.expected, d) for d in DEFECTS]
+    kinds = list(CLASSES)
+    head = "| seeded defect | expected | " + " | ".join(f"`{k}`" for k in kinds) + " |"
+    lines = [head, "|" + "---|" * (len(kinds) + 2)]
+    healthy = {}
+    for name in (*tiny_transformers.NAMES, LLAMA_YARN_MROPE):
+        with seeded(None, name) as (model, inputs):
+            for finding in doctor(model, example_inputs=inputs).alarms:
+                healthy[finding.kind] = healthy.get(finding.kind, 0) + 1
+    lines.append(f"| none ({len(tiny_transformers.NAMES) + 1} healthy models) | - | "
+                 + " | ".join(str(healthy.get(k, "")) for k in kinds) + " |")  # fmt: skip
+    for name, expected, defect in rows:
+        with seeded(defect) as (model, inputs):
+            found = {f.kind for f in doctor(model, example_inputs=inputs).alarms}
+        lines.append(f"| {name} | `{expected}` | " + " | ".join("x" if k in found else "" for k in kinds) + " |")
+    return "\n".join(lines) + "\n"
