@@ -30,6 +30,7 @@ from .common import (
     LAYOUTS,
     PAIRINGS,
     check_choice,
+    check_qk,
     check_table_pair,
     check_tensor,
     plane_cos_sin,
@@ -37,11 +38,12 @@ from .common import (
     rms_norm,
     table_for_layout,
 )
+from .norm import QKNorm, check_norm
 from .rotation import Rotation
 
 __all__ = [
-    "apply_rope", "rotate", "norm_rotate", "rotation_tables", "rotate_qk", "norm_rotate_qk", "Rotation",
-    "select_backend", "preload", "BACKENDS", "ENV_VAR",
+    "apply_rope", "norm_apply_rope", "rotate", "norm_rotate", "rotation_tables", "rotate_qk", "norm_rotate_qk",
+    "Rotation", "QKNorm", "select_backend", "preload", "BACKENDS", "ENV_VAR",
 ]  # fmt: skip
 
 BACKENDS = tuple(backends.REGISTRY)  # the built-in names (the registry may grow)
@@ -179,6 +181,56 @@ def apply_rope(
     chosen = select_backend(backend, call)
     out = chosen.rotate_table(x, cos, sin, pairing, layout, inplace=call.inplace)
     return x.copy_(out) if inplace and grads else out
+
+
+def norm_apply_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm: QKNorm,
+    pairing: str = "interleaved",
+    layout: str = "bshd",
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """QK-norm, then rotation of q and k by cos/sin tables: :func:`apply_rope` after ``norm``, fused where it can be.
+
+    Every backend normalises in float32 and rotates the float32 result, so each output is rounded once
+    (the Triton kernels read q and k once and write them once, forward and backward).
+
+    Args:
+        q, k: ``[B, S, H, D]`` (``layout="bshd"``) or ``[B, H, S, D]`` (``"bhsd"``); k may have fewer heads.
+        cos, sin: channel tables as :func:`apply_rope` takes them, ``[S, r]`` or ``[B|1, S, r]``, or
+            ``[B|1, S, 1, r]`` (Wan's); ``r <= D`` even. Gradients flow to them when they require one.
+        norm: :class:`~axial_rope.ops.norm.QKNorm`: RMSNorm or LayerNorm, per head or across a token's heads,
+            weights and biases (gradients flow to those that require one).
+        pairing, backend: as :func:`apply_rope`.
+
+    Returns:
+        ``(q, k)`` normalised and rotated, shapes and dtypes of the inputs.
+    """
+    check_choice("pairing", pairing, PAIRINGS)
+    check_qk(q, k, layout)
+    if k.dtype != q.dtype:
+        raise TypeError(f"q and k must have one dtype, got {q.dtype} and {k.dtype}")
+    check_norm(norm, q, k, layout)
+    tables = []
+    for name, t in (("cos", cos), ("sin", sin)):
+        if isinstance(t, torch.Tensor) and t.ndim == 4:  # [B|1, S, 1, r]: one table for every head
+            if t.shape[2] != 1:
+                raise ValueError(f"{name} of 4 dimensions must be [B|1, S, 1, r], got shape {tuple(t.shape)}")
+            t = t[:, :, 0]
+        tables.append(t)
+    cos, sin = tables
+    check_table_pair(cos, sin, q, layout)
+    if cos.ndim == 2:
+        cos, sin = cos[None], sin[None]
+    cos = table_for_layout(plane_table(cos, pairing), layout)
+    sin = table_for_layout(plane_table(sin, pairing), layout)
+    grads = _grads(q=q, k=k, cos=cos, sin=sin, q_weight=norm.q_weight, k_weight=norm.k_weight, q_bias=norm.q_bias,
+                   k_bias=norm.k_bias)  # fmt: skip
+    call = Call("norm_rotate_table", q.device, q.dtype, grads)
+    return select_backend(backend, call).norm_rotate_table(q, k, norm, cos, sin, pairing, layout)
 
 
 def rotate_qk(

@@ -60,6 +60,24 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch
     return y if weight is None else y * weight.double()
 
 
+def _qk_norm(x: torch.Tensor, norm, weight, bias, layout: str) -> torch.Tensor:
+    """x normalised in float64 as ``norm`` (a QKNorm) says: over each head's D channels, or a token's H * D."""
+    rows = x.double()
+    if norm.span == "heads":  # the token's heads side by side: [B, S, H * D]
+        rows = (rows if layout == "bshd" else rows.transpose(1, 2)).flatten(2)
+    if norm.kind == "layer":  # biased variance, as torch.nn.LayerNorm
+        centred = rows - rows.mean(-1, keepdim=True)
+        y = centred / torch.sqrt(centred.square().mean(-1, keepdim=True) + norm.eps)
+        y = y if weight is None else y * weight.double()
+    else:
+        y = _rms_norm(rows, weight, norm.eps)
+    y = y if bias is None else y + bias.double()
+    if norm.span == "heads":
+        y = y.unflatten(2, (-1, x.shape[-1]))
+        y = y if layout == "bshd" else y.transpose(1, 2)
+    return y
+
+
 class ReferenceBackend:
     name = "reference"
 
@@ -84,6 +102,12 @@ class ReferenceBackend:
         turn = _turns(pos, freqs, scale, layout)
         q_out = _turn(_rms_norm(q, q_weight, eps), turn, pairing)
         k_out = _turn(_rms_norm(k, k_weight, eps), turn, pairing)
+        return q_out.to(q.dtype), k_out.to(k.dtype)
+
+    def norm_rotate_table(self, q, k, norm, cos, sin, pairing, layout):
+        turn = torch.complex(cos.double(), sin.double())
+        q_out = _turn(_qk_norm(q, norm, norm.q_weight, norm.q_bias, layout), turn, pairing)
+        k_out = _turn(_qk_norm(k, norm, norm.k_weight, norm.k_bias, layout), turn, pairing)
         return q_out.to(q.dtype), k_out.to(k.dtype)
 
 

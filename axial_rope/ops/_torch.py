@@ -30,7 +30,7 @@ import threading
 import torch
 
 from .backend import Call
-from .common import compute_dtype, plane_cos_sin, rms_norm, table_for_layout
+from .common import compute_dtype, plane_cos_sin, qk_norm, rms_norm, table_for_layout
 
 CHUNK = 1 << 19  # elements per CPU chunk: two float32 work buffers of 2 MiB, cache-resident
 EAGER_DEVICES = ("cpu", "cuda")  # full complex support; elsewhere (MPS) the expression path
@@ -255,6 +255,18 @@ class TorchBackend:
         q32, k32 = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
         q32, k32 = self.rotate_qk(q32, k32, pos, freqs, scale, pairing, layout, inplace=False)
         return q32.to(q.dtype), k32.to(k.dtype)
+
+    def norm_rotate_table(self, q, k, norm, cos, sin, pairing, layout):
+        """Normalised in float32 (a fresh tensor), rotated there, rounded once; tables prepared once for q and k.
+
+        Without a gradient to record the rotation runs in place on the fresh float32 result (no third tensor).
+        """
+        prepared, outs = {}, []
+        for x, weight, bias in ((q, norm.q_weight, norm.q_bias), (k, norm.k_weight, norm.k_bias)):
+            x32 = qk_norm(x, norm, weight, bias, layout)
+            inplace = not (torch.is_grad_enabled() and (x32.requires_grad or cos.requires_grad or sin.requires_grad))
+            outs.append(_rotate(x32, cos, sin, pairing, prepared, inplace).to(x.dtype))
+        return outs[0], outs[1]
 
 
 BACKEND = TorchBackend()

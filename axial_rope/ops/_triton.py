@@ -5,7 +5,8 @@ Layering: ``@triton.jit`` kernels (``_triton_kernels.py``: rotation and the tile
 (``_triton_launch.py``: tile policy, vector width, strides, grid) -> the
 ``torch.library.custom_op`` ops below, ``axial_rope::rope``, ``axial_rope::rope_table``,
 ``axial_rope::rope_`` (in place), ``axial_rope::norm_rope``, ``axial_rope::norm_rope_bwd``
-and ``axial_rope::rope_freqs_grad``, with fake (meta) implementations and autograd
+and ``axial_rope::rope_freqs_grad`` (and, in ``_triton_norm_table.py``, ``axial_rope::norm_rope_table`` and
+its backward: QK-norm + rotation by tables), with fake (meta) implementations and autograd
 registered, so ``torch.compile(fullgraph=True)`` traces callers as opaque calls ->
 :class:`TritonBackend`, the backend protocol of :mod:`axial_rope.ops.backend`.
 
@@ -30,6 +31,7 @@ from ._triton_launch import (
     plan_rope,
     plan_rope_table,
 )
+from ._triton_norm_table import norm_rope_table_op
 from .backend import Call
 
 Tensor = torch.Tensor
@@ -282,6 +284,7 @@ _GRADS = {
     "rotate_table": frozenset({"x"}),
     "rotate_qk": frozenset({"q", "k", "freqs"}),
     "norm_rotate_qk": frozenset({"q", "k", "q_weight", "k_weight"}),
+    "norm_rotate_table": frozenset({"q", "k", "q_weight", "k_weight", "q_bias", "k_bias", "cos", "sin"}),
 }
 
 
@@ -315,6 +318,12 @@ class TritonBackend:
     def norm_rotate_qk(self, q, k, q_weight, k_weight, eps, pos, freqs, scale, pairing, layout):
         """Fused per-head RMSNorm + rotation of q and k (grads for q, k and both weights); one launch each way."""
         return norm_rope_op(q, k, q_weight, k_weight, float(eps), pos, freqs, scale, pairing == "interleaved", layout)
+
+    def norm_rotate_table(self, q, k, norm, cos, sin, pairing, layout):
+        """Fused QK-norm (RMS or Layer, per head or across heads) + rotation by tables; one launch each way."""
+        layer, across = norm.kind == "layer", norm.span == "heads"
+        return norm_rope_table_op(q, k, norm.q_weight, norm.k_weight, norm.q_bias, norm.k_bias, cos, sin,
+                                  float(norm.eps), layer, across, pairing == "interleaved", layout)  # fmt: skip
 
 
 BACKEND = TritonBackend()

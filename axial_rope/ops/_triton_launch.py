@@ -18,6 +18,8 @@ import triton
 
 from ._triton_kernels import rope_kernel, rope_table_kernel
 from ._triton_norm_kernels import freqs_grad_kernel, norm_rope_bwd_kernel, norm_rope_kernel
+from ._triton_norm_table_bwd import norm_rope_table_bwd_kernel
+from ._triton_norm_table_kernels import norm_rope_table_kernel
 
 Tensor = torch.Tensor
 
@@ -39,7 +41,8 @@ class Tile:
 
 # Padded tile elements per thread, per kernel (bf16: 4 loads of 16 bytes in flight per thread at 32).
 # The norm backward holds two tiles and its weight-gradient products: 16 keeps it under 80 registers.
-PER_THREAD = {"rope": 32, "rope_table": 32, "norm_rope": 32, "norm_rope_bwd": 16, "freqs_grad": 32}
+PER_THREAD = {"rope": 32, "rope_table": 32, "norm_rope": 32, "norm_rope_bwd": 16, "freqs_grad": 32,
+              "norm_rope_table": 32, "norm_rope_table_bwd": 16}  # fmt: skip
 MAX_HEADS = 4  # heads per program: each cos/sin value serves 4 heads, each thread has 4+ loads in flight
 WARPS = 4
 PROGRAMS_PER_SM = 8  # small problems: tokens per program halved until every SM has this many programs
@@ -106,6 +109,7 @@ class Launch:
     meta: dict
     partial: Tensor | None = None
     q_groups: int = 0
+    table_partial: Tensor | None = None  # table gradients [2, B, groups, S, n] (norm_rope_table_bwd)
 
     def __call__(self) -> None:
         if math.prod(self.grid):
@@ -274,3 +278,77 @@ def plan_freqs_grad(q, k, gq, gk, pos, freqs, scale, interleaved: bool, layout: 
     args = (*p.views, partial, *p.angles, *p.strides, *p.sizes)
     meta = p.meta | dict(BLOCK_A=block_a)
     return Launch(freqs_grad_kernel, p.grid, args, meta, partial, triton.cdiv(p.sizes[1], meta["HEADS"]))
+
+
+def _norm_table_plan(kernel: str, x_views: list, tensors: list, cos, sin, across: bool, interleaved: bool,
+                     layout: str, tile: Tile | None, n_sm: int | None) -> tuple:  # fmt: skip
+    """Grid, constexprs and table arguments of the QK-norm + table kernels; ``x_views``: q and k as ``[B, S, H, D]``.
+
+    Across heads a program walks all of its tensor's heads: the grid has two head "groups" (q, k), and
+    its tokens are halved while the GPU would get fewer than PROGRAMS_PER_SM programs per SM.
+    """
+    qc, kc = x_views
+    heads = (qc.shape[2], kc.shape[2])
+    n = cos.shape[-1]
+    grid, meta = _grid_and_meta(kernel, qc, heads, n, interleaved, tensors, tile, n_sm)
+    if across:
+        block_s, n_sm = meta["BLOCK_S"], _sm_count(qc.device) if n_sm is None else n_sm
+        while tile is None and n_sm and block_s > 1 and 2 * qc.shape[0] * triton.cdiv(qc.shape[1], block_s) < (
+            PROGRAMS_PER_SM * n_sm
+        ):
+            block_s //= 2
+        row = triton.next_power_of_2(qc.shape[3])
+        warps = _pow2_floor(max(1, min(WARPS, meta["HEADS"] * block_s * row // (32 * meta["VEC"]))))
+        meta |= dict(BLOCK_S=block_s, num_warps=warps)
+        grid = (triton.cdiv(qc.shape[1], block_s), 2, qc.shape[0])
+    if cos.stride() != sin.stride():  # one set of strides addresses both tables
+        cos, sin = cos.contiguous(), sin.contiguous()
+    table = _bshd(cos, layout).expand(*qc.shape[:-1], n)  # [B, S, H, n], 0 strides on broadcast axes
+    has_rest = not interleaved and qc.shape[3] > 2 * n
+    meta |= dict(HAS_REST=has_rest, ACROSS=across, F64=qc.dtype == torch.float64)
+    return grid, meta, (cos, sin, table.stride())
+
+
+def plan_norm_rope_table(q, k, q_weight, k_weight, q_bias, k_bias, qo, ko, cos, sin, eps: float, layer: bool,
+                         across: bool, interleaved: bool, layout: str, *, tile: Tile | None = None,
+                         n_sm: int | None = None) -> Launch:  # fmt: skip
+    """QK-norm of q and k (RMSNorm or LayerNorm, per head or across heads), then rotation by plane tables.
+
+    Weights and biases ``[D]`` or ``[H * D]`` (contiguous) or None; cos/sin ``[B|1, S, 1, n]`` in bshd order
+    (``[B|1, 1, S, n]`` for bhsd); results into qo, ko.
+    """
+    views = [_bshd(t, layout) for t in (q, k, qo, ko)]
+    grid, meta, (cos, sin, table_strides) = _norm_table_plan(
+        "norm_rope_table", views[:2], views, cos, sin, across, interleaved, layout, tile, n_sm
+    )
+    qc, kc, qoc, koc = views
+    strides = [_strides(t, meta["VEC"]) for t in views]
+    args = (qc, kc, q_weight, k_weight, q_bias, k_bias, qoc, koc, cos, sin, *strides, table_strides, eps,
+            qc.shape[1], qc.shape[2], kc.shape[2])  # fmt: skip
+    return Launch(norm_rope_table_kernel, grid, args, meta | dict(LAYER=layer))
+
+
+def plan_norm_rope_table_bwd(gq, gk, q, k, q_weight, k_weight, q_bias, k_bias, dq, dk, cos, sin, eps: float,
+                             layer: bool, across: bool, interleaved: bool, layout: str, table_grad: bool, *,
+                             tile: Tile | None = None, n_sm: int | None = None) -> Launch:  # fmt: skip
+    """Gradients of :func:`plan_norm_rope_table` into dq, dk; ``partial``: weight and bias gradient rows
+    ``[programs, 2, ROW]`` (ROW: D, or the larger of q's and k's H * D across heads); ``table_partial``:
+    ``[2, B, groups, S, n]`` (with ``table_grad``)."""
+    views = [_bshd(t, layout) for t in (q, k, gq, gk, dq, dk)]
+    grid, meta, (cos, sin, table_strides) = _norm_table_plan(
+        "norm_rope_table_bwd", views[:2], views, cos, sin, across, interleaved, layout, tile, n_sm
+    )
+    qc, kc = views[:2]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    head_dim = qc.shape[3]
+    row = max(qc.shape[2], kc.shape[2]) * head_dim if across else head_dim
+    params = any(t is not None for t in (q_weight, k_weight, q_bias, k_bias))
+    partial = torch.empty(math.prod(grid), 2, row, device=q.device, dtype=acc) if params else None
+    n = cos.shape[-1]
+    tables = torch.empty(2, qc.shape[0], grid[1], qc.shape[1], n, device=q.device, dtype=acc) if table_grad else None
+    strides = [_strides(t, meta["VEC"]) for t in views]
+    args = (*views[:4], q_weight, k_weight, q_bias, k_bias, *views[4:], partial, tables, cos, sin, *strides,
+            table_strides, eps, qc.shape[1], qc.shape[2], kc.shape[2], row)  # fmt: skip
+    meta |= dict(LAYER=layer, PARAM_GRAD=params, TABLE_GRAD=table_grad)
+    q_groups = 1 if across else triton.cdiv(qc.shape[2], meta["HEADS"])
+    return Launch(norm_rope_table_bwd_kernel, grid, args, meta, partial, q_groups, tables)

@@ -1,6 +1,6 @@
 """The backend contract and registry: what a backend must do, and which backends exist.
 
-A backend is one module defining ``BACKEND``, an object with the three operations of
+A backend is one module defining ``BACKEND``, an object with the operations of
 :class:`Backend` (one signature each) and ``supports(call) -> reason | None``. It is
 registered by one line in :data:`REGISTRY`. Backends never call each other: the
 dispatcher (:mod:`axial_rope.ops`) asks ``supports`` and, for an automatic choice,
@@ -16,9 +16,11 @@ from typing import Protocol
 import torch
 from torch.compiler import is_compiling
 
+from .norm import QKNorm
+
 __all__ = ["Backend", "Call", "OPS", "REGISTRY", "load"]
 
-OPS = ("rotate_table", "rotate_qk", "norm_rotate_qk")
+OPS = ("rotate_table", "rotate_qk", "norm_rotate_qk", "norm_rotate_table")
 
 # name -> (module in this package, devices it is chosen for automatically: None = any, () = never).
 # The automatic choice takes the first entry, in this order, whose supports() accepts the call.
@@ -39,7 +41,7 @@ class Call:
         dtype: dtype of the rotated tensors.
         grads: names of the inputs whose gradient autograd must compute (``"x"``, ``"q"``,
             ``"k"``, ``"cos"``, ``"sin"``, ``"pos"``, ``"freqs"``, ``"scale"``, ``"q_weight"``,
-            ``"k_weight"``).
+            ``"k_weight"``, ``"q_bias"``, ``"k_bias"``).
         inplace: the result is to be written into the inputs (never with ``grads``: the
             dispatcher runs such calls out of place and copies).
         per_head: frequencies (``[H, n_axes, n]``) or tables differ per head.
@@ -104,6 +106,14 @@ class Backend(Protocol):
         layout: str,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head RMSNorm over the ``D`` channels (float32, weights ``[D]`` or ``None``), then rotation."""
+        ...
+
+    def norm_rotate_table(
+        self, q: torch.Tensor, k: torch.Tensor, norm: QKNorm, cos: torch.Tensor, sin: torch.Tensor, pairing: str,
+        layout: str,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """q and k normalised as ``norm`` says (float32, :mod:`axial_rope.ops.norm`), then rotated by plane tables
+        (``[B|1, S, 1, n]``, or ``[B|1, 1, S, n]`` for ``bhsd``); rounded once."""
         ...
 
 

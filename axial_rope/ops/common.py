@@ -169,3 +169,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     x = x.to(compute_dtype(x))
     y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
     return y if weight is None else y * weight.to(x.dtype)
+
+
+def qk_norm(x: torch.Tensor, norm, weight: torch.Tensor | None, bias: torch.Tensor | None, layout: str) -> torch.Tensor:
+    """One of q, k normalised as the :class:`~axial_rope.ops.norm.QKNorm` ``norm`` says, in float32 (float64 for
+    float64 inputs): a fresh tensor of x's shape.
+
+    x ``[B, S, H, D]`` (``bshd``) or ``[B, H, S, D]`` (``bhsd``); ``weight``/``bias`` ``[D]`` (span ``"head"``) or
+    ``[H * D]`` (``"heads"``). torch's own fused norms (``F.rms_norm``, ``F.layer_norm``) on the upcast rows, so
+    a bfloat16 input is rounded once, after the rotation, by the caller.
+    """
+    shape = x.shape
+    across = norm.span == "heads"
+    if across:  # each token's H * D channels as one row [B, S, H * D]
+        x = (x if layout == "bshd" else x.transpose(1, 2)).flatten(2)
+    dtype = compute_dtype(x)
+    x, width = x.to(dtype), (x.shape[-1],)
+    weight = None if weight is None else weight.to(dtype)
+    bias = None if bias is None else bias.to(dtype)
+    if norm.kind == "layer":
+        y = torch.nn.functional.layer_norm(x, width, weight, bias, norm.eps)
+    else:
+        y = torch.nn.functional.rms_norm(x, width, weight, norm.eps)
+        y = y if bias is None else y + bias
+    if not across:
+        return y
+    y = y.unflatten(2, (-1, shape[-1]))  # [B, S, H, D]
+    return y if layout == "bshd" else y.transpose(1, 2)
