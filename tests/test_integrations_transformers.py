@@ -131,9 +131,9 @@ def stock_norm_rotate(attn, module, h, cos, sin):
     return module.apply_rotary_pos_emb(q, k, cos, sin)
 
 
-def fused_norm_rotate(attn, h, cos, sin, position_ids):
+def fused_norm_rotate(attn, h, cos, sin, position_ids, settings=None):
     shape = (*h.shape[:-1], -1, attn.head_dim)
-    settings = attn.forward.args[1]  # the installed partial(fused_forward, attn, settings)
+    settings = settings or attn.forward.args[1]  # the installed partial(fused_forward, attn, settings)
     q, k = attn.q_proj(h).view(shape), attn.k_proj(h).view(shape)
     q, k = rotation._norm_rotate(attn, settings, q, k, (cos, sin), position_ids)
     return q.transpose(1, 2), k.transpose(1, 2)
@@ -182,7 +182,10 @@ def test_fused_qk_norm_equals_stock_norm_then_rotation(name):
         with apply_axial_rope(case.model):
             assert ("axial_rope" in attn._modules) == (name != "qwen3_vl")  # positions reach the attention
             got = fused_norm_rotate(attn, h, cos, sin, position_ids)
-            attn64 = copy.deepcopy(attn).double()  # its forward: the fused one, bound to the copy
+            settings = attn.forward.args[1]
+            attn64 = copy.deepcopy(attn).double()  # a copy is stock: give it the fused attention's rope
+            if "axial_rope" in attn._modules:
+                attn64.add_module("axial_rope", copy.deepcopy(attn.axial_rope))
         for g, w in zip(got, want):
             assert (g - w).abs().max() <= fused_bound(attn, position_ids)
     if "axial_rope" in attn64._modules:  # by positions: F at float64 angles
@@ -195,7 +198,7 @@ def test_fused_qk_norm_equals_stock_norm_then_rotation(name):
     h64 = h.double().requires_grad_()
     for norm in (attn64.q_norm, attn64.k_norm):
         norm.eps_value = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    got64 = fused_norm_rotate(attn64, h64, cos64, sin64, position_ids)
+    got64 = fused_norm_rotate(attn64, h64, cos64, sin64, position_ids, settings)
     want64 = float64_norm_rotate(attn64, h64, cos64, sin64)
     for g, w in zip(got64, want64):
         assert g.dtype == torch.float64 and (g - w).abs().max() <= 1e-12

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..frequencies import Frequencies
+from ..hf_config import layer_entry
 from ..rope import AxialRoPE
 from ..scaling import base_inv_freq, from_rope_parameters
 from ._registry import Convention, builds_rope, register
@@ -12,8 +13,10 @@ from .qwen_vl import check_mrope_section
 
 __all__ = ["llama", "gpt_neox", "p_rope", "rope_for_parameters"]
 
-# rope_parameters keys of the proportional type (modeling_rope_utils `_validate_proportional_rope_parameters`)
-_PROPORTIONAL_KEYS = frozenset({"rope_type", "rope_theta", "partial_rotary_factor", "factor"})
+# rope_parameters keys of the proportional type: what `_validate_proportional_rope_parameters` accepts (with the
+# legacy `type`), the `factor` `_compute_proportional_rope_parameters` reads, and the model's lengths (hf_config)
+_PROPORTIONAL_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor", "factor",
+                                "max_position_embeddings", "original_max_position_embeddings"})  # fmt: skip
 
 LLAMA_SOURCE = (
     "transformers 5.24.0 `models/llama/modeling_llama.py` `LlamaRotaryEmbedding` (+ `modeling_rope_utils.py`)"
@@ -95,7 +98,7 @@ def rope_for_parameters(
     narrows the rotary width (GPT-NeoX rule). ``interleaved`` pairs ``(2j, 2j+1)``, else half pairing.
     Unknown keys and inconsistent values raise ``ValueError`` naming the key.
     """
-    params = dict(params or {})
+    params = layer_entry(dict(params or {}))  # without per-layer entries nested in it (transformers reads flat keys)
     theta = params.get("rope_theta", 10000.0)
     kind = params.get("rope_type", params.get("type", "default"))
     factor = params.get("partial_rotary_factor")

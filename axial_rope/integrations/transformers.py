@@ -19,15 +19,26 @@ What it changes, and where (transformers 5.24):
   ``position_ids`` the attention receives; where it receives no rotary positions (M-RoPE: Qwen3-VL) or
   the frequencies depend on the length (dynamic, LongRoPE), the norm in float32 then the table rotation,
   rounded once. The attention also carries that rope as a child ``axial_rope`` (non-persistent buffers:
-  the state dict is unchanged). OLMo 2 normalises over all heads at once, which is no per-head norm: not fused.
+  the state dict is unchanged). The rope rotates by positions only where it turns as the model's own rotary
+  does (:func:`~axial_rope.integrations.transformers_rotation.disagreement`, checked when installed); a
+  ``rope_parameters`` that ``rope_from_config`` reads otherwise or refuses leaves the fused attention on the
+  model's tables (``handle.why_tables`` says why): whatever transformers runs, the adapter runs, with stock's
+  result. OLMo 2 normalises over all heads at once, which is no per-head norm: not fused.
 - **from_config=True**: the model's rotary module is replaced (``setattr`` on its parent) by a
   :class:`~axial_rope.integrations.transformers_rotation.ConfigRotary` that returns the same tables from
   float64 angles (stock multiplies positions by inverse frequencies in float32: at position 1e5 an angle
-  is off by up to 2 u p = 1.2e-2 rad).
+  is off by up to 2 u p = 1.2e-2 rad); a rebuilt rope that does not turn as the model's rotary is refused.
+
+**Copies**: the handle belongs to the model it was applied to. ``copy.deepcopy(model)`` and ``torch.save``
+of the whole module give the stock model (no fused forward, no ``axial_rope`` child, the stock rotary
+module), which unpickles without axial_rope; while a handle is installed, the copy, like every model of the
+modeling module, still rotates through the rebound function, and after ``remove()`` it is stock throughout.
 
 Served: a model whose text ``model_type`` is in :data:`axial_rope.conventions.MODEL_TYPES` (pairing and
-sign checked against the code) and whose modeling module's rotation function is one of the forms pinned
-in :data:`~axial_rope.integrations.transformers_rotation.BODIES`; :func:`serves` says why a config is not.
+sign checked against the code), whose modeling module's rotation function is one of the forms pinned
+in :data:`~axial_rope.integrations.transformers_rotation.BODIES` and whose attention and rotary classes
+are transformers' own; :func:`serves` says why a config (or a model) is not, with the checks of
+:func:`apply_axial_rope` itself: the two agree.
 :data:`FAMILIES` are the ones checked end to end (logits, generation, gradients, compile, removal).
 Frequency rules are read from the config by ``rope_from_config``, checked against ``ROPE_INIT_FUNCTIONS``.
 """
@@ -36,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from types import ModuleType
 
 import torch
@@ -64,7 +76,6 @@ FAMILIES = {
     "Qwen3-VL": (("qwen3_vl",), "M-RoPE, cycled sections; QK-norm, fused by tables"),
     "Llama 4 text": (("llama4_text",), "complex freqs_cis, interleaved; chunked and NoPE layers"),
 }
-_RESERVED = "axial_rope"  # the child module name on a fused attention
 
 
 def _text_config(config):
@@ -110,32 +121,23 @@ def _plan_rotation(config) -> tuple[str, conventions.ModelConvention, ModuleType
     if not found:
         what = ", ".join(seen) or f"none of {rotation.FUNCTION_NAMES}"
         raise ValueError(f"its rotation function is not one of the pinned forms (found {what})")
+    _check_classes(module)
     return model_type, convention, module, found
 
 
-def serves(config) -> str | None:
-    """Why :func:`apply_axial_rope` would not serve a model of this config (``None``: it is served)."""
-    try:
-        _plan_rotation(config)
-    except (ValueError, RuntimeError) as error:
-        return str(error)
-    return None
-
-
 def _transformers_own(fn) -> bool:
-    import inspect
-
-    return str(getattr(inspect.unwrap(fn), "__module__", "")).startswith("transformers.")
+    return str(getattr(inspect.unwrap(fn), "__module__", "")).startswith(("transformers.", "torch."))
 
 
-def _check_classes(model: nn.Module, module: ModuleType) -> None:
-    """The attention and rotary classes' forwards must be transformers' own (Unsloth rebinds them)."""
-    for cls in {type(m) for m in model.modules() if type(m).__module__ == module.__name__}:
-        if cls.__name__.endswith(("Attention", "RotaryEmbedding")) and not _transformers_own(cls.forward):
+def _check_classes(module: ModuleType) -> None:
+    """The module's attention and rotary classes' forwards must be transformers' own (Unsloth rebinds them)."""
+    for cls in vars(module).values():
+        if isinstance(cls, type) and cls.__module__ == module.__name__ and issubclass(cls, nn.Module) and \
+                cls.__name__.endswith(("Attention", "RotaryEmbedding")) and not _transformers_own(cls.forward):
             raise RuntimeError(
                 f"{cls.__name__}.forward is {cls.forward.__module__}.{cls.forward.__qualname__}, not transformers' "
                 "own: the model was patched by another library; apply_axial_rope does not stack on it"
-            )
+            )  # fmt: skip
 
 
 def _layer_ropes(text, layer_types) -> dict:
@@ -147,6 +149,65 @@ def _layer_ropes(text, layer_types) -> dict:
 
 def _length_dependent(rope) -> bool:
     return any(m is not None and m.length_dependent for m in rope.scaling)
+
+
+def _text_rotaries(model: nn.Module, module: ModuleType, text) -> list[tuple[str, nn.Module]]:
+    """The model's rotary modules of its text config, by qualified name (not a vision or audio rotary)."""
+    return [(name, m) for name, m in model.named_modules()
+            if type(m).__module__ == module.__name__ and type(m).__name__.endswith("RotaryEmbedding")
+            and type(getattr(m, "config", None)) is type(text)]  # fmt: skip
+
+
+def _rebuilt(model, module, text, convention, kind: str, stock: nn.Module | None = None) -> rotation.ConfigRotary:
+    """The model's rotary rebuilt from ``text`` (``ValueError`` when ``rope_from_config`` refuses it)."""
+    ropes = _layer_ropes(text, getattr(text, "layer_types", None) or ())
+    return rotation.ConfigRotary(ropes, kind=kind, sign=convention.sign, mrope=convention.mrope is not None,
+                                 stock=stock)  # fmt: skip
+
+
+def _disagreement(stock: nn.Module, rebuilt: rotation.ConfigRotary, text) -> str | None:
+    """:func:`rotation.disagreement` at the layer types the model calls ``stock`` with."""
+    if "layer_type" not in inspect.signature(stock.forward).parameters:
+        return rotation.disagreement(stock, rebuilt, [None])
+    own = [key for key in rebuilt.ropes if key != "None"]
+    return rotation.disagreement(stock, rebuilt, own or sorted(set(getattr(text, "layer_types", None) or ())) or [None])
+
+
+def _plan_rotaries(model, module, text, convention, kinds) -> list[tuple[str, rotation.ConfigRotary]]:
+    """from_config=True: each text rotary's replacement (``ValueError`` naming why one cannot be rebuilt)."""
+    (kind,) = kinds if len(kinds) == 1 else (None,)
+    if kind is None:
+        raise ValueError(f"from_config=True needs one rotation kind, the module has {sorted(kinds)}")
+    found = _text_rotaries(model, module, text)
+    if not found:
+        raise ValueError(f"from_config=True: no rotary module of the text config in {type(model).__name__}")
+    plan = []
+    for name, stock in found:
+        rebuilt = _rebuilt(model, module, text, convention, kind, stock)
+        reason = _disagreement(stock, rebuilt, text)
+        if reason is not None and not reason.startswith("the model is on the meta device"):
+            raise ValueError(f"from_config=True: the rope rebuilt from the config does not turn as {name} does: "
+                             f"{reason}; leave from_config False (stock's tables)")  # fmt: skip
+        plan.append((name, rebuilt))
+    return plan
+
+
+def _fused_ropes(model, module, text, convention) -> tuple[dict, str | None]:
+    """The rope of each layer type for a fused attention to rotate by positions, or ``({}, why not)``."""
+    if convention.mrope is not None:
+        return {}, "M-RoPE: the attention receives no rotary positions"
+    try:
+        rebuilt = _rebuilt(model, module, text, convention, "tables")
+    except ValueError as error:  # transformers runs it; the model's own tables serve it as stock does
+        return {}, f"rope_from_config refuses the config: {error}"
+    stocks = _text_rotaries(model, module, text)
+    reasons = [_disagreement(stock, rebuilt, text) for _, stock in stocks] or ["no rotary module to compare with"]
+    reasons = [r for r in reasons if r is not None]
+    if reasons:
+        return {}, f"the rope rebuilt from the config does not turn as the model's rotary: {reasons[0]}"
+    ropes = {None if key == "None" else key: rope for key, rope in rebuilt.ropes.items()}
+    fixed = {key: rope for key, rope in ropes.items() if not _length_dependent(rope)}
+    return fixed, None if fixed else "the frequencies depend on the length (dynamic, LongRoPE): read per forward"
 
 
 def _fusable(attn: nn.Module, module: ModuleType, digests: dict) -> tuple | None:
@@ -176,7 +237,8 @@ class AxialRoPEHandle:
         model_type: the text model type served; module: its modeling module's name.
         functions: the rebound rotation functions, by name, with their kind.
         fused: the attention modules whose QK-norm and rotation are fused (``by_positions`` of them through
-            ``ops.norm_rotate`` at the positions, the others by the model's tables).
+            ``ops.norm_rotate`` at the positions, the others by the model's tables; ``why_tables`` says why
+            none rotates by positions, or ``None``).
         rotaries: the rotary modules replaced by ``ConfigRotary`` (``from_config=True``), by qualified name.
     """
 
@@ -186,6 +248,7 @@ class AxialRoPEHandle:
         self.functions: dict[str, str] = {}
         self.fused: list[str] = []
         self.by_positions = 0
+        self.why_tables: str | None = None
         self.rotaries: list[str] = []
 
     def remove(self) -> None:
@@ -194,10 +257,13 @@ class AxialRoPEHandle:
             setattr(self._module, name, original)
         for attn in self._fused:
             vars(attn).pop("forward", None)
-            if _RESERVED in attn._modules:
-                delattr(attn, _RESERVED)
-        for parent, attr, original in self._rotaries:
-            setattr(parent, attr, original)
+            vars(attn).pop("__reduce_ex__", None)
+            if rotation.ROPE_CHILD in attn._modules:
+                delattr(attn, rotation.ROPE_CHILD)
+        for parent, attr, rebuilt in self._rotaries:
+            buffer = next(iter(rebuilt.buffers()), None)
+            stock = rebuilt.stock if buffer is None else rebuilt.stock.to(buffer.device)  # where the model went
+            setattr(parent, attr, stock)
         self._functions, self._fused, self._rotaries = {}, [], []
 
     def __enter__(self) -> AxialRoPEHandle:
@@ -209,6 +275,51 @@ class AxialRoPEHandle:
     def __repr__(self) -> str:
         return (f"AxialRoPEHandle({self.model_type!r}, functions={self.functions}, fused={len(self.fused)} "
                 f"({self.by_positions} by positions), rotaries={self.rotaries})")  # fmt: skip
+
+
+def _refused(config, model_name: str, error: ValueError) -> TypeError:
+    families = ", ".join(f"{name} ({'/'.join(types)})" for name, (types, _) in FAMILIES.items())
+    return TypeError(
+        f"apply_axial_rope does not serve model_type {getattr(_text_config(config), 'model_type', None)!r} "
+        f"({model_name}): {error}. Served: {families}, and every model type of "
+        "axial_rope.conventions.MODEL_TYPES whose rotation function is a pinned form (serves(config) says why not)"
+    )
+
+
+def _plan(model: nn.Module, from_config: bool) -> tuple:
+    """Every check of :func:`apply_axial_rope` (and of :func:`serves` given a model), before anything changes."""
+    config = getattr(model, "config", None)
+    if not isinstance(model, nn.Module) or config is None:
+        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
+    try:
+        model_type, convention, module, functions = _plan_rotation(config)
+    except ValueError as error:
+        raise _refused(config, type(model).__name__, error) from None
+    text = _text_config(config)
+    kinds = {kind for _, kind in functions.values()}
+    rotaries = _plan_rotaries(model, module, text, convention, kinds) if from_config else []
+    return model_type, convention, module, functions, text, kinds, rotaries
+
+
+def serves(config, *, from_config: bool = False) -> str | None:
+    """Why :func:`apply_axial_rope` would not serve a model of this config (``None``: it is served).
+
+    ``config`` may be the model itself: then every check of :func:`apply_axial_rope` runs on it (for
+    ``from_config=True``, whether it has a rotary module of its text config and the rebuilt rope turns as it
+    does). From a config alone: the model type, the modeling module's rotation function and classes, and for
+    ``from_config=True`` whether ``rope_from_config`` builds the rope of each layer type.
+    """
+    try:
+        if isinstance(config, nn.Module):
+            _plan(config, from_config)
+            return None
+        model_type, convention, module, functions = _plan_rotation(config)
+        if from_config:
+            text = _text_config(config)
+            _layer_ropes(text, getattr(text, "layer_types", None) or ())
+    except (ValueError, RuntimeError, TypeError) as error:
+        return str(error)
+    return None
 
 
 def apply_axial_rope(
@@ -230,28 +341,20 @@ def apply_axial_rope(
     Raises:
         TypeError: the model is not served (its ``model_type`` and the reason, with the served families).
         RuntimeError: the model or its modeling module was patched by another library, or by another handle.
+        ValueError: ``from_config=True`` and the model's rotary cannot be rebuilt from its config.
+        :func:`serves` (given the model) returns the reason of each of these without changing anything.
     """
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}")
-    config = getattr(model, "config", None)
-    if not isinstance(model, nn.Module) or config is None:
-        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
-    try:
-        model_type, convention, module, functions = _plan_rotation(config)
-    except ValueError as error:
-        families = ", ".join(f"{name} ({'/'.join(types)})" for name, (types, _) in FAMILIES.items())
-        raise TypeError(
-            f"apply_axial_rope does not serve model_type {getattr(_text_config(config), 'model_type', None)!r} "
-            f"({type(model).__name__}): {error}. Served: {families}, and every model type of "
-            "axial_rope.conventions.MODEL_TYPES whose rotation function is a pinned form (serves(config) says why not)"
-        ) from None
-    _check_classes(model, module)
-    text = _text_config(config)
+    model_type, convention, module, functions, text, kinds, rotaries = _plan(model, from_config)
     handle = AxialRoPEHandle(model, model_type, module)
-    kinds = {kind for _, kind in functions.values()}
     try:
-        if from_config:
-            _install_rotaries(handle, model, module, text, convention, kinds)
+        for name, rebuilt in rotaries:
+            parent_name, _, attr = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            handle._rotaries.append((parent, attr, rebuilt))
+            setattr(parent, attr, rebuilt.to(next(iter(rebuilt.stock.buffers()), torch.empty(0)).device))
+            handle.rotaries.append(name)
         if fuse_qk_norm and kinds == {"tables"} and convention.sign > 0:
             _install_fused(handle, model, module, text, convention, backend)
         for name, (fn, kind) in functions.items():  # last: a failure above leaves the module untouched
@@ -275,35 +378,13 @@ def _install_fused(handle, model, module, text, convention, backend) -> None:
         form, offset, eps = found
         settings = rotation.FusedSettings(form, offset, eps, convention.pairing, backend,
                                           module.eager_attention_forward, ALL_ATTENTION_FUNCTIONS)  # fmt: skip
-        if convention.mrope is None:  # the attention receives the rotary's positions as position_ids
-            if ropes is None:
-                ropes = _layer_ropes(text, getattr(text, "layer_types", None) or ())
-            rope = ropes.get(getattr(attn, "layer_type", None), ropes.get(None))
-            if rope is not None and not _length_dependent(rope):
-                setattr(attn, _RESERVED, rope.to(attn.q_proj.weight.device))
-                handle.by_positions += 1
+        if ropes is None:
+            ropes, handle.why_tables = _fused_ropes(model, module, text, convention)
+        rope = ropes.get(getattr(attn, "layer_type", None), ropes.get(None))
+        if rope is not None:
+            setattr(attn, rotation.ROPE_CHILD, rope.to(attn.q_proj.weight.device))
+            handle.by_positions += 1
         attn.forward = functools.partial(rotation.fused_forward, attn, settings)
+        attn.__reduce_ex__ = functools.partial(rotation.reduce_as_stock, attn)  # a copy of the model is stock
         handle._fused.append(attn)
         handle.fused.append(name)
-
-
-def _install_rotaries(handle, model, module, text, convention, kinds) -> None:
-    (kind,) = kinds if len(kinds) == 1 else (None,)
-    if kind is None:
-        raise ValueError(f"from_config=True needs one rotation kind, the module has {sorted(kinds)}")
-    for name, rotary in list(model.named_modules()):
-        cls = type(rotary)
-        if cls.__module__ != module.__name__ or not cls.__name__.endswith("RotaryEmbedding"):
-            continue
-        if type(getattr(rotary, "config", None)) is not type(text):  # a vision or audio rotary
-            continue
-        ropes = _layer_ropes(text, getattr(text, "layer_types", None) or ())
-        device = next(iter(rotary.buffers()), torch.empty(0)).device
-        rebuilt = rotation.ConfigRotary(ropes, kind=kind, sign=convention.sign, mrope=convention.mrope is not None)
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        handle._rotaries.append((parent, attr, rotary))
-        setattr(parent, attr, rebuilt.to(device))
-        handle.rotaries.append(name)
-    if not handle.rotaries:
-        raise ValueError(f"from_config=True: no rotary module of the text config in {type(model).__name__}")

@@ -11,18 +11,21 @@ transformers 5.24.0; code with another digest is not served:
 - :func:`fused_forward`: the attention forward of the QK-norm families (Qwen3, Qwen3-MoE, Qwen3-VL
   text, Gemma 3), with the per-head RMSNorm and the rotation in one call.
 - :class:`ConfigRotary`: the model's rotary module rebuilt by :func:`axial_rope.rope_from_config`,
-  the same tables from float64 angles.
+  the same tables from float64 angles; :func:`disagreement` checks it against the model's own rotary.
 
-Every piece is a function of its tensors (no state between calls), so ``torch.compile`` traces it.
+Every piece is a function of its tensors (no state between calls), so ``torch.compile`` traces it. A copy
+of a model carrying them (``copy.deepcopy``, ``torch.save`` of the whole module) comes out stock: a fused
+attention and a :class:`ConfigRotary` reduce to the stock modules (:func:`reduce_as_stock`).
 """
 
 from __future__ import annotations
 
 import ast
+import copyreg
 import hashlib
 import inspect
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,8 +35,10 @@ from ..ops import apply_rope, rotation_tables
 from ..ops.common import rms_norm
 from ..rope import AxialRoPE
 
-__all__ = ["BODIES", "FORMS", "NORMS", "KINDS", "ConfigRotary", "FusedForm", "digest", "fused_forward",
-           "norm_digest", "rotation_function"]  # fmt: skip
+__all__ = ["AGREEMENT", "BODIES", "FORMS", "NORMS", "KINDS", "ROPE_CHILD", "ConfigRotary", "FusedForm", "digest",
+           "disagreement", "fused_forward", "norm_digest", "reduce_as_stock", "rotation_function"]  # fmt: skip
+
+ROPE_CHILD = "axial_rope"  # the child module holding the rope of a fused attention that rotates by positions
 
 # How a rotation function reads its tables:
 #   "tables": channel tables [B, S, r] in the pairing's layout, the first r channels rotated (rotate_half)
@@ -160,7 +165,7 @@ def _norm_rotate(attn: nn.Module, s: FusedSettings, q, k, position_embeddings, p
     q_weight, k_weight = attn.q_norm.weight, attn.k_norm.weight
     if s.weight_offset:
         q_weight, k_weight = q_weight + s.weight_offset, k_weight + s.weight_offset  # stock: float32 (1 + w)
-    rope = getattr(attn, "axial_rope", None)  # present when the positions reach the attention (no M-RoPE)
+    rope = getattr(attn, ROPE_CHILD, None)  # present when the positions reach the attention (no M-RoPE)
     if rope is not None and position_ids is not None:  # one ops.norm_rotate call: one kernel on Triton
         return rope.norm_and_rotate(q, k, position_ids[..., None], q_weight, k_weight, "bshd", eps=s.eps,
                                     backend=s.backend)  # fmt: skip
@@ -189,6 +194,16 @@ def fused_forward(attn: nn.Module, s: FusedSettings, hidden_states, position_emb
     return attn.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
 
 
+def reduce_as_stock(attn: nn.Module, protocol: int) -> tuple:
+    """``__reduce_ex__`` of a fused attention (bound per instance): ``copy.deepcopy`` and ``pickle`` (``torch.save``
+    of the whole module) take its state without the fused forward and its rope, so the copy is the stock module."""
+    state = type(attn).__getstate__(attn)  # nn.Module's: a copy of __dict__
+    state.pop("forward", None)
+    state.pop("__reduce_ex__", None)
+    state["_modules"] = type(attn._modules)((k, v) for k, v in attn._modules.items() if k != ROPE_CHILD)
+    return copyreg.__newobj__, (type(attn),), state
+
+
 class ConfigRotary(nn.Module):
     """A model's rotary module rebuilt from its config: the tables it returns, from float64 angles.
 
@@ -199,10 +214,23 @@ class ConfigRotary(nn.Module):
         mrope: ``position_ids`` are ``[3, B, S]`` (t, h, w) coordinates (``[B, S]`` is expanded, as stock does).
     """
 
-    def __init__(self, ropes: dict[str | None, AxialRoPE], *, kind: str, sign: int, mrope: bool):
+    def __init__(self, ropes: dict[str | None, AxialRoPE], *, kind: str, sign: int, mrope: bool,
+                 stock: nn.Module | None = None):  # fmt: skip
         super().__init__()
         self.ropes = nn.ModuleDict({str(key): rope for key, rope in ropes.items()})
         self.kind, self.sign, self.mrope = kind, sign, mrope
+        self.__dict__["stock"] = stock  # the rotary it replaces: outside the module tree (no state, no .to())
+
+    def __reduce_ex__(self, protocol: int):
+        # a copy of the model (deepcopy, torch.save) gets the stock rotary back, on this one's device; built by
+        # object.__new__, since pickle's __newobj__ insists on the class of the object it reduces
+        stock = self.__dict__["stock"]
+        if stock is None:
+            return super().__reduce_ex__(protocol)
+        buffer = next(iter(self.buffers()), None)
+        if buffer is not None:
+            stock.to(buffer.device)
+        return object.__new__, (type(stock),), type(stock).__getstate__(stock)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
         """``(cos, sin)`` ``[B, S, r]`` in ``x``'s dtype (complex ``freqs_cis`` ``[B, S, r / 2]`` for Llama 4), from
@@ -219,3 +247,48 @@ class ConfigRotary(nn.Module):
         else:  # rotate_half tables: both halves hold the planes
             cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
         return cos.to(x.dtype), sin.to(x.dtype)
+
+
+# A rebuilt rope agrees with the model's rotary when their tables at positions 0 (the attention factor) and 1
+# (each plane's sine is that of its inverse frequency, at most 1 rad: sin keeps its relative precision) are
+# within AGREEMENT of each other, entry by entry, relative. Stock's float32 inverse frequencies are off by up
+# to (ln theta + 1) u from pow's rounded exponent (< 20 u for theta <= 1e8) and a few roundings more from a
+# scaling's blend and reciprocal; cos, sin and the attention factor add 2 u on each side: under 32 u. A rope
+# read otherwise (another factor, base or ramp boundary) moves some plane by orders of magnitude more.
+AGREEMENT = 64 * 2.0**-24
+
+
+def _real(tables) -> list[torch.Tensor]:
+    parts = tables if isinstance(tables, tuple | list) else (tables,)
+    return [torch.view_as_real(t) if t.is_complex() else t for t in parts]
+
+
+def disagreement(stock: nn.Module, rebuilt: ConfigRotary, layer_types: Sequence[str | None]) -> str | None:
+    """Where ``rebuilt`` does not return the tables of the model's own rotary ``stock`` (``None``: it does).
+
+    Both are called as the model calls them, ``(x, position_ids[, layer_type])``, at positions 0 and 1 of each
+    of ``layer_types`` (``[None]`` for a rotary without layer types); host reads, outside any forward.
+    """
+    device = next(iter(stock.buffers()), torch.empty(0)).device
+    if device.type == "meta":
+        return "the model is on the meta device: its rotary has no values to compare with"
+    takes_type = "layer_type" in inspect.signature(stock.forward).parameters
+    ids = torch.arange(2, device=device)[None]  # position_ids [1, 2]
+    ids = ids.expand(3, 1, 2) if rebuilt.mrope else ids  # M-RoPE: [3, 1, 2]
+    x = torch.zeros(1, device=device)
+    for layer_type in layer_types:
+        name = f"layer type {layer_type!r}" if layer_type is not None else "the rotary"
+        try:
+            with torch.no_grad():
+                want = _real(stock(x, ids, *([layer_type] if takes_type else [])))
+                got = _real(rebuilt.to(device)(x, ids, layer_type))
+        except (KeyError, RuntimeError, TypeError, ValueError) as error:
+            return f"{name}: the rebuilt rotary cannot stand in for the model's ({type(error).__name__}: {error})"
+        if [tuple(t.shape) for t in got] != [tuple(t.shape) for t in want]:
+            return f"{name}: tables {[tuple(t.shape) for t in got]}, the model's {[tuple(t.shape) for t in want]}"
+        for g, w in zip(got, want):
+            excess = (g.double() - w.double()).abs() - AGREEMENT * w.double().abs()
+            if bool((excess > 0).any()):
+                worst = float(((g.double() - w.double()).abs() / w.double().abs().clamp_min(1e-30)).max())
+                return f"{name}: tables differ from the model's by up to {worst:.2g} relative (above {AGREEMENT:.1g})"
+    return None
