@@ -19,7 +19,7 @@ from torch import nn
 
 from models import tiny_transformers
 
-__all__ = ["DEFECTS", "Defect", "confusion_table", "seeded"]
+__all__ = ["DEFECTS", "HEALTHY", "Defect", "alarms", "confusion_table", "seeded"]
 
 
 def _fresh(name: str) -> tiny_transformers.Case:
@@ -240,26 +240,34 @@ def seeded(defect: Defect | None, model: str | None = None) -> Iterator[tuple[nn
         yield case.model, case.inputs
 
 
-def confusion_table(doctor: Callable | None = None) -> str:
-    """The markdown table: one row per seeded defect (and the healthy tiny models), the classes the doctor
-    reported as alarms in the columns; ``x`` where it reported that class."""
-    from axial_rope.doctor import CLASSES
-    from axial_rope.doctor import doctor as run
+def alarms(defect: Defect | None, model: str | None = None) -> frozenset[str]:
+    """The classes of the doctor's alarms on a seeded defect (``None``: the healthy ``model``)."""
+    from axial_rope.doctor import doctor
 
-    doctor = doctor or run
-    rows = [(d.name, d.expected, d) for d in DEFECTS]
+    with seeded(defect, model) as (net, inputs):
+        return frozenset(f.kind for f in doctor(net, example_inputs=inputs).alarms)
+
+
+HEALTHY = (*tiny_transformers.NAMES, LLAMA_YARN_MROPE)  # the healthy row of the table: every tiny model
+
+
+def confusion_table(found: Callable[[Defect | None, str | None], frozenset[str]] = alarms) -> str:
+    """The markdown table of ``docs/doctor.md``: one row per seeded defect (and one for the healthy tiny models,
+    counting their alarms), the doctor's classes in the columns, ``x`` where it raised that class.
+
+    Args:
+        found: ``(defect, model) -> classes of the alarms`` (default :func:`alarms`; the tests pass a cached one).
+    """
+    from axial_rope.doctor import CLASSES
+
     kinds = list(CLASSES)
-    head = "| seeded defect | expected | " + " | ".join(f"`{k}`" for k in kinds) + " |"
-    lines = [head, "|" + "---|" * (len(kinds) + 2)]
-    healthy = {}
-    for name in (*tiny_transformers.NAMES, LLAMA_YARN_MROPE):
-        with seeded(None, name) as (model, inputs):
-            for finding in doctor(model, example_inputs=inputs).alarms:
-                healthy[finding.kind] = healthy.get(finding.kind, 0) + 1
-    lines.append(f"| none ({len(tiny_transformers.NAMES) + 1} healthy models) | - | "
-                 + " | ".join(str(healthy.get(k, "")) for k in kinds) + " |")  # fmt: skip
-    for name, expected, defect in rows:
-        with seeded(defect) as (model, inputs):
-            found = {f.kind for f in doctor(model, example_inputs=inputs).alarms}
-        lines.append(f"| {name} | `{expected}` | " + " | ".join("x" if k in found else "" for k in kinds) + " |")
+    lines = ["| seeded defect | expected | " + " | ".join(f"`{k}`" for k in kinds) + " |",
+             "|" + "---|" * (len(kinds) + 2)]  # fmt: skip
+    healthy = [kind for name in HEALTHY for kind in found(None, name)]
+    lines.append(f"| none ({len(HEALTHY)} healthy models) | - | "
+                 + " | ".join(str(healthy.count(k) or "") for k in kinds) + " |")  # fmt: skip
+    for defect in DEFECTS:
+        marked = found(defect, None)
+        lines.append(f"| {defect.name} | `{defect.expected}` | " + " | ".join("x" if k in marked else ""
+                                                                             for k in kinds) + " |")  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -25,7 +25,7 @@ from .diagnose import diagnose
 from .findings import CLASSES, Finding
 from .report import Report
 
-__all__ = ["CLASSES", "DoctorError", "Finding", "Report", "doctor"]
+__all__ = ["CLASSES", "DoctorError", "Finding", "Report", "doctor", "extrapolation_map"]
 
 
 class DoctorError(ValueError):
@@ -126,10 +126,14 @@ def doctor(
         )
     findings, sites = diagnose(observations)
     notes += sorted({n for obs in observations for n in obs.notes})
-    extrapolation = None
     from .extrapolation import build_map
 
-    extrapolation = build_map(site, observations, size, train_size, sinks)
+    first = next((o for o in observations if not o.autocast), None)
+    try:
+        extrapolation = None if first is None else build_map(first.rope, site.axes(), size, train_size, sinks,
+                                                             observations)  # fmt: skip
+    except ValueError as error:
+        raise DoctorError(str(error)) from None
     if extrapolation is not None:
         findings += extrapolation.findings
     return Report(type(model).__name__, site.source, site.prescribed(), sites, findings, extrapolation, notes)
@@ -150,3 +154,32 @@ def _shapes(inputs) -> str:
     items = inputs.items() if isinstance(inputs, dict) else enumerate(inputs if isinstance(inputs, (list, tuple))
                                                                       else [inputs])  # fmt: skip
     return ", ".join(f"{k}: {list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}" for k, v in items)
+
+
+def extrapolation_map(config, size: int | Sequence[int] | None = None, *, train_size=None):
+    """The extrapolation map of a config alone (no model, no forward): a transformers ``config.json`` (dict or
+    ``PretrainedConfig``) or a diffusers transformer's (its ``_class_name`` a served class).
+
+    Returns:
+        An :class:`~axial_rope.doctor.extrapolation.ExtrapolationMap` (``print`` it, ``to_dict()``), or ``None``
+        where no axis has a trained extent (pass ``train_size``).
+    """
+    from ..configs import rope_from_config
+    from ..conventions._registry import DIFFUSERS
+    from .extrapolation import build_map
+
+    get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    try:
+        rope = rope_from_config(config)
+        if get("_class_name") in DIFFUSERS:
+            from .sites_diffusers import family_axes
+
+            axes = family_axes(DIFFUSERS[get("_class_name")], rope.n_axes)
+        else:
+            from .sites_transformers import config_axes
+
+            text = get("text_config") or config
+            axes = config_axes(text, rope.n_axes == 3 and rope.spectrum in ("split", "cycled"))
+        return build_map(rope, axes, size, train_size)
+    except ValueError as error:
+        raise DoctorError(f"cannot map this config: {error}") from None

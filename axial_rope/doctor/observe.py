@@ -73,6 +73,8 @@ class Observation:
         layout: how the tables were laid out, in words (``"rotate_half"``, ``"interleaved"``, ``"complex"``).
         positions_passed: whether ``pos`` are positions the doctor (or the caller) passed to the model.
         wrap: the structure holds angles, not cos/sin (compared modulo 2 pi).
+        sample: q ``[B, S, H, D]`` and k ``[B, S, H_k, D]`` before the rotation (for the extrapolation map's
+            attention entropy and phase concentration), or ``None``.
         scaling: the scaling of this call where the records size it per call (``None``: the rope's own).
         sign: ``-1`` where the convention turns by minus its tables' angle (the tables stay stock's).
         notes: what the source could not read (said in the report).
@@ -93,6 +95,7 @@ class Observation:
     layout: str = ""
     positions_passed: bool = False
     wrap: bool = False
+    sample: tuple[torch.Tensor, torch.Tensor] | None = None
     scaling: tuple | None = None
     sign: int = 1
     notes: list[str] = field(default_factory=list)

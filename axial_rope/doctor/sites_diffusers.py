@@ -18,7 +18,7 @@ from ..ops import rotation_tables
 from ..ops.common import channel_table
 from .observe import Observation
 
-__all__ = ["DiffusersSite"]
+__all__ = ["DiffusersSite", "family_axes"]
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -47,6 +47,29 @@ def _flat(value) -> list[torch.Tensor]:
     if isinstance(value, dict):
         return [t for v in value.values() for t in _flat(v)]
     return []
+
+
+def family_axes(family, n: int):
+    """The map's axes of a family record's rope of ``n`` axes: names, kinds (time, space; a lone non-time grid axis
+    is a sequence) and the trained extent of each grid axis (the largest over the released checkpoints, tokens)."""
+    from .extrapolation import MapAxes
+
+    spatial = [a for a in family.grid_axes if a != family.time_axis]
+    names, kinds = [], []
+    for a in range(n):
+        if a == family.time_axis:
+            names.append("t"), kinds.append("time")
+        elif a in spatial and len(spatial) == 2:
+            names.append("yx"[spatial.index(a)]), kinds.append("space")
+        elif a in spatial:
+            names.append("sequence"), kinds.append("sequence")
+        else:
+            names.append(f"axis {a}"), kinds.append(None)
+    trained = [None] * n
+    for grid in (family.units.tokens(t.size) for t in family.trained):
+        for a, extent in zip(family.grid_axes, grid):
+            trained[a] = max(trained[a] or 0, extent)
+    return MapAxes(tuple(names), tuple(trained), tuple(kinds), spectrum=family.spectrum)
 
 
 class _Recorder:
@@ -92,6 +115,9 @@ class DiffusersSite:
     def prescribed(self) -> dict[str, str]:
         return {f"{self.family.name}: {attr}": f"AxialRoPE({rope.extra_repr()})"
                 for attr, rope, *_ in self.producers}  # fmt: skip
+
+    def axes(self):
+        return family_axes(self.family, self.producers[0][1].n_axes)
 
     def describe_sites(self) -> list[str]:
         return [f"{self.family.tables[0]} {attr}" for attr, *_ in self.producers]

@@ -26,10 +26,11 @@ import torch
 from torch import nn
 
 from ..configs import rope_from_config
-from ..conventions.model_types import model_convention
+from ..conventions.model_types import ModelConvention, model_convention
+from ..rope import AxialRoPE
 from .observe import Observation, plane_render, planes_of_tables, qk_rotation
 
-__all__ = ["OFFSETS", "TransformersSite", "is_transformers_model"]
+__all__ = ["OFFSETS", "TransformersSite", "config_axes", "is_transformers_model"]
 
 FUNCTION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_emb")  # what a text attention calls (transformers 5.24)
 OFFSETS = (300, 700)  # position offset of sample 0, 1: far enough from 0 to show float32 vs float64 angles, and
@@ -41,6 +42,22 @@ def is_transformers_model(model: nn.Module) -> bool:
     return type(model).__module__.startswith("transformers.") or any(
         c.__module__.startswith("transformers.") for c in type(model).__mro__[1:]
     )
+
+
+def config_axes(text, mrope: bool):
+    """The map's axes of a transformers text config: the sequence (M-RoPE: t, h, w, each as long as the text),
+    trained over ``original_max_position_embeddings`` where a scaling names it, else ``max_position_embeddings``;
+    no policy kind (:mod:`axial_rope.policy` plans image and video grids)."""
+    from .extrapolation import MapAxes
+
+    get = text.get if isinstance(text, dict) else lambda key, default=None: getattr(text, key, default)
+    params = get("rope_parameters") or get("rope_scaling") or {}
+    if params and all(isinstance(v, dict) for v in params.values()):  # per layer type: the first
+        params = next(iter(params.values()))
+    trained = params.get("original_max_position_embeddings") or get("original_max_position_embeddings") or get(
+        "max_position_embeddings")  # fmt: skip
+    n = 3 if mrope else 1
+    return MapAxes(("t", "h", "w") if mrope else ("position",), (trained,) * n, (None,) * n)
 
 
 def _text_config(config):
@@ -81,13 +98,23 @@ class TransformersSite:
 
     def __init__(self, model: nn.Module, config=None, example_inputs: dict | None = None):
         self.model = model
-        self.config = config if config is not None else getattr(model, "config", None)
+        rope = config if isinstance(config, AxialRoPE) else None  # the rope it should rotate by, given
+        self.config = config if config is not None and rope is None else getattr(model, "config", None)
         if self.config is None:
             raise TypeError(f"{type(model).__name__} has no .config: pass config= (its transformers config)")
         self.text = _text_config(self.config)
         self.model_type = getattr(self.text, "model_type", None) or getattr(self.config, "model_type", None)
-        self.convention = model_convention(self.model_type)  # ValueError naming it when it has no record
-        self.ropes = _ropes(self.config, self.text)
+        if rope is not None:
+            mrope = rope.n_axes == 3 and rope.spectrum in ("split", "cycled")
+            self.convention = ModelConvention(rope.pairing, 1, rope.spectrum if mrope else None)
+            self.ropes = {None: rope}
+        else:
+            try:
+                self.convention = model_convention(self.model_type)
+            except ValueError as error:
+                raise ValueError(f"{error}; or pass config= an axial_rope.AxialRoPE, the rotation the model should "
+                                 "apply (axes, theta, scaling, pairing)") from None  # fmt: skip
+            self.ropes = _ropes(self.config, self.text)
         self.rotaries = [(n, m) for n, m in model.named_modules() if self._is_text_rotary(n, m)]
         if not self.rotaries:
             raise TypeError(
@@ -106,6 +133,9 @@ class TransformersSite:
 
     def describe_sites(self) -> list[str]:
         return [name for name, _ in self.rotaries]
+
+    def axes(self):
+        return config_axes(self.text, self.mrope)
 
     def _is_text_rotary(self, name: str, module: nn.Module) -> bool:
         if not (type(module).__name__.endswith("RotaryEmbedding") or name.rsplit(".", 1)[-1] == "rotary_emb"):
@@ -183,14 +213,14 @@ class TransformersSite:
         rope = self.ropes.get(layer_type, self.ropes.get(None, next(iter(self.ropes.values()))))
         dtype = tables[0].real.dtype if tables[0].is_complex() else tables[0].dtype
         site = name if layer_type is None else f"{name}[{layer_type}]"
-        qk = None
+        qk, sample = None, None
         used = [r for r in rotations if any(t is tables[0] for t in r["tables"])]
         if used:
-            width = 2 * cos.shape[-1]
-            qk = qk_rotation(used[0]["before"], used[0]["after"], width)
+            qk = qk_rotation(used[0]["before"], used[0]["after"], 2 * cos.shape[-1])
+            sample = (used[0]["q"], used[0]["k"])
         return Observation(site, rope, pos, rope.rotation(pos), [cos, sin], dtype,
                            plane_render(self.convention.sign), planes=(cos, sin), width=2 * cos.shape[-1], qk=qk,
-                           layout=layout, positions_passed=passed, sign=self.convention.sign)  # fmt: skip
+                           layout=layout, positions_passed=passed, sign=self.convention.sign, sample=sample)  # fmt: skip
 
 
 def _recording(fn, rotations: list):
@@ -207,7 +237,8 @@ def _recording(fn, rotations: list):
             views = [t.transpose(1, 2) if bhsd else t for t in (q, k, *out)]
             before = torch.cat([views[0], views[1]], dim=2).detach()
             after = torch.cat([views[2], views[3]], dim=2).detach()
-            rotations.append({"tables": tables, "before": before, "after": after})
+            rotations.append({"tables": tables, "before": before, "after": after, "q": views[0].detach(),
+                              "k": views[1].detach()})  # fmt: skip
         return out
 
     wrapper.__wrapped__ = fn
