@@ -82,3 +82,80 @@ def test_a_papers_verdict_follows_the_intervals_on_the_predicted_side():
     assert verdict_of([Measurement("a", lower, "lower"), Measurement("b", higher, "lower")]) == "mixed"
     assert verdict_of([Measurement("a", zero, "lower")]) == "not shown"
     assert verdict_of([Measurement("a", None, "lower")]) == "not tested"
+
+
+def test_the_declared_family_is_what_holm_corrects_and_the_rest_is_bh():
+    import numpy as np
+
+    from models.studies.bootstrap import Interval
+    from models.studies.family import Contrast, correct_declared
+    from models.studies.seed_intervals import PairedTest, benjamini_hochberg, holm
+
+    def test(p):
+        return PairedTest(Interval(0.0, -1.0, 1.0), p, (0.0,), 5, "t")
+
+    family = [Contrast("64x64", "yarn", "interpolate", "shape_error"), Contrast("64x64", "ntk", "interpolate",
+              "shape_error"), Contrast("128x128", "yarn", "interpolate", "shape_error")]  # fmt: skip
+    primary = {family[0].key: test(0.01), family[1].key: test(0.02)}  # the third declared contrast was not run
+    rest = {("64x64", "yarn", "none", "correct"): test(0.001), ("64x64", "none", "yarn", "correct"): test(0.001),
+            ("40x40", "ntk", "none", "loss_grown"): test(0.04)}  # fmt: skip
+    corrected = correct_declared(primary | rest, family)
+    # Holm over exactly the three declared contrasts, the one not run counting as p = 1
+    assert [corrected[c.key].adjusted for c in family] == pytest.approx(list(holm([0.01, 0.02, 1.0])))
+    assert all(corrected[c.key].method == "holm" and corrected[c.key].primary for c in family)
+    # the exploratory ones: BH over themselves only (a pair tested both ways counts once)
+    explored = {k: c for k, c in corrected.items() if not c.primary}
+    assert len(explored) == 2 and all(c.method == "bh" for c in explored.values())
+    assert sorted(c.adjusted for c in explored.values()) == pytest.approx(sorted(benjamini_hochberg([0.001, 0.04])))
+    # more exploratory tests never change the primary family's correction
+    more = {("20x60", f"arm{i}", "none", "empty"): test(0.5) for i in range(50)}
+    again = correct_declared(primary | rest | more, family)
+    assert [again[c.key].adjusted for c in family] == [corrected[c.key].adjusted for c in family]
+    # a reversed test of a declared contrast is that contrast, not an exploratory one
+    flipped = correct_declared({("64x64", "interpolate", "yarn", "shape_error"): test(0.01)}, family)
+    assert set(flipped) == {c.key for c in family} and np.isclose(flipped[family[0].key].p_value, 0.01)
+    with pytest.raises(ValueError, match="twice"):
+        correct_declared({}, family + family[:1])
+
+
+def test_the_full_design_declares_24_contrasts_at_the_primary_sizes():
+    family = grid.declared_family(grid.FULL)
+    assert len(family) == 24 and len({c.key for c in family}) == 24
+    assert {c.group for c in family} == {"40x40", "28x56", "20x60", "64x64", "128x128"}  # not 1x, not 3x
+    assert {c.metric for c in family} == {"shape_error", "correct"}
+    assert [c for c in family if c.metric == "correct"] == [c for c in family if c.question.startswith("Q2")][2:]
+
+
+@pytest.mark.parametrize("size", [(20, 60), (40, 40), (64, 64)])
+def test_the_shape_error_rises_on_every_changed_render(size):
+    from models.studies.vision.quality import CORRUPTIONS, corrupt, shape_error
+
+    clean = shape_error(corrupt("clean", 8, size)).mean()
+    assert clean < 0.15  # a clean render fits one clean shape
+    for condition in CORRUPTIONS[1:]:
+        assert shape_error(corrupt(condition, 8, size)).mean() > clean + 0.08, condition
+
+
+def test_the_canvas_error_reads_clean_tiles_as_clean_and_fragments_as_broken():
+    from models.studies.vision.quality import canvas_error, corrupt, shape_error
+
+    tiled = corrupt("tiled 2x2", 4, (48, 48))
+    assert canvas_error(tiled).mean() < 0.1 < 0.5 < shape_error(tiled).mean()
+    assert canvas_error(corrupt("fragmented", 4, (48, 48))).mean() > canvas_error(tiled).mean() + 0.05
+
+
+def test_quick_grid_study_runs_end_to_end_reuses_its_cells_and_regenerates(tmp_path, capsys):
+    import json
+
+    from models.studies.vision import grid_page, run_grid
+
+    page = run_grid(tmp_path / "out", quick=True, root=tmp_path / "runs").read_text()  # about a minute
+    data = json.loads((tmp_path / "out" / "grid.json").read_text())
+    assert grid_page.markdown(data) == page  # every figure recomputed from the json's cells
+    assert "## Primary contrasts (declared)" in page and "Benjamini-Hochberg" in page
+    assert f"over exactly these {len(grid.declared_family(grid.QUICK))} contrasts" in page
+    assert data["quality_check"] and data["classifier_check"] and data["cells"]["32x32"]["fine-tuned, none"]
+    capsys.readouterr()
+    run_grid(tmp_path / "out", quick=True, root=tmp_path / "runs")  # every cell is there: nothing recomputed
+    log = capsys.readouterr().out
+    assert log.count(": reused") + log.count(": ready") == log.count("] ") > 40

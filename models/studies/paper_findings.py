@@ -16,7 +16,9 @@ from .bootstrap import Interval
 from .papers import Finding, Measurement
 from .seed_intervals import crossed_t
 
-__all__ = ["PAGES", "from_published", "frames", "length", "packing", "resolution", "streaming", "streaming_video"]
+__all__ = [
+    "PAGES", "from_published", "frames", "grid", "length", "packing", "resolution", "streaming", "streaming_video",
+]  # fmt: skip
 
 TINY = "tiny models trained for minutes: "
 
@@ -180,6 +182,36 @@ def streaming_video(table) -> list[Finding]:
     ]  # fmt: skip
 
 
+def grid(table, study) -> list[Finding]:
+    """The grid study's declared contrasts on the shape error (lower is better), at its 2x and largest square and
+    its first non-square size; not tested until two seeds of a cell are done."""
+    square = [s for s in study.sizes if s[0] == s[1] and s[0] > study.resolution]
+    two, big = f"{study.finetune_size}x{study.finetune_size}", f"{max(square)[0]}x{max(square)[1]}"
+    aspect = next((f"{h}x{w}" for h, w in study.sizes if h != w), two)
+
+    def m(what, group, a, b, expects="lower"):
+        return Measurement(f"{what} at {group}", _diff(table, group, a, b, "shape_error"), expects)
+
+    cheap = "on 16 tokens with 16 planes per axis (theta 100) the scalings differ (the page's grid table); "
+    return [
+        Finding("PI", (m("interpolation - plain positions, shape error", two, "interpolate", "none"),),
+                {"*": cheap + "interpolation keeps an object's patches at trained spacings"}),
+        Finding("NTK-aware", (m("NTK - interpolation, shape error", two, "ntk", "interpolate"),
+                              m("NTK - interpolation, shape error", big, "ntk", "interpolate")),
+                {"*": cheap + "NTK rescales the planes near the training extent by 0.9-0.3"}),
+        Finding("YaRN", (m("YaRN - interpolation, shape error", two, "yarn", "interpolate"),
+                         m("YaRN - interpolation, shape error", big, "yarn", "interpolate")),
+                {"*": cheap + "YaRN keeps 1 plane, ramps 3 and interpolates 12"}),
+        Finding("DyPE", (m("Dy-YaRN - YaRN, shape error", two, "dy-yarn", "yarn"),
+                         m("Dy-YaRN - YaRN, shape error", big, "dy-yarn", "yarn")),
+                {"*": cheap + "Dy-YaRN interpolates 15 planes at the first step and 5 at t = 0.25"}),
+        Finding("FiT", (m("NTK - interpolation, shape error", aspect, "ntk", "interpolate"),
+                        m("YaRN - interpolation, shape error", aspect, "yarn", "interpolate"),
+                        m("interpolation - plain positions, shape error", aspect, "interpolate", "none", "higher")),
+                {"*": cheap + "at 1:2 only the long side is scaled, as FiT's VisionNTK and VisionYaRN do"}),
+    ]  # fmt: skip
+
+
 def _vision(fn, draws_key: str = "settings"):
     def read(data: dict) -> list[Finding]:
         from .vision.report import table_from_cells
@@ -202,7 +234,16 @@ PAGES = {
     "streaming-video": _vision(streaming_video),
     "length": _length,
     "streaming": lambda data: streaming(data["differences"]),
+    "grid": lambda data: _grid(data),
 }
+
+
+def _grid(data: dict) -> list[Finding]:
+    from .vision.grid import GridStudy
+    from .vision.report import settings_to, table_from_cells
+
+    study = settings_to(GridStudy, data["environment"]["settings"])
+    return grid(table_from_cells(data["cells"], study.draws), study)
 
 
 def from_published(root: Path = Path("docs/experiments")) -> dict[str, list[Finding]]:

@@ -29,11 +29,13 @@ from axial_rope.time_scaling import DyPE
 
 from ...dit import PRESETS
 from ...training.config import TrainConfig
+from ..family import Contrast
 from ..jobs import Job, ensure_trained
 from .classifier import ClassifierConfig
 
 __all__ = [
-    "ARMS", "FINETUNED", "FULL", "QUICK", "GridStudy", "arm_kwargs", "arms_at", "executor", "plane_counts", "policy_arm",
+    "ARMS", "FINETUNED", "FULL", "QUICK", "GridStudy", "arm_kwargs", "arms_at", "declared_family", "executor",
+    "plane_counts", "policy_arm",
     "size_name", "study_jobs", "train_config",
 ]  # fmt: skip
 
@@ -66,6 +68,7 @@ class GridStudy:
     lr: float = 2e-3
     # (H, W) px in the design's priority order: the trained size (the pilot), FiT's three, then 2x, 3x, 4x
     sizes: tuple[Size, ...] = ((32, 32), (40, 40), (28, 56), (20, 60), (64, 64), (96, 96), (128, 128))
+    exploratory_sizes: tuple[Size, ...] = ((96, 96),)  # 3x: between the declared 2x and 4x, outside the family
     arms: tuple[str, ...] = tuple(ARMS)
     finetune_size: int = 64
     finetune_modes: tuple[str, ...] = ("none", "interpolate", "yarn")  # "none": plain positions, the control
@@ -107,7 +110,7 @@ class GridStudy:
 FULL = GridStudy()
 QUICK = GridStudy(
     seeds=(0, 1), resolution=16, steps=3, batch_size=4, sizes=((16, 16), (20, 20), (10, 30), (32, 32)),
-    arms=("none", "interpolate", "yarn", "interpolate, YaRN's factor", "dy-yarn", "normalize"), finetune_size=32,
+    exploratory_sizes=(), arms=("none", "interpolate", "ntk", "yarn", "dy-yarn", "normalize"), finetune_size=32,
     finetune_modes=("none", "interpolate"), finetune_steps=2, finetune_batch=2, per_class=1, trained_per_class=2,
     loss_images=2, ts=(0.5,), euler_steps=2, classifier=ClassifierConfig(steps=4, batch_size=8, resolutions=(16, 32)),
     draws=200, workers=0, quick=True,
@@ -216,6 +219,34 @@ def train_config(study: GridStudy, root: Path, seed: int, finetune: str | None =
 
 
 PRIMARY_ARMS = ("none", "interpolate", "ntk", "yarn", "dy-yarn")  # the arms of the declared contrasts
+# Q1's contrasts at each primary size (docs/experiments/design.md): a - b of the shape error
+TRAINING_FREE = (
+    ("interpolate", "none", "Q1: does the cheapest fix help?"),
+    ("ntk", "interpolate", "Q1: NTK against interpolation"),
+    ("yarn", "interpolate", "Q1: YaRN against interpolation"),
+    ("dy-yarn", "yarn", "Q1: does following the sampling time help?"),
+)
+
+
+def declared_family(study: GridStudy) -> list[Contrast]:
+    """The primary family of docs/experiments/design.md: Q1's four contrasts on the shape error at every size but
+    the trained one and the exploratory ``exploratory_sizes``, and Q2's two at ``finetune_size`` on the shape
+    error and class accuracy (24 for ``FULL``). Holm runs over exactly these (:mod:`models.studies.family`)."""
+    trained, tuned = (study.resolution, study.resolution), (study.finetune_size, study.finetune_size)
+    family = [
+        Contrast(size_name(size), a, b, "shape_error", question)
+        for size in study.sizes
+        if size != trained and size not in study.exploratory_sizes
+        for a, b, question in TRAINING_FREE
+    ]
+    for metric in ("shape_error", "correct"):
+        family += [
+            Contrast(size_name(tuned), FINETUNED.format("interpolate"), FINETUNED.format("none"), metric,
+                     "Q2: positions for the same fine-tuning steps"),
+            Contrast(size_name(tuned), FINETUNED.format("none"), "interpolate", metric,
+                     "Q2: a short fine-tune against the training-free incumbent"),
+        ]  # fmt: skip
+    return family
 
 
 def _eval_job(study: GridStudy, seed: int, size: Size, arm: str) -> Job:
@@ -280,5 +311,5 @@ def executor(study: GridStudy, root: Path):
 
 def settings(study: GridStudy) -> dict:
     """The fields that change a cell's result (not which cells exist, nor where or how fast they run)."""
-    ignore = ("seeds", "sizes", "arms", "finetune_modes", "draws", "workers", "quick", "chunk")
+    ignore = ("seeds", "sizes", "exploratory_sizes", "arms", "finetune_modes", "draws", "workers", "quick")
     return {k: v for k, v in asdict(study).items() if k not in ignore}

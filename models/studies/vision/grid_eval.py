@@ -11,6 +11,7 @@ resolution study's check) and the quality score on changed renders at every eval
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -27,6 +28,11 @@ __all__ = ["cell_path", "evaluate", "samples_path", "validate"]
 
 QUALITY_METRICS = ("shape_error", "canvas_error")
 METRICS_VERSION = 1  # in every cell's settings: a change to the metrics' code recomputes the cells
+
+
+@lru_cache(maxsize=4)
+def _reference(resolution: int):
+    return reference(resolution)  # 256 renders: once per process, not per cell
 
 
 def cell_path(root: Path, seed: int, size, arm: str) -> Path:
@@ -79,7 +85,7 @@ def evaluate(study: GridStudy, root: Path, seed: int, size, arm: str) -> str:
         images = _chunked(
             lambda y, z: one_size.sample(model, y, z, study, **kw), labels, noise, chunk=study.chunk(size)
         )
-    metrics = image_metrics(images, labels, classifier, reference(study.resolution))
+    metrics = image_metrics(images, labels, classifier, _reference(study.resolution))
     result |= {m: v.tolist() for m, v in metrics.items()}
     result |= {"shape_error": shape_error(images).tolist(), "canvas_error": canvas_error(images).tolist()}
     if seed == study.seeds[0]:

@@ -49,10 +49,11 @@ def coverage(images: torch.Tensor) -> torch.Tensor:
     return ((distance - DEAD_ZONE) / (FULL - DEAD_ZONE)).clamp(0, 1)
 
 
-def _templates(box: tuple[int, int, int, int], height: int, width: int) -> torch.Tensor:
-    """``[36, H, W]``: the coverage of each class' clean shape fitted to ``box`` (y0, y1, x0, x1) at 9 sizes."""
+def _templates(box: tuple[int, int, int, int], height: int, width: int, origin=(0, 0)) -> torch.Tensor:
+    """``[36, H, W]``: the coverage of each class' clean shape fitted to ``box`` (y0, y1, x0, x1) at 9 sizes, on a
+    ``height x width`` window whose top left pixel is ``origin`` (y, x) of the picture."""
     y0, y1, x0, x1 = box
-    cy, cx, bh, bw = (y0 + y1) / 2, (x0 + x1) / 2, y1 - y0, x1 - x0
+    cy, cx, bh, bw = (y0 + y1) / 2 - origin[0], (x0 + x1) / 2 - origin[1], y1 - y0, x1 - x0
     labels, centers, halves = [], [], []
     for label, (ey, ex, offset) in enumerate(EXTENTS):
         for half in (bh / (2 * ey), bw / (2 * ex), math.sqrt(bh * bw / (4 * ey * ex))):
@@ -99,10 +100,11 @@ def canvas_error(images: torch.Tensor, min_area: int = 6, margin: int = 3) -> np
         errors = []
         for o in objects:
             y0, y1, x0, x1 = o.box
-            window = (slice(max(0, y0 - margin), min(H, y1 + margin)), slice(max(0, x0 - margin), min(W, x1 + margin)))
+            top, left = max(0, y0 - margin), max(0, x0 - margin)
+            bottom, right = min(H, y1 + margin), min(W, x1 + margin)
             others = (labels[b] > 0) & (labels[b] != o.label)
-            alone = torch.where(others, 0.0, cover[b])[window]
-            errors.append(1.0 - _best_iou(alone, _templates(o.box, H, W)[:, window[0], window[1]]))
+            alone = torch.where(others, 0.0, cover[b])[top:bottom, left:right]
+            errors.append(1.0 - _best_iou(alone, _templates(o.box, bottom - top, right - left, (top, left))))
         out.append(float(np.mean(errors)) if errors else math.nan)
     return np.array(out)
 
