@@ -122,3 +122,13 @@ def test_the_guides_paper_table_is_what_the_published_json_gives(tmp_path):
     copy = tmp_path / "scaling.md"
     copy.write_text(guide)
     assert not paper_findings.update_guide(copy, docs / "experiments")  # regenerating changes nothing
+
+
+def test_workers_and_stage_are_the_grid_studys_flags_only(tmp_path):
+    from scripts import experiments as cli
+
+    for argv in (["resolution", "--workers", "1"], ["length", "--stage", "pilot"]):
+        with pytest.raises(SystemExit) as stop:
+            cli.main([*argv, "--out", str(tmp_path / "out")])
+        assert stop.value.code == 2  # a usage error, before any work
+    assert not (tmp_path / "out").exists()

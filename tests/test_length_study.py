@@ -414,3 +414,30 @@ def test_the_published_length_page_regenerates_from_its_json():
     root = Path(__file__).resolve().parents[1] / "docs" / "experiments"
     data = json.loads((root / "length.json").read_text())
     assert length_study.markdown(data) == (root / "length.md").read_text()  # byte for byte
+
+
+def test_first_key_mass_sees_a_sink_and_uniform_attention():
+    import torch.nn.functional as F
+
+    from models.studies.length.sinks import FirstKeyMass, first_key_mass
+
+    torch.manual_seed(0)
+    B, H, S, D = 2, 3, 8, 4
+    q = torch.zeros(B, H, S, D)  # equal scores: uniform over the visible keys
+    k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    with FirstKeyMass() as spy:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected = sum(1 / (i + 1) for i in range(1, S)) / (S - 1)  # query i sees i + 1 keys
+    assert spy.mass == pytest.approx([expected]) and spy.uniform == pytest.approx([expected])
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))  # the call is unchanged
+    sink = torch.zeros(B, H, S, D)
+    sink[..., 0], k2 = 1.0, torch.zeros(B, H, S, D)
+    k2[:, :, 0, 0] = 50.0  # key 0 takes every query's attention
+    with FirstKeyMass() as spy:
+        F.scaled_dot_product_attention(sink, k2, v, attn_mask=torch.ones(S, S, dtype=torch.bool).tril())
+    assert spy.mass[0] > 0.99 and spy.uniform[0] == pytest.approx(expected)
+    from models.studies.length.positions import STUDY_PRESETS
+
+    model = STUDY_PRESETS["lm-rope"].build().eval()  # one value per layer of a real model
+    found = first_key_mass(model, torch.randint(0, 256, (1, 32)))
+    assert len(found["mass"]) == model.config.depth and all(0 < m < 1 for m in found["mass"])
