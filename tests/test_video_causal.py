@@ -161,6 +161,33 @@ def test_attention_reads_the_cache_without_writing_float64():
             torch.testing.assert_close(wrote, read, rtol=0, atol=1e-12)
 
 
+def test_a_read_never_rolls_and_reads_what_the_write_after_make_room_sees_float64():
+    """``cache_write=False`` leaves a full cache as it was (no roll, no slot reserved) and says how to make room;
+    after ``make_room`` (what sample_streaming calls before a chunk's steps) the read attends to exactly what the
+    chunk's write pass then attends to: the same output at the same timestep."""
+    model, x = _model(replace(TINY, depth=1)), _video(3)
+    caches = frame_caches(model, 2, FRAME, 2)
+    t = torch.tensor([300.0, 800.0], dtype=torch.float64)
+    with torch.no_grad():
+        for f in range(2):
+            forward_frames(model, x[:, :, f : f + 1], 0.0, LABELS, caches=caches, cache_write=True)
+        state = [(c.k.clone(), c.v.clone(), c.filled.clone(), c.length) for c in caches]
+        with pytest.raises(
+            ValueError, match=r"do not fit beside the 2 cached .* call cache.make_room\(4, model.rope\)"
+        ):
+            forward_frames(model, x[:, :, 2:], t, LABELS, caches=caches, cache_write=False)
+        for c, (k, v, filled, length) in zip(caches, state):
+            assert torch.equal(c.k, k) and torch.equal(c.v, v) and torch.equal(c.filled, filled) and c.length == length
+        for cache in caches:
+            cache.make_room(FRAME, model.rope)
+        assert caches[0].length == FRAME  # the oldest frame dropped, nothing reserved
+        read = forward_frames(model, x[:, :, 2:], t, LABELS, caches=caches, cache_write=False)
+        assert caches[0].length == FRAME
+        wrote = forward_frames(model, x[:, :, 2:], t, LABELS, caches=caches, cache_write=True)
+        assert caches[0].length == 2 * FRAME
+    torch.testing.assert_close(read, wrote, rtol=0, atol=1e-12)
+
+
 def test_streaming_sampler_generates_past_the_window_within_its_positions():
     model, noise = _model(), _video(5)
     out = sample_streaming(model, noise, LABELS, window=2, steps=2, cfg_scale=2.0)
@@ -192,8 +219,14 @@ def test_bad_streaming_and_causal_inputs_name_the_argument():
         forward_frames(model, _video(1), 0.0, LABELS, caches=[], cache_write=True)
     with pytest.raises(ValueError, match="window must be a positive int"):
         frame_caches(model, 2, FRAME, 0)
+    with pytest.raises(ValueError, match="tokens_per_frame must be a positive int .*got 0"):
+        frame_caches(model, 2, 0, 2)
     with pytest.raises(ValueError, match="chunk must be an int"):
         sample_streaming(model, _video(2), LABELS, window=2, chunk=3)
+    with pytest.raises(ValueError, match=r"window must be a positive int \(latent frames kept\), got 0"):
+        sample_streaming(model, _video(2), LABELS, window=0)
+    with pytest.raises(ValueError, match=r"noise must be \[B, C, T, H, W\] with T >= 1 frames, got \(2, 3, 0, 4, 4\)"):
+        sample_streaming(model, _video(2)[:, :, :0], LABELS, window=2)
     with pytest.raises(ValueError, match="per-frame t must be"):
         noisy(_video(3), torch.zeros(2, 2), _video(3))
     with pytest.raises(ValueError, match="causal must be False for model 'dit'"):
