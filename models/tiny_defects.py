@@ -1,6 +1,7 @@
-"""Seeded RoPE defects on tiny transformers models: the public incidents the RoPE doctor must name.
+"""Seeded RoPE defects on tiny models: the public incidents the RoPE doctor must name.
 
-Each :class:`Defect` rebuilds one incident on a model of :mod:`models.tiny_transformers` (fresh, seeded) and
+Each :class:`Defect` rebuilds one incident on a model of :mod:`models.tiny_transformers` (fresh, seeded; or of
+:mod:`models.tiny_diffusers`, named ``"diffusers:<class>"``) and
 says which class of :data:`axial_rope.doctor.CLASSES` the doctor should report. :func:`seeded` is a context
 manager: a defect that rebinds a modeling function (a pairing mismatch) puts it back on exit.
 :func:`confusion_table` runs the doctor over every defect and the healthy models, for ``docs/doctor.md``
@@ -19,7 +20,7 @@ from torch import nn
 
 from models import tiny_transformers
 
-__all__ = ["DEFECTS", "HEALTHY", "Defect", "alarms", "confusion_table", "seeded"]
+__all__ = ["DEFECTS", "HEALTHY", "Defect", "alarms", "confusion_table", "healthy_llama", "seeded"]
 
 
 def _fresh(name: str) -> tiny_transformers.Case:
@@ -176,6 +177,22 @@ def _factor_dropped(model, inputs):  # YaRN's frequencies applied, its attention
     model.get_submodule(_rotary_path(model)).attention_scaling = 1.0
 
 
+def _ideogram_before_the_fix(model, inputs):  # diffusers 6e8c8c4: Ideogram 4's M-RoPE under torch.autocast
+    from diffusers.models.transformers.transformer_ideogram4 import Ideogram4MRoPE
+
+    class BeforeTheFix(Ideogram4MRoPE):
+        """The tables as computed before diffusers 6e8c8c4 disabled autocast around their matmul: under autocast the
+        matmul's operands are rounded to bfloat16, so the image positions (from 65536) collapse to multiples of
+        512 (what upstream's comment describes)."""
+
+        def forward(self, position_ids):
+            if torch.is_autocast_enabled(position_ids.device.type):
+                position_ids = position_ids.to(torch.bfloat16).to(position_ids.dtype)
+            return super().forward(position_ids)
+
+    model.rotary_emb.__class__ = BeforeTheFix
+
+
 def _shuffled(model, inputs):  # inverse frequencies in a scrambled order: no convention lays them out so
     rotary = model.get_submodule(_rotary_path(model))
     order = torch.randperm(rotary.inv_freq.shape[0], generator=torch.Generator().manual_seed(0))
@@ -209,10 +226,18 @@ DEFECTS: tuple[Defect, ...] = (
            "YaRN's frequencies applied without its attention factor", _factor_dropped),
     Defect("shuffled frequencies", "unexplained_layout", "llama", "inverse frequencies in a scrambled order",
            _shuffled),
+    Defect("Ideogram 4 under autocast", "autocast_collapse", "diffusers:Ideogram4Transformer2DModel",
+           "Ideogram 4's M-RoPE tables collapsed under torch.autocast before diffusers commit 6e8c8c4",
+           _ideogram_before_the_fix),
 )  # fmt: skip
 
 
 def _model(name: str) -> tiny_transformers.Case:
+    if name.startswith("diffusers:"):  # a tiny diffusers transformer (models/tiny_diffusers.py)
+        from models import tiny_diffusers
+
+        model, inputs = tiny_diffusers.build(name.removeprefix("diffusers:"))
+        return tiny_transformers.Case(model, inputs)
     if name != LLAMA_YARN_MROPE:
         return _fresh(name)
     import transformers
@@ -238,6 +263,13 @@ def seeded(defect: Defect | None, model: str | None = None) -> Iterator[tuple[nn
     context = defect.seed(case.model, case.inputs) if defect is not None else None
     with context if context is not None else contextlib.nullcontext():
         yield case.model, case.inputs
+
+
+def healthy_llama() -> tuple[nn.Module, dict]:
+    """A fresh tiny Llama and its inputs (a command-line target: ``python -m axial_rope.doctor
+    models.tiny_defects:healthy_llama``)."""
+    case = _fresh("llama")
+    return case.model, case.inputs
 
 
 def alarms(defect: Defect | None, model: str | None = None) -> frozenset[str]:
