@@ -118,9 +118,10 @@ def inputs(name: str, h: int, w: int, *, frames: int | None = None) -> dict:
 
 
 def train_size(name: str) -> tuple[int, ...]:
-    """The default grid on the family's grid axes (a tiny model's own ``train_size`` first): video (t, y, x),
-    images (y, x); one axis: time (frames) for video (Mochi), the sequence of ``h * w`` tokens of a 1-D model
-    (audio)."""
+    """The default grid on the family's grid axes, as the family's rope counts it (a tiny model's own ``train_size``
+    first: the audio models' sequences with their prepended tokens, OmniGen's text, time and image tokens): video
+    (t, y, x), images (y, x); one axis: time (frames) for video (Mochi), the sequence of ``h * w`` tokens of a 1-D
+    model."""
     from axial_rope.conventions._registry import DIFFUSERS
 
     tiny = _tiny(name)

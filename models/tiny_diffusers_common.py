@@ -26,8 +26,9 @@ class Tiny:
             latent frames; ignored by image models).
         grid: the default ``(frames, h, w)`` in tokens (images: ``frames`` 1).
         video: whether the model has a time axis (the tests then also double the frames).
-        train_size: the default grid in the record's grid axes where it is not ``(frames, h, w)`` (video) or
-            ``(h, w)``: OmniGen's one axis, its sequence of text, time and image tokens.
+        train_size: the default grid in the record's grid axes, as the rope counts it, where it is not ``(frames,
+            h, w)`` (video), ``(h, w)`` or ``(h * w,)`` (1-D): OmniGen's one axis, its sequence of text, time and
+            image tokens; an audio model's ``h * w`` latent frames and the tokens prepended to them.
         mode: the sizing mode the generic checks install at twice the grid: ``"yarn"`` for models whose own
             positions already interpolate (CogView4's fixed range, crop grids), where ``"interpolate"`` is stock.
         no_fullgraph: why the stock forward cannot be compiled whole (a host read of its inputs deciding the

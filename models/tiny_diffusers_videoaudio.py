@@ -138,10 +138,19 @@ def _sana_wm_inputs(h, w, frames, g):  # per-frame timesteps [B, 1, F]; the text
     )  # fmt: skip
 
 
+# train_size of a 1-D model counts the tokens its rope counts: the 3 x 4 = 12 latent frames of the default grid and
+# the tokens prepended to them (Stable Audio's global token, Stable Audio 3's num_memory_tokens = 2 memory tokens,
+# MiniMax Music 3's timestep token); tests/test_diffusers_training_size.py checks each against the stock model
 ENTRIES: dict[str, Tiny] = {
-    "StableAudioDiTModel": Tiny(model=_stable_audio, inputs=_stable_audio_inputs, grid=(1, 3, 4), video=False),
-    "StableAudio3DiTModel": Tiny(model=_stable_audio_3, inputs=_stable_audio_3_inputs, grid=(1, 3, 4), video=False),
-    "MiniMaxMusic3Transformer1DModel": Tiny(model=_music3, inputs=_music3_inputs, grid=(1, 3, 4), video=False),
+    "StableAudioDiTModel": Tiny(
+        model=_stable_audio, inputs=_stable_audio_inputs, grid=(1, 3, 4), video=False, train_size=(12 + 1,)
+    ),
+    "StableAudio3DiTModel": Tiny(
+        model=_stable_audio_3, inputs=_stable_audio_3_inputs, grid=(1, 3, 4), video=False, train_size=(12 + 2,)
+    ),
+    "MiniMaxMusic3Transformer1DModel": Tiny(
+        model=_music3, inputs=_music3_inputs, grid=(1, 3, 4), video=False, train_size=(12 + 1,)
+    ),
     "MiniMaxH3Transformer3DModel": Tiny(model=_minimax_h3, inputs=_minimax_h3_inputs, grid=(2, 2, 3)),
     "AnyFlowTransformer3DModel": Tiny(model=_anyflow, inputs=_anyflow_inputs, grid=(3, 2, 3)),
     "SanaWMTransformer3DModel": Tiny(

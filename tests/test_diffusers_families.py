@@ -64,14 +64,12 @@ _train_size = tiny.train_size  # the batch tests import it from here
 
 
 def _replacing(name: str) -> dict:
-    """An install that replaces the tables and leaves the positions as they are: sized at the training grid as the
-    rope counts it (a 1-D audio model's sequence includes its prepended tokens), or (no grid) a linear scaling by 1.
-    """
+    """An install that replaces the tables and leaves the positions as they are: the tiny model's ``mode`` at its
+    training grid (as the rope counts it: a 1-D audio model's sequence includes its prepended tokens), or (no grid)
+    a linear scaling by 1."""
     if not DIFFUSERS[name].grid_axes:
         return dict(scaling=ar.scaling.Linear(1.0))
-    prepended = {"StableAudioDiTModel": 1, "StableAudio3DiTModel": 2, "MiniMaxMusic3Transformer1DModel": 1}
-    size = _train_size(name)
-    return dict(mode="interpolate", train_size=(size[0] + prepended[name],) if name in prepended else size)
+    return dict(mode=tiny.TINY[name].mode, train_size=_train_size(name))
 
 
 def _sized(name: str) -> dict:
