@@ -94,5 +94,5 @@ def test_ltx_video_bfloat16_matches_stock_to_bf16_rounding():
 
 def test_ltx_video_refuses_scaling():
     model, _ = _ltx()
-    with pytest.raises(ValueError, match="fixed per-head frequency model"):
+    with pytest.raises(ValueError, match="served unscaled only"):
         set_rope_processors(model, scaling=None, mode="interpolate", train_size=(3, 4, 5))

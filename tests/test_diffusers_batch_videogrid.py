@@ -110,9 +110,10 @@ def test_tables_without_scaling_equal_the_stock_module(name, scale):
 def test_a_scaling_that_does_not_fit_names_the_family_and_the_axis(name):
     model, _ = tiny.build(name)
     family = DIFFUSERS[name]
-    riflex = RIFLEx(k=2, test_length=20)  # a temporal method on the y axis
-    scaling = (riflex, None) if family.time_axis is None else (None, riflex, None)
-    axis = "axis 0 .y." if family.time_axis is None else "axis 1 .y."
+    riflex = RIFLEx(k=2, test_length=20)  # a temporal method on the y axis, the last but one: (y, x) or (t, y, x)
+    n_axes = family.rope(model.config).n_axes
+    scaling = tuple(riflex if a == n_axes - 2 else None for a in range(n_axes))
+    axis = f"axis {n_axes - 2} .y."
     with pytest.raises(ValueError, match=rf"{family.name}.*{axis}"):
         set_rope_processors(model, scaling=scaling)
     with pytest.raises(ValueError, match=family.name):

@@ -57,3 +57,20 @@ def test_every_served_class_builds_its_records_rope_and_the_docs_hold_the_table(
         assert (family.positions is None) == (family.tables[0] == "fixed")
     page = (Path(__file__).resolve().parents[1] / "docs" / "integrations.md").read_text()
     assert diffusers_table() in page, "docs/integrations.md must hold axial_rope.conventions.diffusers_table() verbatim"
+
+
+def test_the_words_count_the_served_classes_from_the_records():
+    # the docs' count is the table's last line (written from the records); the processors table names the families
+    # whose record has a fused processor; the adapter's docstring names no hand-counted set of classes
+    from pathlib import Path
+
+    import axial_rope.integrations.diffusers as adapter
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "integrations.md").read_text()
+    families = len({family.name for family in DIFFUSERS.values()})
+    assert f"\n{len(DIFFUSERS)} classes of {families} families are served." in page
+    section = page.split("### RoPE of diffusers' transformers through axial_rope")[1].split("###")[0]
+    listed = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.M))
+    assert listed == {name for name, family in DIFFUSERS.items() if family.processor is not None}
+    assert "SUPPORTED" in adapter.__doc__
+    assert not re.search(r"\b(five|six|seven|\d+) (model )?(families|classes)\b", adapter.__doc__ + section)

@@ -389,7 +389,7 @@ def test_mode_arguments_are_checked():
     model, _ = _flux()
     with pytest.raises(ValueError, match="not both"):
         set_rope_processors(model, mode="ntk", train_size=(2, 3), scaling=ar.scaling.NTK(2.0))
-    with pytest.raises(ValueError, match="text ids"):
+    with pytest.raises(ValueError, match="refuses mode 'normalize': it would centre the image grid"):
         set_rope_processors(model, mode="normalize", train_size=(2, 3))
     with pytest.raises(ValueError, match="train_size"):
         set_rope_processors(model, mode="yarn")

@@ -218,6 +218,13 @@ class DiffusersFamily:
             that the tables follow the trained weight (and its gradient flows); ``None``: the rope's own ``F``.
         producers: the model's further tables modules (:class:`TablesProducer`), where it computes several; only
             with ``tables=("module", attr)``.
+        widths: ``config -> channels per position column``, for a model whose config may give an axis no channels
+            (diffusers' own tiny Bria config: ``axes_dims_rope=(0, 4, 4)``, which the stock model runs): ``rope``
+            is then built over the other axes, and a column of width 0 is an unrotated axis (no plane reads it, so
+            a scaling there cannot act and is refused); ``None``: every column has channels.
+        refused_modes: ``(mode, why)`` pairs: the position modes the family refuses at install, each with the
+            reason (a mode that cannot act on its positions, or one that would move them where the model does not
+            allow).
         max_diff: the largest output difference from the stock model at the training size, unscaled, with
             float64 models and inputs (so what remains is the float32 rounding of the model's tables), on
             one machine, for the docs table (``AXIAL_ROPE_MEASURE=1`` prints it); the tests check that the
@@ -249,6 +256,8 @@ class DiffusersFamily:
     grid: tuple[tuple[str, ...], Callable] | None = None
     frequencies: Callable | None = None
     producers: tuple[TablesProducer, ...] = ()
+    widths: Callable | None = None
+    refused_modes: tuple[tuple[str, str], ...] = ()
     max_diff: float = 0.0
     source: str = ""
     axes: str = ""
@@ -303,21 +312,27 @@ def diffusers_family(model) -> DiffusersFamily:
 def _scaling_words(f: DiffusersFamily) -> str:
     if not f.scalable:
         return "none"
+    refused = {mode for mode, _ in f.refused_modes}
+    if f.grid_axes and f.grid_axes != tuple(range(len(f.grid_axes))):  # the adapter keeps the id axis (text) still
+        refused.add("normalize")
     if not f.spectrum:
-        return "position modes (none, interpolate, normalize)"
+        return f"position modes ({', '.join(m for m in ('none', 'interpolate', 'normalize') if m not in refused)})"
     methods = "every method" if f.amplitude else "every method without an attention factor"
-    return f"{methods} and mode, DyPE" if f.grid_axes else f"{methods}, DyPE; no mode (pipeline coordinates)"
+    if not f.grid_axes:
+        return f"{methods}, DyPE; no mode (pipeline coordinates)"
+    return f"{methods} and mode{' (not ' + ', '.join(sorted(refused)) + ')' if refused else ''}, DyPE"
 
 
 def diffusers_table() -> str:
-    """The markdown table of every diffusers class served (``docs/integrations.md``), from the records."""
+    """The markdown table of every diffusers class served (``docs/integrations.md``), from the records, and a line
+    counting them and naming the RoPE classes not served."""
     rows = [
         "| model class | family | tables | axes (from the config) | time axis | scaling | fused processor | max diff |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in sorted(DIFFUSERS):
         f = DIFFUSERS[name]
-        where = {"module": f"`{f.tables[1]}` replaced", "method": f"`{f.tables[1]}()` replaced",
+        where = {"module": f"`{f.tables[1]}` returns ours", "method": f"`{f.tables[1]}()` replaced",
                  "argument": f"`{f.tables[1]}` argument replaced",
                  "block argument": f"blocks' `{f.tables[1]}` argument replaced",
                  "fixed": "the model's own (unscaled only)"}[f.tables[0]]  # fmt: skip
@@ -330,7 +345,12 @@ def diffusers_table() -> str:
             f"| `{name}` | {f.name} | {where} | {f.axes} | {time} | {scaling} | {f.processor or '-'} | "
             f"{_diff(f.max_diff)} |"
         )
-    return "\n".join(rows) + "\n"
+    families = len({f.name for f in DIFFUSERS.values()})
+    listed = lambda names: ", ".join(f"`{n}`" for n in sorted(names)) or "none"  # noqa: E731
+    count = (f"{len(DIFFUSERS)} classes of {families} families are served. Not served, each with its reason "
+             f"(`DIFFUSERS_UNSUPPORTED`): {listed(DIFFUSERS_UNSUPPORTED)}; pending (`DIFFUSERS_PENDING`): "
+             f"{listed(DIFFUSERS_PENDING)}.")  # fmt: skip
+    return "\n".join(rows) + "\n\n" + count + "\n"
 
 
 def trained_table() -> str:

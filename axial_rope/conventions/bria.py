@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from ._fields import axes_sum, field
+from ._fields import field
 from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import ids_positions
-from .flux import flux
+from .flux import axes_widths, turned_axes_rope
 from .z_image import _rope as z_image_rope
 
 __all__: list[str] = []
@@ -17,8 +17,8 @@ BRIA_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_bria.py` `BriaE
 FIBO_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_bria_fibo.py` `BriaFiboEmbedND`"
 
 
-def _rope(config):
-    return flux(axes_sum(config, "axes_dims_rope", "attention_head_dim"), field(config, "rope_theta", 10000))
+def _rope(config):  # over the id columns with channels: diffusers' own tiny config is axes_dims_rope=(0, 4, 4)
+    return turned_axes_rope(config, field(config, "rope_theta", 10000))
 
 
 def _record(name: str, cls: str, processor: str, source: str, trained: tuple[TrainedGrid, ...]) -> DiffusersFamily:
@@ -30,6 +30,7 @@ def _record(name: str, cls: str, processor: str, source: str, trained: tuple[Tra
         positions=lambda c: lambda rope, sizing, ids: ids_positions(ids, rope, sizing),
         grid_axes=(1, 2),
         time_axis=None,
+        widths=axes_widths,
         stock=(processor,),
         noise_timestep=1000.0,  # the pipelines pass the scheduler's timestep (1000 sigma)
         max_diff=0.0,

@@ -95,6 +95,10 @@ register_diffusers(
         positions=_cogview4_positions,
         stock=("CogView4AttnProcessor", "CogView4TrainingAttnProcessor"),
         noise_timestep=1000.0,  # CogView4Pipeline: flow-match timesteps = 1000 sigma
+        refused_modes=(("interpolate", "its own rows interpolate already (every size spans `rope_axes_dim` rows, "
+                        "floor(i L / n)), so 'interpolate' would leave a grid larger than train_size at the stock "
+                        "positions; use 'yarn' or 'ntk' to change them, or 'none' to continue the training "
+                        "spacing"),),  # fmt: skip
         max_diff=5e-9,  # float64 models, at the training size; the tables' float32 rounding
         source=COGVIEW4_SOURCE,
         axes="(y, x): D/2, D/2, theta 10000; rows `floor(i rope_axes_dim / n)`",

@@ -20,7 +20,7 @@ from ._registry import (
 )
 from ._tables import ids_positions
 
-__all__ = ["flux", "flux_positions"]
+__all__ = ["flux", "flux_positions"]  # axes_widths, turned_axes_rope: for the records
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_flux.py` `FluxPosEmbed`"
 
@@ -33,6 +33,17 @@ def flux(axes_dims_rope: Sequence[int] = (16, 56, 56), theta: float = 10000.0) -
     ``theta ** (-2i / d_a)``; interleaved planes; attention ``bshd``.
     """
     return AxialRoPE(tuple(axes_dims_rope), theta=theta, pairing="interleaved")
+
+
+def axes_widths(config, name: str = "axes_dims_rope", head_field: str = "attention_head_dim") -> tuple[int, ...]:
+    """The channels of each id column (``config[name]``, summing to the head dim); 0 for a column no plane reads."""
+    return axes_sum(config, name, head_field)
+
+
+def turned_axes_rope(config, theta: float = 10000.0) -> AxialRoPE:
+    """Flux's rope over the id columns that have channels: ``axes_dims_rope=(0, 4, 4)`` (diffusers' own tiny Bria
+    config; ``FluxPosEmbed`` gives the first column an empty table) turns by ``(y, x)`` only."""
+    return flux(tuple(d for d in axes_widths(config) if d), theta)
 
 
 def flux_positions(text_length: int, height: int, width: int, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -66,11 +77,12 @@ register_diffusers(
     DiffusersFamily(
         name="flux",
         classes=("FluxTransformer2DModel",),
-        rope=lambda c: flux(axes_sum(c, "axes_dims_rope", "attention_head_dim")),
+        rope=turned_axes_rope,  # theta 10000
         tables=("module", "pos_embed"),  # FluxPosEmbed(ids): ids [S, 3], text rows first
         positions=lambda c: lambda rope, sizing, ids: ids_positions(ids, rope, sizing),
         grid_axes=(1, 2),
         time_axis=None,
+        widths=axes_widths,
         stock=("FluxAttnProcessor",),
         processor="FluxRopeProcessor",
         noise_timestep=1.0,  # FluxPipeline passes timestep = sigma
@@ -96,11 +108,12 @@ register_diffusers(
     DiffusersFamily(
         name="chroma",
         classes=("ChromaTransformer2DModel",),
-        rope=lambda c: flux(axes_sum(c, "axes_dims_rope", "attention_head_dim")),  # FluxPosEmbed(theta=10000)
+        rope=turned_axes_rope,  # FluxPosEmbed(theta=10000)
         tables=("module", "pos_embed"),  # FluxPosEmbed(cat([txt_ids, img_ids])): Flux's ids
         positions=lambda c: lambda rope, sizing, ids: ids_positions(ids, rope, sizing),
         grid_axes=(1, 2),
         time_axis=None,
+        widths=axes_widths,
         stock=("FluxAttnProcessor",),
         noise_timestep=1.0,  # ChromaPipeline passes timestep / 1000; the transformer multiplies by 1000
         max_diff=0.0,

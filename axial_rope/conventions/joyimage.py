@@ -17,7 +17,7 @@ from ..positions import grid
 from ..rope import AxialRoPE
 from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, register_diffusers
-from ._tables import Sizing, grid_positions
+from ._tables import Sizing, frames_grid_positions, grid_positions
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_joyimage.py` `get_rotary_pos_embed`"
 PLUS_SOURCE = (
@@ -77,13 +77,17 @@ register_diffusers(
 
 
 def _plus_positions(config):
-    def positions(rope: AxialRoPE, sizing: Sizing | None, start, stop):  # one image's (t, y, x) range
+    """One image's ``(t, y, x)`` range -> its positions; sized, ``(y, x)`` only: each call holds one image, whose
+    ``t`` is its index in the item (the target, then the references), not a grid that ``mode`` could size."""
+
+    def positions(rope: AxialRoPE, sizing: Sizing | None, start, stop):
         sizes = tuple(b - a for a, b in zip(start, stop))
         device = rope.freqs.device
         if sizing is None:
             return grid(*sizes, offset=tuple(start), device=device), rope.scaling
-        pos, scaling = grid_positions(sizes, rope, sizing, device)
-        return pos + pos.new_tensor(start), scaling
+        frames = torch.arange(start[0], stop[0], device=device)
+        pos, scaling = frames_grid_positions(frames, sizes[1], sizes[2], rope, sizing, device)
+        return pos + pos.new_tensor((0, start[1], start[2])), scaling
 
     return positions
 
@@ -95,11 +99,13 @@ register_diffusers(
         rope=_rope,
         tables=("method", "_get_rotary_pos_embed_for_range"),
         positions=_plus_positions,
+        grid_axes=(1, 2),  # the frame index is the image's place in the item: mode sizes (y, x)
+        time_axis=None,
         stock=("JoyImageEditPlusAttnProcessor",),
         blocks=("double_blocks.",),
         max_diff=3e-8,  # float64 models, tables replaced: 2.3e-8 measured (the float32 tables)
         source=PLUS_SOURCE,
-        axes="(t, y, x): `rope_dim_list`, `theta`; each image of an item at the next frame index",
+        axes="(index, y, x): `rope_dim_list`, `theta`; each image of an item at the next index",
         # unknown: an editing model: the size follows the last reference image's bucket; no published training size
         trained=(),
         units=PipelineUnits(16),

@@ -281,11 +281,9 @@ def _cross_rope(heads: str):
     return rope
 
 
-def _no_normalize(sizing) -> None:
-    """LTX-2's coordinates are seconds and pixels scaled about 0 (interpolation): no grid cells to centre."""
-    if "normalize" in sizing.mode:
-        raise ValueError("LTX-2 (ltx2, sana_wm_ltx2_refiner): its coordinates are seconds and pixels, not a grid to "
-                         "centre: mode 'normalize' is refused; use 'interpolate' or 'none'")  # fmt: skip
+# LTX-2's coordinates are seconds and pixels, scaled about 0 when sized (interpolation): no grid cells to centre
+_NO_NORMALIZE = (("normalize", "its coordinates are seconds and pixels, not a grid of cells to centre; use "
+                  "'interpolate' or 'none'"),)  # fmt: skip
 
 
 def _interpolation_steps(sizing, device, grid: torch.Tensor | None = None) -> torch.Tensor:
@@ -309,7 +307,6 @@ def _ltx2_positions(n_axes: int):
             mid = coords[:, :n_axes].mean(-1) if coords.ndim == 4 else coords[:, :n_axes]  # [B, n_axes, N]
             pos = mid.transpose(1, 2).to(torch.float32)  # [B, N, n_axes]
             if sizing is not None:
-                _no_normalize(sizing)
                 pos = pos * _interpolation_steps(sizing, pos.device)[:n_axes]  # time first: audio and cross-attention
                 # ropes follow the video's time
             return pos, None, rope.pairing
@@ -368,6 +365,7 @@ register_diffusers(
             ),  # audio_coords[:, :1]
         ),  # fmt: skip
         spectrum=False,  # per-head bands of one schedule over the hidden size: position modes
+        refused_modes=_NO_NORMALIZE,
         grid=(("num_frames", "height", "width"), _ltx2_grid),
         blocks=("transformer_blocks.",),
         # float64 models, tables replaced: 4.8e-5 measured; upstream's angles are float32 products up to theta pi / 2
@@ -391,7 +389,6 @@ def _refiner_positions(config):
     def positions(rope, sizing, coords, device=None):
         pos = coords[:, :3].mean(-1).transpose(1, 2).to(torch.float32)  # [B, N, 3] patch midpoints
         if sizing is not None:
-            _no_normalize(sizing)
             starts = coords[0, 1:, :, 0].amax(-1)  # [2] the last patch's start, in pixels
             cell = torch.tensor([p * f_y, p * f_x], device=starts.device)
             grid = torch.div(starts, cell, rounding_mode="floor") + 1  # [2] the window's (y, x) token grid
@@ -417,6 +414,7 @@ register_diffusers(
         layout=_ltx2_layout,
         grid_axes=(1, 2),  # mode sizes (y, x); time is the frames' absolute index in the source video
         spectrum=False,
+        refused_modes=_NO_NORMALIZE,
         blocks=("transformer_blocks.",),
         max_diff=6e-5,  # float64 models, tables replaced: 3.7e-5 measured (upstream's float32 angles, as LTX-2's)
         source="diffusers 0.42.1 `models/transformers/transformer_sana_wm_refiner.py` "

@@ -1,23 +1,26 @@
-"""Run the RoPE of diffusers' video and image transformers through axial_rope, scaled for other sizes.
+"""Run the RoPE of diffusers' video, image and audio transformers through axial_rope, scaled for other sizes.
 
-``set_rope_processors(transformer)`` adapts a ``FluxTransformer2DModel``,
-``HunyuanVideoTransformer3DModel``, ``WanTransformer3DModel``, ``CogVideoXTransformer3DModel`` or
-``LTXVideoTransformer3DModel`` through diffusers' own extension points:
+``set_rope_processors(transformer)`` adapts any class in :data:`SUPPORTED`: every diffusers class that a family
+record of :mod:`axial_rope.conventions` covers (one :class:`~axial_rope.conventions._registry.DiffusersFamily`
+each; ``docs/integrations.md`` has their table and count, written from the records), through diffusers' own
+extension points:
 
-- **the tables** (with ``scaling`` or ``mode``): the module that computes the model's rotary tables
-  (Flux ``pos_embed``, HunyuanVideo and Wan ``rope``) is replaced by
-  :class:`~axial_rope.integrations.diffusers_tables.RotaryTables`, which computes them from the same
-  input with scaled frequencies or sized positions; CogVideoX's tables, a forward argument, are
-  replaced by a forward pre-hook. Every attention processor downstream, stock or not, rotates by them.
-- **the processors**: the stock attention processors of the rotary blocks are swapped, through
-  ``set_attn_processor``, for processors that rotate by the tables passed in on axial_rope's
-  backends (fused Triton kernels on GPU); other processors (IP-adapter, a user's) are left as they
-  are, and rotate by the same tables.
+- **the tables** (with ``scaling`` or ``mode``): where the record says the model computes its rotary tables, ours
+  are computed instead by :class:`~axial_rope.integrations.diffusers_tables.RotaryTables`, from the same input,
+  with scaled frequencies or sized positions. A tables module (Flux ``pos_embed``, HunyuanVideo and Wan
+  ``rope``, ...) stays in place, of its own class, and answers through diffusers' hook registry; a model method
+  is shadowed on the instance; tables passed as a forward argument (CogVideoX's) are replaced by a forward
+  pre-hook. Every attention processor downstream, stock or not, rotates by them.
+- **the processors**: in the families whose record names one (Flux, HunyuanVideo, Wan, CogVideoX, LTX-Video),
+  the stock attention processors of the rotary blocks are swapped, through ``set_attn_processor``, for
+  processors that rotate by the tables passed in on axial_rope's backends (fused Triton kernels on GPU); other
+  processors (IP-adapter, a user's) are left as they are, and rotate by the same tables.
 
 Unscaled, the model keeps its own tables and the output equals the stock model's. Nothing is kept
 between forwards: positions and tables are computed inside each forward from its inputs, so the
 adapted model compiles (fullgraph, regional, dynamic sizes), exports and checkpoints activations
-as the stock one does.
+as the stock one does. A scaling that could not act is refused at installation, with the reason (an axis with
+no channels, a mode the family's positions make void, any scaling of LTX-Video's fixed tables).
 
 A time-dependent scaling (:mod:`axial_rope.time_scaling`: ``DyPE``, ``TimeAwareNTK``) reads the
 sampling time from the transformer's own ``timestep`` argument, in a pre-hook, so the pipeline
@@ -114,9 +117,8 @@ def set_rope_processors(
     """Run the transformer's RoPE through axial_rope: fast processors, and scaled tables where asked.
 
     Args:
-        transformer: a ``FluxTransformer2DModel``, ``HunyuanVideoTransformer3DModel``,
-            ``WanTransformer3DModel``, ``CogVideoXTransformer3DModel`` or ``LTXVideoTransformer3DModel``
-            (LTX-Video: unscaled only, its rope is :func:`axial_rope.conventions.ltx_video`).
+        transformer: an instance of a class in :data:`SUPPORTED` (LTX-Video: unscaled only, its processors
+            rotate by the model's own tables).
         scaling: ``None`` (output equals the stock model's), one method of
             :mod:`axial_rope.scaling` for every axis, or a tuple with one per axis in the
             model's axis order (Flux: ``(text/reference index, y, x)``; video: ``(t, y, x)``),
@@ -131,7 +133,9 @@ def set_rope_processors(
             it would move the text ids off 0).
         train_size: the training token grid, ``(t, y, x)`` (video) or ``(y, x)`` (Flux), with ``mode``; a
             family with one grid axis (Mochi's time, the audio models' sequence) gives ``(n,)``, the tokens its
-            rope counts (a prepended global, memory or timestep token included).
+            rope counts (a prepended global, memory or timestep token included). A forward at that grid equals
+            the stock model; nothing else can check it (no config records the training resolution:
+            ``docs/integrations.md``, "`train_size` counts tokens").
         backend: axial_rope backend (``None`` automatic, ``"torch"``, ``"triton"``, ``"reference"``).
         noise_timestep: with a time-dependent scaling, the transformer's ``timestep`` at pure noise:
             the sampling time is ``max((timestep - clean) / (noise_timestep - clean))``, ``clean`` the family's
@@ -146,26 +150,33 @@ def set_rope_processors(
         TypeError: for any other model (the message lists the supported classes).
         ValueError: for an unknown ``backend``, a ``scaling`` that does not fit the model's axes (or any
             ``scaling`` of a family without per-axis spectra, an attention factor where the tables are angles),
-            a bad ``mode`` (one the family cannot take) or ``train_size``.
+            a bad ``mode`` (one the family cannot take, or one its positions make void: the record's
+            ``refused_modes``) or ``train_size``, a scaling on an axis with no channels, and any scaling, mode or
+            ``train_size`` of a family served unscaled only (LTX-Video).
     """
     family = diffusers_family(transformer)
     if backend not in (None, *BACKENDS):
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}")
-    sizing = _sizing(family, mode, train_size, scaling)
     name = type(transformer).__name__
-    if not family.scalable and (scaling is not None or mode is not None):
+    if not family.scalable and (scaling is not None or mode is not None or train_size is not None):
         raise ValueError(
-            f"{name}'s RoPE is a fixed per-head frequency model (axial_rope.conventions); "
-            "the scaling methods and modes need a spectrum per axis: leave scaling and mode unset"
+            f"{name} ({family.name}) is served unscaled only: its processors rotate by the model's own tables, which "
+            "the adapter does not replace, so a scaling, mode or train_size could not act; leave them unset, got "
+            f"scaling={scaling!r}, mode={mode!r}, train_size={train_size!r}"
         )
+    sizing = _sizing(family, mode, train_size, scaling)
     if not family.spectrum and scaling is not None:
+        modes = [m for m in ("interpolate", "none", "normalize") if m not in dict(family.refused_modes)]
         raise ValueError(
             f"{name} ({family.name}) turns by learned or per-head frequencies, no per-axis spectrum: the scaling "
-            "methods do not apply; size positions with mode='interpolate' (or 'none', 'normalize') instead"
+            f"methods do not apply; size positions with mode={modes[0]!r} (or {', '.join(map(repr, modes[1:]))}) "
+            "instead"
         )
     rope = family.rope(transformer.config)
+    widths = None if family.widths is None else tuple(family.widths(transformer.config))
+    columns = None if widths is None or all(widths) else tuple(a for a, d in enumerate(widths) if d)
     if scaling is not None:
-        rope = _scaled(family, rope, scaling, name)
+        rope = _scaled(family, rope, scaling, name, widths)
     if not family.amplitude and rope.scaled:
         raise ValueError(
             f"{name} ({family.name}) takes its tables as angles, which carry no amplitude: a scaling with an "
@@ -202,7 +213,7 @@ def set_rope_processors(
             stock = getattr(transformer, attribute) if where == "module" else None
             built.append((attribute, stock, RotaryTables(
                 rope_of, positions, layout, sizing, time_dependent=rope_of.time_dependent, stock=stock,
-                grid_axes=len(family.grid_axes) if by_grid else 0, frequencies=frequencies,
+                grid_axes=len(family.grid_axes) if by_grid else 0, frequencies=frequencies, columns=columns,
             ).to(device)))  # fmt: skip
         tables = built[0][2]
         every = [t for _, _, t in built]
@@ -273,14 +284,29 @@ def _axis_names(family: DiffusersFamily, n_axes: int) -> tuple[str, ...]:
     return ("y", "x") if n_axes == 2 else tuple(f"axis {a}" for a in range(n_axes))
 
 
-def _scaled(family: DiffusersFamily, rope, scaling, name: str):
-    """``rope`` with ``scaling`` (one method, or one per axis), or a ``ValueError`` naming the family and the axis."""
-    words = _axis_names(family, rope.n_axes)
+def _scaled(family: DiffusersFamily, rope, scaling, name: str, widths: tuple[int, ...] | None = None):
+    """``rope`` with ``scaling`` (one method, or one per axis), or a ``ValueError`` naming the family and the axis.
+
+    ``widths``: the channels of each position column where one may have none (the rope then turns by the others
+    only): a per-axis ``scaling`` names every column, and one of width 0 must be ``None`` (nothing turns by it)."""
+    words = _axis_names(family, rope.n_axes if widths is None else len(widths))
+    kept = tuple(range(len(words))) if widths is None else tuple(a for a, d in enumerate(widths) if d)
+    if widths is not None and isinstance(scaling, (list, tuple)):
+        if len(scaling) != len(widths):
+            raise ValueError(f"{name} ({family.name}: axes {words}): scaling needs one method (or None) per axis "
+                             f"({len(widths)}), got {len(scaling)}")  # fmt: skip
+        for a, d in enumerate(widths):
+            if not d and scaling[a] is not None:
+                raise ValueError(
+                    f"{name} ({family.name}): axis {a} ({words[a]}) has no channels (widths {widths}): nothing turns "
+                    f"by it, so the scaling {scaling[a]!r} cannot act there; pass None for it"
+                )
+        scaling = tuple(scaling[a] for a in kept)
     try:
         methods = rope._methods(scaling)
     except ValueError as err:
         raise ValueError(f"{name} ({family.name}: axes {words}): {err}") from err
-    for a, method in enumerate(methods):
+    for a, method in zip(kept, methods):
         if isinstance(method, RIFLEx) and family.time_axis != a:
             what = "has no time axis" if family.time_axis is None else f"has its time on axis {family.time_axis}"
             raise ValueError(
@@ -309,8 +335,15 @@ def _sizing(family: DiffusersFamily, mode, train_size, scaling) -> Sizing | None
     modes = (mode,) * n_axes if isinstance(mode, str) else tuple(mode)
     if len(modes) != n_axes or any(m not in POSITION_MODES for m in modes):
         raise ValueError(f"mode must be one of {POSITION_MODES} or one per grid axis ({n_axes}), got {mode!r}")
-    if family.grid_axes != tuple(range(n_axes)) and "normalize" in modes:  # an id axis (text) stays at 0
-        raise ValueError("mode 'normalize' moves Flux's text ids off 0; use 'interpolate', 'ntk' or 'yarn'")
+    for m in modes:
+        why = dict(family.refused_modes).get(m)
+        if why is not None:
+            raise ValueError(f"{family.name} refuses mode {m!r}: {why}")
+    if family.grid_axes != tuple(range(n_axes)) and "normalize" in modes:  # an id axis (text, index) stays
+        raise ValueError(
+            f"{family.name} refuses mode 'normalize': it would centre the image grid while the rows outside it "
+            "(text, other images) keep their ids on the same axes; use 'interpolate', 'ntk' or 'yarn'"
+        )
     refused = ("ntk", "yarn") if not family.spectrum else ("yarn",) if not family.amplitude else ()
     if set(modes) & set(refused):
         why = "has no per-axis spectrum to scale" if not family.spectrum else "takes angles (no attention factor)"

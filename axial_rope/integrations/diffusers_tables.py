@@ -62,13 +62,15 @@ class RotaryTables(nn.Module):
             ``grid`` buffer, and size by it (``sizing.grid``): for models computing their tables in several calls.
         frequencies: ``(*inputs, **kwargs) -> F`` (``[A, n]`` or per head ``[H, A, n]``): the frequency matrix the
             replaced module receives (a learned weight), used in place of the rope's; ``None``: the rope's.
+        columns: the columns of ``pos`` the rope turns by, where others have no channels (an unrotated axis, e.g.
+            ``axes_dims_rope=(0, 4, 4)``); ``None``: every column.
     """
 
     def __init__(self, rope: AxialRoPE, positions: Callable, layout: Callable, sizing: Sizing | None = None,
                  *, time_dependent: bool = False, stock: object | None = None, grid_axes: int = 0,
-                 frequencies: Callable | None = None):  # fmt: skip
+                 frequencies: Callable | None = None, columns: tuple[int, ...] | None = None):  # fmt: skip
         super().__init__()
-        self.frequencies = frequencies
+        self.frequencies, self.columns = frequencies, columns
         self.__dict__["stock"] = stock  # a module, or a plain object (Z-Image's RopeEmbedder)
         self.rope, self.positions, self.layout, self.sizing = rope, positions, layout, sizing
         self.time_dependent, self.sized_by_grid = time_dependent, bool(grid_axes)
@@ -85,6 +87,9 @@ class RotaryTables(nn.Module):
         if sizing is not None and self.sized_by_grid:
             sizing = dataclasses.replace(sizing, grid=self.grid)
         pos, scaling, *context = self.positions(self.rope, sizing, *inputs, **kwargs)
+        if self.columns is not None:  # the unrotated columns go: their scaling (sized) too; the rope's has none
+            scaling = tuple(scaling[c] for c in self.columns) if len(scaling) == pos.shape[-1] else scaling
+            pos = pos[..., list(self.columns)]
         rotation = self.rope.rotation(pos, scaling=scaling, t=self.time if self.time_dependent else None)
         if self.frequencies is not None:  # the model's own (learned) F, as this forward passes it
             rotation = rotation._replace(freqs=self.frequencies(*inputs, **kwargs), turns=None)
