@@ -3,7 +3,8 @@
 LTX-Video builds one rotary table over the whole hidden size and rotates q and k before splitting
 the heads, so each head has its own frequencies: the rope is
 :func:`axial_rope.conventions.ltx_video` (per-head ``F``, interleaved, position map ``2 / base`` and
-``- 1``). The QK-norm is an RMSNorm across all heads, so norm and rotation are not fused.
+``- 1``). The QK-norm is an RMSNorm across all heads, which over the hidden size seen as one head is
+the per-head norm of that head: norm and rotation are one :func:`axial_rope.ops.norm_apply_rope` call.
 
 Unscaled (the only mode: the per-head schedule has no spectrum for the scaling methods), the
 processor rotates with the model's own table, as the stock processor does, through
@@ -17,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..conventions import ltx_video
-from ..ops import apply_rope
-from .diffusers_processors import _head_mask, _RopeProcessor
+from ..ops import apply_rope, norm_apply_rope
+from .diffusers_processors import _head_mask, _RopeProcessor, read_norm
 
 __all__ = ["LTXVideoRopeProcessor", "ltx_rope"]
 
@@ -50,9 +51,16 @@ class LTXVideoRopeProcessor(_RopeProcessor):
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
         attention_mask = _head_mask(attn, attention_mask, *context.shape[:2])
         q, k, v = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
-        q, k = attn.norm_q(q), attn.norm_k(k)  # RMSNorm over H * D channels
-        if image_rotary_emb is not None:  # the model's table [B, S, H * D]: the hidden size as one head
+        # RMSNorm over H * D channels, then the model's table [B, S, H * D]: the hidden size as one head
+        norm = None if image_rotary_emb is None else read_norm(attn.norm_q, attn.norm_k, 1, q.shape[-1], q.dtype)
+        if norm is not None:  # fused
             cos, sin = image_rotary_emb
-            q, k = (apply_rope(t[:, :, None], cos, sin, "interleaved", "bshd", self.backend)[:, :, 0] for t in (q, k))
+            q, k = norm_apply_rope(q[:, :, None], k[:, :, None], cos, sin, norm, "interleaved", "bshd", self.backend)
+            q, k = q[:, :, 0], k[:, :, 0]
+        else:
+            q, k = attn.norm_q(q), attn.norm_k(k)
+            if image_rotary_emb is not None:
+                cos, sin = image_rotary_emb
+                q, k = (apply_rope(t[:, :, None], cos, sin, "interleaved", "bshd", self.backend)[:, :, 0] for t in (q, k))
         q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))  # [B, S, H, D]
         return attn.to_out[1](attn.to_out[0](self._attend(q, k, v, attention_mask)))

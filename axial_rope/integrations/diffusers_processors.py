@@ -3,7 +3,11 @@
 Each processor reproduces the stock processor of its model family step for step
 (projections, QK-norm, attention, output projection) and rotates q and k by the tables the
 model passes it (``image_rotary_emb``, Wan's ``rotary_emb``) through :func:`axial_rope.apply_rope`,
-on the library's backends (the fused Triton kernels on GPU). The tables are the model's own, or
+on the library's backends (the fused Triton kernels on GPU). Where the block's norm modules are a
+pair of RMSNorms or LayerNorms it can read (:func:`read_norm`: weights, biases and eps, per head or
+across heads), the QK-norm and the rotation of the rotated tokens are one
+:func:`axial_rope.ops.norm_apply_rope` call (one Triton launch each way), rounded once; other norms
+are called as the stock processor calls them. The tables are the model's own, or
 those of :class:`~axial_rope.integrations.diffusers_tables.RotaryTables` when the adapter scales
 them: the processors hold no positions and no state, so they compile and export as the stock
 ones do. Importing this module imports diffusers; install the processors with
@@ -16,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-from ..ops import apply_rope
+from ..ops import QKNorm, apply_rope, norm_apply_rope
 
 __all__ = [
     "FluxRopeProcessor",
@@ -42,9 +46,46 @@ class Tables:
         rotate = lambda x: apply_rope(x, self.cos, self.sin, "interleaved", layout, self.backend)
         return rotate(q), rotate(k)
 
+    def norm_rotate(self, q: torch.Tensor, k: torch.Tensor, norm: QKNorm, layout: str, rows: slice = slice(None)):
+        """q and k normalised as ``norm`` says, then rotated by the tables' ``rows`` (their tokens), in one call."""
+        cos, sin = self.cos[rows], self.sin[rows]
+        return norm_apply_rope(q, k, cos, sin, norm, "interleaved", layout, self.backend)
+
 
 def _norm(norm, x: torch.Tensor) -> torch.Tensor:
     return x if norm is None else norm(x)
+
+
+def _norm_kinds() -> dict:
+    from diffusers.models.normalization import FP32LayerNorm, RMSNorm
+
+    return {torch.nn.RMSNorm: "rms", RMSNorm: "rms", torch.nn.LayerNorm: "layer", FP32LayerNorm: "layer"}
+
+
+_KINDS = _norm_kinds()  # exact classes whose forward is the QKNorm of their fields (subclasses may do more)
+
+
+def read_norm(norm_q, norm_k, heads: int, head_dim: int, dtype: torch.dtype) -> QKNorm | None:
+    """The :class:`~axial_rope.ops.QKNorm` a block's ``norm_q`` and ``norm_k`` compute, read from their fields
+    (weight, bias, eps; never called), or ``None`` when they are not one RMSNorm/LayerNorm pair over a head's
+    ``head_dim`` channels or a token's ``heads * head_dim`` (the processor then calls them, as stock).
+
+    ``dtype``: the input's (``torch.nn.RMSNorm`` with ``eps=None`` uses its machine epsilon).
+    """
+    kind = _KINDS.get(type(norm_q))
+    if kind is None or type(norm_k) is not type(norm_q):
+        return None
+    widths = {getattr(m, "normalized_shape", getattr(m, "dim", None)) for m in (norm_q, norm_k)}
+    eps = {m.eps for m in (norm_q, norm_k)}
+    if len(widths) != 1 or len(eps) != 1:
+        return None
+    width, eps = tuple(widths.pop()), eps.pop()
+    span = {(head_dim,): "head", (heads * head_dim,): "heads"}.get(width)
+    if span is None:
+        return None
+    eps = torch.finfo(dtype).eps if eps is None else float(eps)
+    bias = lambda m: getattr(m, "bias", None)
+    return QKNorm(kind, norm_q.weight, norm_k.weight, bias(norm_q), bias(norm_k), eps, span)
 
 
 def _head_mask(attn, mask: torch.Tensor | None, batch: int, seq: int) -> torch.Tensor | None:
@@ -70,6 +111,12 @@ class _RopeProcessor:
     def tables(self, tables) -> Tables | None:
         """The rotation by the tables passed in; ``None`` when the stock processor would not rotate either."""
         return None if tables is None else Tables.passed(tables, self.backend)
+
+    @staticmethod
+    def qk_norm(attn, x: torch.Tensor, layout: str, names: tuple[str, str] = ("norm_q", "norm_k")) -> QKNorm | None:
+        """:func:`read_norm` of ``attn``'s modules ``names`` for heads shaped as ``x`` (4-D in ``layout``)."""
+        heads = x.shape[2 if layout == "bshd" else 1]
+        return read_norm(getattr(attn, names[0]), getattr(attn, names[1]), heads, x.shape[-1], x.dtype)
 
     def _attend(self, q, k, v, mask=None, *, parallel: bool = True) -> torch.Tensor:
         """diffusers' attention of ``bshd`` q, k, v on the chosen backend, heads merged: ``[B, S, H * D]`` in q's dtype.
@@ -113,13 +160,24 @@ class FluxRopeProcessor(_RopeProcessor):
                 eq = attn.add_q_proj(encoder_hidden_states)
                 ek, ev = attn.add_k_proj(encoder_hidden_states), attn.add_v_proj(encoder_hidden_states)
             eq, ek, ev = (t.unflatten(-1, (-1, attn.head_dim)) for t in (eq, ek, ev))
-        q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
-        if joint:  # text first, as the tables' rows (the ids are txt_ids then img_ids)
-            eq, ek = _norm(attn.norm_added_q, eq), _norm(attn.norm_added_k, ek)
-            q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
         rotation = self.tables(image_rotary_emb)  # [S_txt + S_img, D]: every token, one rotation
-        if rotation is not None:
-            q, k = rotation(q, k, "bshd")
+        norm = self.qk_norm(attn, q, "bshd")
+        added = self.qk_norm(attn, q, "bshd", ("norm_added_q", "norm_added_k")) if joint else None
+        if rotation is not None and norm is not None and (added is not None or not joint):  # fused
+            if joint:  # text first, as the tables' rows: each part by its own norm and rows, then one sequence
+                n_txt = eq.shape[1]
+                eq, ek = rotation.norm_rotate(eq, ek, added, "bshd", slice(None, n_txt))
+                q, k = rotation.norm_rotate(q, k, norm, "bshd", slice(n_txt, None))
+                q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
+            else:
+                q, k = rotation.norm_rotate(q, k, norm, "bshd")
+        else:
+            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+            if joint:  # text first, as the tables' rows (the ids are txt_ids then img_ids)
+                eq, ek = _norm(attn.norm_added_q, eq), _norm(attn.norm_added_k, ek)
+                q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
+            if rotation is not None:
+                q, k = rotation(q, k, "bshd")
 
         out = self._attend(q, k, v, attention_mask)
         if encoder_hidden_states is None:
@@ -147,11 +205,17 @@ class HunyuanVideoRopeProcessor(_RopeProcessor):
         if single:  # single-stream block: one set of projections over [video, text]
             hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
         q, k, v = (proj(hidden_states).unflatten(2, (attn.heads, -1)) for proj in (attn.to_q, attn.to_k, attn.to_v))
-        q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
         rotation = self.tables(image_rotary_emb)  # [S_video, D]: the video tokens, first
-        if rotation is not None:
-            qv, kv = rotation(q[:, :n_video], k[:, :n_video], "bshd")
-            q, k = torch.cat([qv, q[:, n_video:]], dim=1), torch.cat([kv, k[:, n_video:]], dim=1)
+        norm = self.qk_norm(attn, q, "bshd")
+        if rotation is not None and norm is not None:  # fused for the video tokens; the text's norm as stock
+            qv, kv = rotation.norm_rotate(q[:, :n_video], k[:, :n_video], norm, "bshd")
+            qt, kt = _norm(attn.norm_q, q[:, n_video:]), _norm(attn.norm_k, k[:, n_video:])
+            q, k = torch.cat([qv, qt], dim=1), torch.cat([kv, kt], dim=1)
+        else:
+            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+            if rotation is not None:
+                qv, kv = rotation(q[:, :n_video], k[:, :n_video], "bshd")
+                q, k = torch.cat([qv, q[:, n_video:]], dim=1), torch.cat([kv, k[:, n_video:]], dim=1)
         if attn.add_q_proj is not None and encoder_hidden_states is not None:  # double-stream: text appended
             eq, ek, ev = (
                 proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
@@ -173,7 +237,7 @@ class HunyuanVideoRopeProcessor(_RopeProcessor):
 
 
 class WanRopeProcessor(_RopeProcessor):
-    """Wan self- and cross-attention: QK-norm over all heads at once (so not fused), RoPE in self-attention; ``bshd``."""
+    """Wan self- and cross-attention: QK-norm over all heads at once, RoPE in self-attention (fused there); ``bshd``."""
 
     def __call__(
         self,
@@ -194,11 +258,17 @@ class WanRopeProcessor(_RopeProcessor):
             q, (k, v) = attn.to_q(hidden_states), attn.to_kv(context).chunk(2, dim=-1)
         else:
             q, k, v = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
-        q, k = attn.norm_q(q), attn.norm_k(k)  # RMSNorm over H * D channels
-        q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))  # [B, S, H, D]
         rotation = self.tables(rotary_emb)
-        if rotation is not None:
-            q, k = rotation(q, k, "bshd")
+        heads, head_dim = attn.heads, q.shape[-1] // attn.heads
+        norm = None if rotation is None else read_norm(attn.norm_q, attn.norm_k, heads, head_dim, q.dtype)
+        if norm is not None:  # RMSNorm over H * D channels and the rotation, fused
+            q, k, v = (t.unflatten(2, (heads, -1)) for t in (q, k, v))  # [B, S, H, D]
+            q, k = rotation.norm_rotate(q, k, norm, "bshd")
+        else:
+            q, k = attn.norm_q(q), attn.norm_k(k)  # RMSNorm over H * D channels
+            q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))  # [B, S, H, D]
+            if rotation is not None:
+                q, k = rotation(q, k, "bshd")
 
         out_img = None
         if context_img is not None:
@@ -235,13 +305,19 @@ class CogVideoXRopeProcessor(_RopeProcessor):
         else:
             q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
         q, k, v = (t.unflatten(-1, (attn.heads, -1)).transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
-        q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
         rotation = self.tables(image_rotary_emb)  # [S_video, D]: the video tokens, after the text
-        if rotation is not None:
-            qv, kv = rotation(q[:, :, n_txt:], k[:, :, n_txt:], "bhsd")
-            q = torch.cat([q[:, :, :n_txt], qv], dim=2)
-            if not attn.is_cross_attention:
-                k = torch.cat([k[:, :, :n_txt], kv], dim=2)
+        norm = None if attn.is_cross_attention else self.qk_norm(attn, q, "bhsd")
+        if rotation is not None and norm is not None:  # fused for the video tokens; the text's norm as stock
+            qv, kv = rotation.norm_rotate(q[:, :, n_txt:], k[:, :, n_txt:], norm, "bhsd")
+            q = torch.cat([_norm(attn.norm_q, q[:, :, :n_txt]), qv], dim=2)
+            k = torch.cat([_norm(attn.norm_k, k[:, :, :n_txt]), kv], dim=2)
+        else:
+            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+            if rotation is not None:
+                qv, kv = rotation(q[:, :, n_txt:], k[:, :, n_txt:], "bhsd")
+                q = torch.cat([q[:, :, :n_txt], qv], dim=2)
+                if not attn.is_cross_attention:
+                    k = torch.cat([k[:, :, :n_txt], kv], dim=2)
 
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=0.0, is_causal=False)
         out = out.transpose(1, 2).flatten(2, 3)  # [B, S, H * D]
