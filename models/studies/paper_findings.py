@@ -141,7 +141,8 @@ def length(differences: dict[str, Interval | None], retrieval: dict[str, dict[st
         Finding("NoPE", (m("NoPE vs RoPE at 1024", "lower"),),
                 {"*": "without positions a byte model must infer order from causal masking alone; its loss is far"
                        " higher at every length, though its retrieval holds"},
-                note=f"retrieval at 1024 bytes: NoPE {rate('NoPE')}, RoPE {rate('RoPE')} (no paired difference)"),
+                note=f"retrieval at 1024 bytes: NoPE {rate('NoPE')}, RoPE {rate('RoPE')} (no paired difference)"
+                if retrieval.get("NoPE") and retrieval.get("RoPE") else ""),
     ]  # fmt: skip
 
 
