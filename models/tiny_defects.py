@@ -20,7 +20,8 @@ from torch import nn
 
 from models import tiny_transformers
 
-__all__ = ["DEFECTS", "HEALTHY", "Defect", "alarms", "confusion_table", "healthy_llama", "seeded"]
+__all__ = ["DEFECTS", "EXAMPLES", "HEALTHY", "Defect", "alarms", "confusion_table", "example", "flux_like", "healthy_llama",
+           "llama31", "seeded"]  # fmt: skip
 
 
 def _fresh(name: str) -> tiny_transformers.Case:
@@ -270,6 +271,72 @@ def healthy_llama() -> tuple[nn.Module, dict]:
     models.tiny_defects:healthy_llama``)."""
     case = _fresh("llama")
     return case.model, case.inputs
+
+
+LLAMA31 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 8192}  # Llama 3.1's rope_parameters (its config.json)  # fmt: skip
+
+
+def llama31(scaling_dropped: bool = False) -> tuple[nn.Module, dict]:
+    """A one-layer Llama with Llama 3.1's head (128 channels) and rope_parameters, and its inputs; with
+    ``scaling_dropped``, Unsloth's incident: a rotary that never read the scaling."""
+    import transformers
+
+    torch.manual_seed(0)
+    fields = tiny_transformers.SIZES | {"hidden_size": 256, "head_dim": 128, "num_hidden_layers": 1,
+                                        "max_position_embeddings": 131072, "rope_parameters": dict(LLAMA31)}  # fmt: skip
+    config = transformers.LlamaConfig(**fields)
+    config._attn_implementation = "sdpa"
+    model = transformers.LlamaForCausalLM(config).eval()
+    if scaling_dropped:
+        _scaling_dropped(model, None)
+    return model, {"input_ids": tiny_transformers.case("llama").inputs["input_ids"]}
+
+
+def flux_like() -> tuple[nn.Module, dict]:
+    """A one-block Flux with FLUX.1's rope (axes 16, 56, 56 of a 128-channel head, theta 10000) on an 8 x 8 latent."""
+    from models.tiny_diffusers_common import flux, flux_inputs
+
+    torch.manual_seed(0)
+    return flux(1, 2, (16, 56, 56)).eval(), flux_inputs(8, 8, 1, torch.Generator().manual_seed(0))
+
+
+def ideogram4_before_the_fix() -> tuple[nn.Module, dict]:
+    """A one-block Ideogram 4 with a 128-channel head (M-RoPE sections 24, 20, 20, as a 128-channel head
+    splits in Qwen3-VL) on an 8 x 8 latent, its tables computed as before diffusers 6e8c8c4 (the Ideogram 4 defect)."""
+    import diffusers
+
+    from models import tiny_diffusers
+
+    torch.manual_seed(0)
+    model = diffusers.Ideogram4Transformer2DModel(
+        in_channels=4, num_layers=1, attention_head_dim=128, num_attention_heads=1, intermediate_size=32,
+        adaln_dim=16, llm_features_dim=8, mrope_section=(24, 20, 20),
+    ).eval()  # fmt: skip
+    inputs = tiny_diffusers.inputs("Ideogram4Transformer2DModel", 8, 8)
+    _ideogram_before_the_fix(model, inputs)
+    return model, inputs
+
+
+# the examples of docs/doctor.md: name -> (what, () -> (model, inputs) or a context giving them, doctor arguments)
+EXAMPLES = {
+    "flux": ("a healthy Flux-like model, planned at 2048 x 2048 px (128 x 128 tokens)", flux_like,
+             {"size": (128, 128)}),
+    "llama31_scaling_dropped": ("Llama 3.1's rope with the scaling dropped (Unsloth's incident), planned at 128K",
+                                lambda: llama31(scaling_dropped=True), {"size": 131072}),
+    "ideogram4_autocast": ("Ideogram 4's M-RoPE before the fix (tables under autocast), planned at 4096 x 4096 px",
+                           ideogram4_before_the_fix, {"size": (256, 256)}),
+}  # fmt: skip
+
+
+def example(name: str):
+    """The doctor's report on one of :data:`EXAMPLES`."""
+    from axial_rope.doctor import doctor
+
+    _, build, kwargs = EXAMPLES[name]
+    made = build()
+    with made if hasattr(made, "__enter__") else contextlib.nullcontext(made) as (model, inputs):
+        return doctor(model, example_inputs=inputs, **kwargs)
 
 
 def alarms(defect: Defect | None, model: str | None = None) -> frozenset[str]:

@@ -13,6 +13,7 @@ import axial_rope as ar
 from axial_rope.doctor import DoctorError, doctor, extrapolation_map
 from axial_rope.doctor.__main__ import main
 from axial_rope.doctor.attention import entropy_changes, sink_concentration
+from axial_rope.doctor.extrapolation import Method
 from models import tiny_transformers
 from models.tiny_defects import LLAMA_YARN_MROPE, seeded
 
@@ -68,7 +69,9 @@ def test_report_prints_and_round_trips_through_json():
     assert data["healthy"] and data["source"] == "transformers"
     (axis,) = data["map"]["axes"]
     assert (axis["trained"], axis["planned"]) == (8, 64)  # original_max_position_embeddings, the planned length
-    assert set(axis["methods"]) == {"none", "interpolate", "ntk", "yarn", "config"}
+    assert set(axis["methods"]) == {"none", "interpolate", "ntk", "yarn", "config", "observed"}
+    # a healthy model runs its config: the frequencies fitted from its tables count the same unseen planes
+    assert axis["methods"]["observed"]["unseen"] == axis["methods"]["config"]["unseen"]
 
 
 def test_map_counts_the_planes_turning_past_their_trained_angle():
@@ -91,7 +94,7 @@ def test_entropy_change_of_uniform_attention_is_the_log_of_the_length_ratio():
     rope = ar.AxialRoPE(8, pairing="half")
     q = torch.zeros(1, 4, 2, 8)
     k = torch.randn(1, 4, 2, 8, generator=torch.Generator().manual_seed(0))
-    changes = entropy_changes(rope, (q, k), {"none": ((None,), {})}, 0, 16, 256, 1.0)
+    changes = entropy_changes(rope, (q, k), {"none": Method(rope.freqs)}, 0, 16, 256, 1.0)
     assert changes["none"] == pytest.approx(math.log(256 / 16), abs=1e-9)
 
 

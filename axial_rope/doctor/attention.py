@@ -23,6 +23,7 @@ import math
 
 import torch
 
+from ..frequencies import Frequencies
 from ..rope import AxialRoPE
 
 __all__ = ["entropy_changes", "sink_concentration"]
@@ -58,23 +59,27 @@ def _entropy(rope: AxialRoPE, q, k, length: int, step: float, divisor: float, ge
 
 
 def entropy_changes(rope: AxialRoPE, sample, methods: dict, axis: int, trained: int, planned: int, step: float):
-    """Per method, the mean attention entropy at ``planned`` minus the unscaled one at ``trained`` (nats)."""
+    """Per method (:class:`~axial_rope.doctor.extrapolation.Method`), the mean attention entropy at ``planned``
+    minus the one at ``trained`` with the unscaled spectrum (nats)."""
     if rope.n_axes != 1:
         return None
     q, k = _tokens(sample)
-    gen = torch.Generator().manual_seed(0)
-    base = rope.with_scaling(None) if rope.spectrum is not None else rope
-    reference = _entropy(base, q, k, trained, step, 1.0, gen)
-    out = {}
-    for name, (scaling, divisors) in methods.items():
-        if scaling is None:
+
+    def rope_of(freqs, scale) -> AxialRoPE:
+        factor = None if scale is None or bool((scale == 1).all()) else scale
+        return AxialRoPE.from_frequencies(Frequencies(freqs, factor), pairing=rope.pairing)
+
+    out, reference = {}, None
+    for name, method in methods.items():
+        if method.freqs is None:
             continue
-        try:
-            scaled = rope.with_scaling(scaling) if rope.spectrum is not None else rope
-        except ValueError:
-            continue
+        if reference is None:  # the first method is the unscaled one: its entropy at the trained length
+            reference = _entropy(
+                rope_of(method.freqs, None), q, k, trained, step, 1.0, torch.Generator().manual_seed(0)
+            )
+        scaled = rope_of(method.freqs, method.scale)
         gen = torch.Generator().manual_seed(0)
-        out[name] = _entropy(scaled, q, k, planned, step, divisors.get(axis, 1.0), gen) - reference
+        out[name] = _entropy(scaled, q, k, planned, step, method.divisors.get(axis, 1.0), gen) - reference
     return out
 
 

@@ -268,6 +268,16 @@ def _mismatch(obs: Observation, error: float, bound: float) -> Finding:
                    evidence | {"nearest": label, "error_of_nearest": min(err, error)})  # fmt: skip
 
 
+def _collapse(obs: Observation, error: float, bound: float) -> Finding:
+    """The finding of a site that agrees with its records in the plain pass and not under autocast."""
+    evidence = {"error": error, "bound": bound, "max_position": float(obs.pos.abs().max())}
+    low = grid_dtype(obs)
+    if low is not None:
+        evidence |= {"angle_dtype": str(low[0]).removeprefix("torch."), "share_on_grid": low[1]}
+    return Finding("autocast_collapse", obs.site, "the tables differ from the records under torch.autocast only",
+                   evidence)  # fmt: skip
+
+
 def _checks(obs: Observation) -> list[Finding]:
     """Width and pairing first (they make every angle comparison moot), then the angles."""
     rope = obs.rope
@@ -315,17 +325,8 @@ def diagnose(observations: list[Observation]) -> tuple[list[Finding], list[SiteS
         if not new and error > bound:
             if obs.autocast and not healthy_plain.get(obs.site, True):
                 continue
-            if obs.autocast:
-                finding = _mismatch(obs, error, bound)
-                if finding.kind != "autocast_collapse":
-                    evidence = {k: v for k, v in finding.evidence.items() if "nearest" not in k}
-                    finding = Finding(
-                        "autocast_collapse",
-                        obs.site,
-                        "the tables differ from the records under torch.autocast only",
-                        evidence,
-                    )
-                new = [finding]
+            if obs.autocast:  # the plain pass agreed: the autocast dtype is the cause, whatever the tables became
+                new = [_collapse(obs, error, bound)]
             else:
                 new = [_mismatch(obs, error, bound)]
         for finding in new:

@@ -23,10 +23,13 @@ from ..policy import plan as policy_plan
 from ..rope import AxialRoPE
 from ..scaling import NTK, Linear, Scaling, YaRN
 from .findings import Finding
-from .observe import Observation, unit_roundoff
+from .observe import Observation, fit_frequencies, unit_roundoff
 
 __all__ = ["ANGLE_TOLERANCE", "AxisMap", "ExtrapolationMap", "MapAxes", "build_map"]
 
+# a plane counts as unseen when it turns more than this fraction past its trained angle: interpolation by exactly
+# the growth ties (reach = trained angle), and frequencies fitted from float32 tables are off by ~1e-7 relative
+SLACK = 1e-3
 # the angle error (rad) above which the doctor calls angles at the planned length imprecise: cos(0.1) = 0.995, a
 # half-percent change of each plane's share of a logit, the size of the effects position scalings are judged by
 ANGLE_TOLERANCE = 0.1
@@ -125,47 +128,84 @@ def _step(pos: torch.Tensor, axis: int) -> float:
     return float(steps.min()) if steps.numel() else 1.0
 
 
-def _methods(rope: AxialRoPE, axes: MapAxes, sized: list[int], trained, planned) -> dict[str, tuple]:
-    """Per method, the scaling of every rope axis (``None`` unscaled) and the position divisor per sized axis."""
+@dataclass
+class Method:
+    """One way to run at the planned size: its ``F`` ``[A, n]`` and attention factor ``[n]`` there (``freqs``
+    ``None``: refused, ``note`` says why), and the positions' divisor per axis (interpolation)."""
+
+    freqs: torch.Tensor | None
+    scale: torch.Tensor | None = None
+    divisors: dict[int, float] = field(default_factory=dict)
+    note: str = ""
+
+
+def _spectrum(rope: AxialRoPE, scaling: tuple[Scaling | None, ...], planned_len) -> tuple[torch.Tensor, torch.Tensor]:
+    """``F`` and the attention factor of ``rope`` with ``scaling`` (one per axis) at the planned length."""
+    if rope.spectrum is None:
+        return rope.frequencies()
+    if rope.spectrum != "per_axis":  # one spectrum shared by the axes (M-RoPE): one method for all
+        scaling = next((s for s in scaling if s is not None), None)
+    return rope.frequencies(seq_len=planned_len if rope.length_dependent else None, scaling=scaling)
+
+
+def _method(rope, scaling, planned_len, divisors=None) -> Method:
+    try:
+        freqs, scale = _spectrum(rope, scaling, planned_len)
+    except ValueError as error:  # a method an axis cannot take (NTK on a two-channel axis)
+        return Method(None, note=f"refused: {error}")
+    return Method(freqs, scale, divisors or {})
+
+
+def _methods(rope: AxialRoPE, axes: MapAxes, sized: list[int], trained, planned, observed) -> dict[str, Method]:
+    """Per method, ``F`` at the planned size: the trained spectrum unscaled (``none``), interpolated, NTK, YaRN, the
+    config's scaling, the automatic policy's plan, and the frequencies the model was observed to use."""
     n = rope.n_axes
     factors = {a: max(planned[i] / trained[i], 1.0) for i, a in enumerate(sized)}
     own = tuple(rope.scaling) if rope.spectrum is not None else (None,) * n
+    length = max(planned)
 
     def on_sized(make) -> tuple:
         return tuple(make(factors[a], trained[sized.index(a)]) if a in factors and factors[a] > 1 else None
                      for a in range(n))  # fmt: skip
 
-    out = {"none": ((None,) * n, {})}
-    out["interpolate"] = ((None,) * n, {a: f for a, f in factors.items() if f > 1})
+    out = {"none": _method(rope, (None,) * n, length)}
+    out["interpolate"] = _method(rope, (None,) * n, length, {a: f for a, f in factors.items() if f > 1})
     if rope.spectrum is not None and axes.spectrum:
-        out["ntk"] = (on_sized(lambda s, t: NTK(s)), {})
-        out["yarn"] = (on_sized(lambda s, t: YaRN(s, t)), {})
+        out["ntk"] = _method(rope, on_sized(lambda s, t: NTK(s)), length)
+        out["yarn"] = _method(rope, on_sized(lambda s, t: YaRN(s, t)), length)
     if any(s is not None for s in own):
-        out["config"] = (own, {})
+        out["config"] = _method(rope, own, length)
     kinds = [axes.kinds[a] for a in sized]
     if all(k is not None for k in kinds):
         try:
             plan = policy_plan(tuple(kinds), tuple(trained), tuple(planned), names=tuple(axes.names[a] for a in sized),
                                spectrum=axes.spectrum and rope.spectrum is not None)  # fmt: skip
         except ValueError as error:
-            out["auto"] = (None, str(error))
+            out["auto"] = Method(None, note=f"refused: {error}")
         else:
             scaling = list(plan.scaling())
             for i, a in enumerate(sized):
                 if plan.axes[i].choice == "riflex" and rope.spectrum == "per_axis":
                     scaling[i] = plan.riflex(rope.axes_dim[a], rope.theta[a])
             divisors = {a: s.factor for a, s in zip(sized, scaling) if isinstance(s, Linear)}
-            out["auto"] = (tuple(None if a not in sized or isinstance(scaling[sized.index(a)], Linear)
-                                 else scaling[sized.index(a)] for a in range(n)), divisors)  # fmt: skip
+            per_axis = tuple(None if a not in sized or isinstance(scaling[sized.index(a)], Linear)
+                             else scaling[sized.index(a)] for a in range(n))  # fmt: skip
+            out["auto"] = _method(rope, per_axis, length, divisors)
+    if observed is not None:
+        out["observed"] = observed
     return out
 
 
-def _frequencies(rope: AxialRoPE, scaling: tuple[Scaling | None, ...], planned_len) -> torch.Tensor:
-    if rope.spectrum is None:
-        return rope.frequencies()[0]
-    if rope.spectrum != "per_axis":  # one spectrum shared by the axes (M-RoPE): one method for all
-        scaling = next((s for s in scaling if s is not None), None)
-    return rope.frequencies(seq_len=planned_len if rope.length_dependent else None, scaling=scaling)[0]
+def _observed(plain: Sequence[Observation], rope: AxialRoPE) -> Method | None:
+    """The frequencies and amplitude the model was seen to use (fitted from its plane tables, where it has them and
+    they are as wide as the rope), as a method: what it will do at the planned size as it is."""
+    obs = next((o for o in plain if o.planes is not None and o.planes[0].shape[-1] == rope.n_pairs), None)
+    if obs is None or obs.prescribed.freqs.ndim != 2:
+        return None
+    cos, sin = obs.planes
+    freqs = fit_frequencies(torch.atan2(sin, cos), obs.prescribed.pos) * obs.sign
+    scale = torch.sqrt(cos**2 + sin**2).flatten(0, -2).median(0).values
+    return Method(freqs, scale)
 
 
 def build_map(rope: AxialRoPE, axes: MapAxes, size, train_size, sinks: int | None = None,
@@ -187,32 +227,26 @@ def build_map(rope: AxialRoPE, axes: MapAxes, size, train_size, sinks: int | Non
     if any(t is None for t in trained):
         return None
     planned = _sized("size", size, len(sized))
-    base = _frequencies(rope, (None,) * rope.n_axes, None)
+    base = _spectrum(rope, (None,) * rope.n_axes, None)[0]
     out = ExtrapolationMap([])
     plain = [o for o in observations if not o.autocast]
     steps = {a: _step(plain[0].pos, a) if plain else 1.0 for a in sized}
-    methods = _methods(rope, axes, sized, trained, planned) if planned is not None else {}
+    methods = _methods(rope, axes, sized, trained, planned, _observed(plain, rope)) if planned is not None else {}
     for i, a in enumerate(sized):
         planes = [j for j in range(base.shape[-1]) if float(base[a, j]) != 0.0]
         extent = trained[i] * steps[a]
         waves = [2 * math.pi / abs(float(base[a, j])) / steps[a] for j in planes]
         axis = AxisMap(axes.names[a], trained[i], None if planned is None else planned[i], steps[a], waves,
                        [k for k, w in enumerate(waves) if w > trained[i]])  # fmt: skip
-        for name, (scaling, divisors) in methods.items():
-            if scaling is None:
-                axis.methods[name] = {"unseen": 0, "wavelengths": [], "note": f"refused: {divisors}"}
+        for name, method in methods.items():
+            if method.freqs is None:
+                axis.methods[name] = {"unseen": 0, "wavelengths": [], "note": method.note}
                 continue
-            try:
-                freqs = _frequencies(rope, scaling, planned[i])
-            except ValueError as error:  # a method this axis cannot take (NTK on a two-channel axis)
-                axis.methods[name] = {"unseen": 0, "wavelengths": [], "note": f"refused: {error}"}
-                continue
-            divisor = divisors.get(a, 1.0)
-            reach = [abs(float(freqs[a, j])) * planned[i] * steps[a] / divisor for j in planes]
+            divisor = method.divisors.get(a, 1.0)
+            rates = [abs(float(method.freqs[a, j])) / divisor for j in planes]  # radians per token at the plan
             seen = [abs(float(base[a, j])) * extent for j in planes]  # a plane past one turn has seen every angle
-            unseen = sum(s < 2 * math.pi and r > s * (1 + 1e-9) for r, s in zip(reach, seen))
-            waves_m = [2 * math.pi * divisor / abs(float(freqs[a, j])) / steps[a] if float(freqs[a, j]) else math.inf
-                       for j in planes]  # fmt: skip
+            unseen = sum(s < 2 * math.pi and r * planned[i] * steps[a] > s * (1 + SLACK) for r, s in zip(rates, seen))
+            waves_m = [2 * math.pi / r / steps[a] if r else math.inf for r in rates]
             axis.methods[name] = {"unseen": unseen, "wavelengths": waves_m}
         out.axes.append(axis)
     if planned is not None:
@@ -239,7 +273,8 @@ def _precision(out: ExtrapolationMap, plain, rope, planned, sized, steps) -> Non
 
     Float32 angles (stock transformers and diffusers compute ``pos * inv_freq`` in float32) carry ``|phi| u``
     of error per product (``u = 2**-24``) plus the rounding of the position itself: at ``M`` positions and the
-    fastest plane's ``F``, about ``3 u M F`` rad (:func:`~axial_rope.doctor.observe.table_bound`'s model).
+    fastest plane's ``F``, about ``3 u M F`` rad (:func:`~axial_rope.doctor.observe.table_bound`'s model), ``M`` the
+    planned extent past the largest position the model ran at (its own origin: 65536 for Ideogram 4's images).
     Sites whose tables sit within a float64-angle table's rounding (``8 u_site``) compute exact angles."""
     if not plain:
         return
@@ -247,8 +282,11 @@ def _precision(out: ExtrapolationMap, plain, rope, planned, sized, steps) -> Non
     if exact:
         return
     u = unit_roundoff(torch.float32)
-    worst = max(3 * u * planned[i] * steps[a] * float(rope.frequencies()[0][a].abs().max())
-                for i, a in enumerate(sized))  # fmt: skip
+    fastest = _spectrum(rope, (None,) * rope.n_axes, None)[0].abs().amax(-1)  # [A]
+    # the positions at the plan: from the model's own origin (Ideogram's images start at 65536), not the doctor's
+    # offsets
+    origin = {a: 0.0 if o.positions_passed else float(o.pos[..., a].abs().max()) for o in plain[:1] for a in sized}
+    worst = max(3 * u * (origin[a] + planned[i] * steps[a]) * float(fastest[a]) for i, a in enumerate(sized))
     severity = "alarm" if worst > ANGLE_TOLERANCE else "note"
     out.findings.append(Finding(
         "low_precision_angles", "planned size",

@@ -9,7 +9,7 @@ import math
 
 __all__ = ["draw"]
 
-MARKERS = {"interpolate": "v", "ntk": "^", "yarn": "s", "config": "D", "auto": "P", "none": "o"}
+MARKERS = {"interpolate": "v", "ntk": "^", "yarn": "s", "config": "D", "auto": "P", "observed": "x", "none": "o"}
 
 
 def draw(extrapolation, path: str, title: str = "") -> str:
@@ -23,9 +23,10 @@ def draw(extrapolation, path: str, title: str = "") -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     axes = extrapolation.axes
-    fig, panels = plt.subplots(1, len(axes), figsize=(4.2 * len(axes), 3.6), squeeze=False)
+    fig, panels = plt.subplots(1, len(axes), figsize=(max(6.0, 4.6 * len(axes)), 4.0), squeeze=False)
     for panel, axis in zip(panels[0], axes):
         order = sorted(range(len(axis.wavelengths)), key=lambda j: axis.wavelengths[j])
         finite = [axis.wavelengths[j] for j in order]
@@ -37,7 +38,10 @@ def draw(extrapolation, path: str, title: str = "") -> str:
             if name == "none" or not waves:
                 continue
             ys = [min(waves[j], 1e12) for j in order]
-            panel.scatter(xs, ys, marker=MARKERS.get(name, "x"), s=14, alpha=0.7, label=name, zorder=2)
+            style = (
+                {"color": "black", "s": 30, "zorder": 4} if name == "observed" else {"s": 14, "alpha": 0.7, "zorder": 2}
+            )
+            panel.scatter(xs, ys, marker=MARKERS.get(name, "x"), label=name, **style)
         panel.axhline(axis.trained, color="black", lw=1.2, label=f"trained ({axis.trained})")
         if axis.planned is not None:
             panel.axhline(axis.planned, color="black", lw=1.2, ls="--", label=f"planned ({axis.planned})")
@@ -47,7 +51,8 @@ def draw(extrapolation, path: str, title: str = "") -> str:
         beyond = sum(w > axis.trained for w in finite if not math.isinf(w))
         panel.set_title(f"axis {axis.name}: {beyond} of {len(finite)} planes beyond training", fontsize=10)
         panel.grid(True, which="both", alpha=0.2)
-    panels[0][-1].legend(fontsize=7, loc="upper left")
+        panel.xaxis.set_major_locator(MaxNLocator(integer=True))
+    panels[0][-1].legend(fontsize=7, loc="upper left", framealpha=0.85)
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
