@@ -14,7 +14,8 @@ then regenerates ``<out>/benchmarks.md`` from every JSON found there (``--report
 ``--packed``: packed vs padded vs bucketed DiT training steps on a mix of image sizes instead
 (``scripts/bench_packed.py``, which takes the remaining arguments; docs/packing.md); ``--diffusers``:
 stock vs scaled diffusers families (``scripts/bench_diffusers.py``); ``--cache``: a rolling KV
-cache's roll against recomputing its keys, and its decode step (``scripts/bench_cache.py``).
+cache's roll against recomputing its keys, and its decode step (``scripts/bench_cache.py``); ``--norm-tables``:
+QK-norm + RoPE from tables, ours fused and unfused against diffusers and comfy-kitchen (``scripts/bench_norm_tables.py``).
 """
 
 from __future__ import annotations
@@ -324,6 +325,7 @@ SUBBENCHMARKS = {
     "--packed": "bench_packed",
     "--cache": "bench_cache",
     "--transformers": "bench_transformers",
+    "--norm-tables": "bench_norm_tables",
 }
 
 

@@ -126,6 +126,7 @@ def write_markdown(out: Path) -> None:
     """``out/benchmarks.md`` from every result file in ``out/bench`` (a GPU-pending note when none is from a GPU)."""
     lines = [INTRO]
     results = {path.stem: json.loads(path.read_text()) for path in sorted((out / "bench").glob("*.json"))}
+    results = {stem: r for stem, r in results.items() if "machine" in r}  # the others: rows other pages cite
     if not any("CPU" not in r["machine"]["device"] for r in results.values()):
         lines.append(NO_GPU)
     for stem, result in results.items():
@@ -143,4 +144,8 @@ def write_markdown(out: Path) -> None:
             f"![forward GB/s, {stem}](img/bench_{stem}.png)",
             "",
         ]
+    for path in sorted((out / "bench" / "norm_tables").glob("*.json")):  # scripts/bench_norm_tables.py
+        from .bench_norm_tables import report
+
+        lines += [report(json.loads(path.read_text()), path.relative_to(out).as_posix()), ""]
     (out / "benchmarks.md").write_text("\n".join(lines))

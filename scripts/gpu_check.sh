@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One short GPU run (H100/H200) that records everything into one folder, in about 6-7 minutes:
+# One short GPU run (H100/H200) that records everything into one folder, in about 7-8 minutes:
 #
 #   bash scripts/gpu_check.sh OUT_DIR        # or OUT=OUT_DIR bash scripts/gpu_check.sh
 #   bash scripts/gpu_check.sh --dry-run DIR  # the same steps on CPU stand-ins (checks this script)
 #
 # Run from anywhere; it works in the repository root with `python3` (PYTHON=... to pick another)
-# and installs nothing. Steps, each under its own time limit (their limits add up to 9 min):
+# and installs nothing. Steps, each under its own time limit (their limits add up to 10 min):
 #   1. environment: GPU, driver, torch/triton versions, nvidia-smi            -> log.txt
 #   2. the CUDA tests (Triton backend, packed attention), stopping at the first failure -> tests.txt
 #   3. copy ceiling and kernel-only tile sweep (programs, heads per program,
@@ -20,8 +20,12 @@
 #      Qwen2.5-VL's M-RoPE rotation stock vs axial_rope vs Liger, bf16                -> transformers.json
 #   8. training smoke on 1 GPU under torchrun: the tiny video DiT with --fsdp --compile --checkpointing
 #      (inductor, bf16 autocast), 10 steps; its log (losses, samples/s)              -> train_smoke/
-# Peers (Liger, flash-attn) come from the package archives in .peers/ (git-ignored; fetched with
-# pip on a machine with internet, see scripts/peers.py) and are unpacked into .peers/site here.
+#   9. QK-norm + RoPE from tables at Flux-dev's attention shape (bf16): ours fused (Triton) vs ours unfused vs
+#      diffusers' norm + apply_rotary_emb vs comfy-kitchen's rms_rope (cuda, triton), forward and
+#      forward+backward, GB/s and % of the HBM roofline (scripts/bench_norm_tables.py)  -> norm_tables.json
+# Peers (Liger, flash-attn, comfy-kitchen) come from the package archives in .peers/ (git-ignored; fetched
+# with pip on a machine with internet, see scripts/peers.py; `pip download comfy-kitchen --no-deps -d .peers`
+# for the Python of the GPU machine) and are unpacked into .peers/site here.
 # With the device tool: run `bash scripts/gpu_check.sh "$OUT"` with carry [".peers"].
 # Afterwards, on the development machine, put the figures into the docs:
 #   cp OUT/bench/<gpu>.json docs/bench/ && python -m scripts.bench --report --out docs
@@ -98,6 +102,10 @@ run 100 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m script
   --fsdp --compile --checkpointing --batch-size 4 --resolution 32 --frames 8 --log-every 5 --no-report \
   --no-progress --overwrite --out "$OUT/train_smoke" "${SMOKE[@]}"
 tail -n 4 "$OUT/train_smoke/log.jsonl" 2>/dev/null || true
+
+step "QK-norm + RoPE from tables: ours vs comfy-kitchen vs unfused -> $OUT/norm_tables.json"
+if [ $DRY -eq 1 ]; then NORM=(--small --dtypes float32 --modes forward --repeat 1 --no-compile); else NORM=(--dtypes bfloat16 --repeat 20); fi
+run 50 "$PY" -m scripts.bench --norm-tables --json "$OUT/norm_tables.json" "${NORM[@]}"
 
 step "done (exit $status); files:"
 find "$OUT" -type f | sort
