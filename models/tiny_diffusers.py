@@ -15,6 +15,7 @@ import torch
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
 from models.tiny_diffusers_common import COGVIDEOX, WAN, B, Tiny, flux, flux_inputs, video_inputs
+from models.tiny_diffusers_cosmos3_longcat_audio import ENTRIES as COSMOS3_LONGCAT_AUDIO
 from models.tiny_diffusers_flux import ENTRIES as FLUXLIKE
 from models.tiny_diffusers_image import ENTRIES as IMAGE
 from models.tiny_diffusers_last import ENTRIES as LAST
@@ -98,7 +99,7 @@ TINY["wan_i2v"] = Tiny(
 )
 FAMILIES = tuple(ALIASES)
 # the families kept in modules of their own (models/tiny_diffusers_*.py), a Tiny per class name
-for entries in (FLUXLIKE, IMAGE, LAST, MORE, VIDEO, VIDEOAUDIO, WAN_TABLES):
+for entries in (COSMOS3_LONGCAT_AUDIO, FLUXLIKE, IMAGE, LAST, MORE, VIDEO, VIDEOAUDIO, WAN_TABLES):
     TINY.update(entries)
 
 

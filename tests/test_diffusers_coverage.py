@@ -1,32 +1,44 @@
-"""Every RoPE transformer of the installed diffusers is served by a family record, or listed as unsupported with
-its reason (or, while the work goes on, as pending): a diffusers upgrade shows here what is new.
+"""Every RoPE model the installed diffusers exports is served by a family record, or listed with its reason: a
+transformer as unsupported (or, while the work goes on, as pending), a model beside the denoising transformer
+(ControlNet, VAE, condition encoder) as auxiliary. A diffusers upgrade shows here what is new.
 
+"A model" is every class ``dir(diffusers)`` names that subclasses ``diffusers.ModelMixin``, whatever its name.
 "Uses RoPE" is read from the source of the class's module, as a reader would: it applies rotary embeddings
-(``apply_rotary_emb``, a ``rotary``/``rope`` module, ``freqs_cis``).
+(``apply_rotary_emb``, a ``rotary``/``rope`` module or field, ``freqs_cis``).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 
 import pytest
 
-from axial_rope.conventions._registry import DIFFUSERS, DIFFUSERS_PENDING, DIFFUSERS_UNSUPPORTED, diffusers_table
+from axial_rope.conventions._registry import (
+    DIFFUSERS,
+    DIFFUSERS_AUXILIARY,
+    DIFFUSERS_PENDING,
+    DIFFUSERS_UNSUPPORTED,
+    diffusers_family,
+    diffusers_table,
+)
 
 diffusers = pytest.importorskip("diffusers")
 
-ROPE_SOURCE = re.compile(r"apply_rotary_emb|rotary|RoPE|rope|freqs_cis")
+# "rope" as a word or part of a snake_case name (rope_theta, self.rope, cond_rope), never inside "property" or "proper"
+ROPE_SOURCE = re.compile(r"apply_rotary_emb|rotary|RoPE|\brope|_rope|rope_|freqs_cis")
 
 
-def _transformer_classes() -> dict[str, type]:
+@functools.cache
+def _models() -> dict[str, type]:
+    """Every model class diffusers exports, by name: the subclasses of ``ModelMixin`` (itself aside) that
+    ``dir(diffusers)`` names (importing each lazily exported module once, pipelines included: some hold models)."""
     found = {}
     for name in dir(diffusers):
-        if not name.endswith("Model") or not ("Transformer" in name or "DiT" in name):
-            continue
-        cls = getattr(diffusers, name)
-        if isinstance(cls, type):
-            found[name] = cls
+        obj = getattr(diffusers, name)
+        if isinstance(obj, type) and issubclass(obj, diffusers.ModelMixin) and obj is not diffusers.ModelMixin:
+            found[name] = obj
     return found
 
 
@@ -34,25 +46,45 @@ def _uses_rope(cls: type) -> bool:
     return bool(ROPE_SOURCE.search(inspect.getsource(inspect.getmodule(cls))))
 
 
-def test_every_rope_transformer_is_served_unsupported_with_a_reason_or_pending():
-    classes = _transformer_classes()
-    rope = {name for name, cls in classes.items() if _uses_rope(cls)}
-    served, unsupported = set(DIFFUSERS), set(DIFFUSERS_UNSUPPORTED)
-    assert not served & unsupported and not served & DIFFUSERS_PENDING and not unsupported & DIFFUSERS_PENDING
-    unknown = sorted(rope - served - unsupported - DIFFUSERS_PENDING)
-    assert not unknown, f"RoPE transformers neither served, unsupported nor pending: {unknown}"
-    stale = sorted((served | unsupported | DIFFUSERS_PENDING) - set(classes))
-    assert not stale, f"listed classes this diffusers does not have: {stale}"
-    assert all(len(reason) > 20 for reason in DIFFUSERS_UNSUPPORTED.values())
-    print(f"{len(classes)} transformer classes, {len(rope)} with RoPE: {len(served)} served, "
-          f"{len(unsupported)} unsupported, {len(DIFFUSERS_PENDING)} pending")  # fmt: skip
+def test_the_rope_detection_reads_rope_names_and_not_property():
+    for text in ("apply_rotary_emb(q, freqs)", "self.rope(ids)", "rope_theta=256", "cond_rope = x", "partial RoPE",
+                 "freqs_cis", "image_rotary_emb"):  # fmt: skip
+        assert ROPE_SOURCE.search(text), text
+    for text in ("@property\ndef dtype(self):", "the proper shape", "properties of the conv"):
+        assert not ROPE_SOURCE.search(text), text
+
+
+def test_every_rope_model_is_served_or_listed_with_a_reason():
+    models = _models()
+    rope = {name for name, cls in models.items() if _uses_rope(cls)}
+    served, unsupported, auxiliary = set(DIFFUSERS), set(DIFFUSERS_UNSUPPORTED), set(DIFFUSERS_AUXILIARY)
+    lists = (served, unsupported, set(DIFFUSERS_PENDING), auxiliary)
+    listed = set().union(*lists)
+    assert sum(map(len, lists)) == len(listed), "a class is in two of served, unsupported, pending, auxiliary"
+    unknown = sorted(rope - listed)
+    assert not unknown, f"RoPE models neither served nor listed (unsupported, pending, auxiliary): {unknown}"
+    stale = sorted(listed - set(models))
+    assert not stale, f"listed classes this diffusers does not export as models: {stale}"
+    no_rope = sorted(listed - rope)
+    assert not no_rope, f"listed classes whose module shows no RoPE: {no_rope}"
+    assert all(len(reason) > 20 for reason in (*DIFFUSERS_UNSUPPORTED.values(), *DIFFUSERS_AUXILIARY.values()))
+    transformers = served | unsupported | set(DIFFUSERS_PENDING)
+    print(f"{len(models)} model classes, {len(rope)} with RoPE: {len(transformers)} RoPE transformers ({len(served)} "
+          f"served, {len(unsupported)} unsupported, {len(DIFFUSERS_PENDING)} pending) and {len(auxiliary)} models "
+          "beside them (ControlNets, VAEs, condition encoders), each listed with its reason")  # fmt: skip
+
+
+def test_a_model_listed_with_a_reason_gets_it_from_the_adapter():
+    for name, reason in (*DIFFUSERS_UNSUPPORTED.items(), *DIFFUSERS_AUXILIARY.items()):
+        with pytest.raises(TypeError, match=re.escape(f"{name}: {reason}")):
+            diffusers_family(type(name, (), {})())
 
 
 def test_every_served_class_builds_its_records_rope_and_the_docs_hold_the_table():
     from pathlib import Path
 
     for name, family in DIFFUSERS.items():
-        assert name in _transformer_classes(), name
+        assert name in _models(), name
         assert family.tables[0] in ("module", "method", "argument", "block argument", "fixed")
         assert (family.positions is None) == (family.tables[0] == "fixed")
     page = (Path(__file__).resolve().parents[1] / "docs" / "integrations.md").read_text()

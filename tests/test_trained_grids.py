@@ -28,6 +28,8 @@ UNKNOWN: dict[str, str] = {
     "mochi": "sizes time alone (grid_axes (0,)): PipelineUnits.tokens returns (t, y, x), not (t,)",
     "omnigen": "one axis over the packed text and image sequence: not a token grid PipelineUnits.tokens returns",
     "minimax_h3": "grid_axes=(): the positions are the pipeline's packed coordinates, no token grid to size",
+    "cosmos3": "grid_axes=(): the positions are the pipeline's packed coordinates, no token grid to size",
+    "longcat_audio": "the training clip length is not published (arXiv:2603.29339, the model card)",
 }
 
 # a source names where it was read: a model card or repository address, or a paper's arXiv number

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ._auxiliary import DIFFUSERS_AUXILIARY
+
 __all__ = [
-    "Convention", "DiffusersFamily", "PipelineUnits", "TablesProducer", "TrainedGrid", "DIFFUSERS", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "REGISTRY", "builds_rope",
+    "Convention", "DiffusersFamily", "PipelineUnits", "TablesProducer", "TrainedGrid", "DIFFUSERS", "DIFFUSERS_AUXILIARY", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "REGISTRY", "builds_rope",
     "diffusers_family", "diffusers_table", "register", "register_diffusers", "table", "trained_table",
 ]  # fmt: skip
 
@@ -302,8 +304,8 @@ def diffusers_family(model) -> DiffusersFamily:
     raise TypeError(
         f"axial_rope has no RoPE record for {type(model).__name__}; supported: {', '.join(sorted(DIFFUSERS))}"
         + (
-            f". {type(model).__name__}: {DIFFUSERS_UNSUPPORTED[type(model).__name__]}"
-            if type(model).__name__ in DIFFUSERS_UNSUPPORTED
+            f". {type(model).__name__}: {why}"
+            if (why := DIFFUSERS_UNSUPPORTED.get(type(model).__name__, DIFFUSERS_AUXILIARY.get(type(model).__name__)))
             else ""
         )  # fmt: skip
     )
