@@ -46,13 +46,13 @@ def _reference_models():
     return {"dit": dit, "video_dit": video, "gpt": gpt}
 
 
-@pytest.mark.parametrize("name", ["dit", "video_dit", "gpt", "timm_vit"])
+@pytest.mark.parametrize("name", ["dit", "video_dit", "gpt", "test_vit_axial_rope", "vit_small_patch16_axial_rope"])
 def test_healthy_reference_models_and_timm_vits_raise_no_alarm(name):
-    if name == "timm_vit":
+    if "vit" in name:
         timm = pytest.importorskip("timm")
         import axial_rope.integrations.timm  # noqa: F401  (registers the models)
 
-        model, inputs = timm.create_model("test_vit_axial_rope").eval(), None  # the doctor builds an image
+        model, inputs = timm.create_model(name).eval(), None  # the doctor builds an image
     else:
         model, inputs = _reference_models()[name]
     report = doctor(model, example_inputs=inputs)
@@ -171,6 +171,7 @@ def test_command_line_prints_a_report_and_writes_json(tmp_path, capsys):
         (["math:pi"], "not a torch.nn.Module"),
         (["models.tiny_defects:healthy_llama", "--size", "64", "64"], "size must be"),
         (["--config", "/nonexistent/config.json"], "cannot read"),
+        (["models.tiny_defects:healthy_llama", "--config", "x.json"], "without a model"),
     ],
 )
 def test_command_line_errors_are_one_line(argv, words, capsys):

@@ -5,6 +5,7 @@ off q and k, the frequencies fitted from tables, the bfloat16 grid, each against
 from __future__ import annotations
 
 import functools
+import json
 import math
 from pathlib import Path
 
@@ -47,8 +48,12 @@ def test_the_evidence_holds_the_numbers_of_the_incident():
     # the seeded rotary uses 1e6: the search over log(theta) lands on it to the float32 tables' precision
     assert finding.evidence["theta_config"] == 1e4
     assert finding.evidence["theta_found"] == pytest.approx(1e6, rel=1e-4)
-    (finding,) = _report(next(d for d in DEFECTS if d.expected == "partial_rotary_width")).alarms
+    report = _report(next(d for d in DEFECTS if d.expected == "partial_rotary_width"))
+    (finding,) = report.alarms
     assert (finding.evidence["width_found"], finding.evidence["width_config"]) == (32, 8)  # head 32, factor 0.25
+    # tables of another width have no finite error: strict JSON still (null)
+    sites = json.loads(report.to_json())["sites"]
+    assert sites[0]["error"] is None and report.sites[0].error == float("inf")
 
 
 def test_docs_hold_the_confusion_table_the_code_gives():

@@ -4,8 +4,8 @@
     python -m axial_rope.doctor --config path/to/config.json --size 131072
 
 ``TARGET`` is ``module:name``: a model, or a callable with no arguments returning a model or ``(model,
-example_inputs)`` (importable from the current directory). With ``--config`` alone the map is computed from the
-config (no model is built). A user error ends with one line on stderr and exit status 2, never a traceback.
+example_inputs)`` (importable from the current directory). With ``--config`` (and no ``TARGET``) the map is computed
+from the config alone (no model is built). A user error ends with one line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _config(path: str) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m axial_rope.doctor", description=__doc__.splitlines()[0])
     parser.add_argument("target", nargs="?", help="module:name of a model (or of a function returning one)")
-    parser.add_argument("--config", help="a config.json (or its folder): with a TARGET, its config; alone, the map")
+    parser.add_argument("--config", help="a config.json (or its folder) to map without a model (no TARGET)")
     parser.add_argument("--size", type=int, nargs="+", help="planned length, or tokens per sized axis")
     parser.add_argument("--train-size", type=int, nargs="+", help="trained tokens per sized axis, where unknown")
     parser.add_argument("--sinks", type=int, help="sink tokens of a streaming model (with --size)")
@@ -83,9 +83,11 @@ def main(argv: list[str] | None = None) -> None:
                 _fail("the config names no trained extent: pass --train-size")
             payload, text, picture = result.to_dict(), str(result), result
         else:
+            if args.config is not None:
+                _fail("--config maps a config without a model; with a TARGET the doctor reads the model's own config "
+                      "(another one: doctor(model, config=...) in Python)")  # fmt: skip
             model, inputs = _target(args.target)
-            config = _config(args.config) if args.config else None
-            report = doctor(model, config, size, example_inputs=inputs, train_size=train, sinks=args.sinks,
+            report = doctor(model, None, size, example_inputs=inputs, train_size=train, sinks=args.sinks,
                             autocast=not args.no_autocast)  # fmt: skip
             payload, text, picture = report.to_dict(), str(report), report.map
     except (DoctorError, TypeError, ValueError) as error:

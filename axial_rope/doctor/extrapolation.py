@@ -22,7 +22,7 @@ import torch
 from ..policy import plan as policy_plan
 from ..rope import AxialRoPE
 from ..scaling import NTK, Linear, Scaling, YaRN
-from .findings import Finding
+from .findings import Finding, finite
 from .observe import Observation, fit_frequencies, unit_roundoff
 
 __all__ = ["ANGLE_TOLERANCE", "AxisMap", "ExtrapolationMap", "MapAxes", "build_map"]
@@ -72,7 +72,8 @@ class AxisMap:
     entropy: dict[str, float] | None = None
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        """JSON-able (strict JSON: an infinite wavelength, ``F = 0``, is ``null``)."""
+        return finite(dict(self.__dict__))
 
 
 @dataclass

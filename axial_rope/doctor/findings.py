@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-__all__ = ["CLASSES", "Finding"]
+__all__ = ["CLASSES", "Finding", "finite"]
 
 # class -> what it means (the report's legend, and the columns of the confusion table in docs/doctor.md)
 CLASSES: dict[str, str] = {
@@ -53,6 +54,18 @@ class Finding:
     def __str__(self) -> str:
         numbers = ", ".join(f"{k}={_short(v)}" for k, v in self.evidence.items())
         return f"[{self.severity}] {self.kind} at {self.site}: {self.message}" + (f" ({numbers})" if numbers else "")
+
+
+def finite(value):
+    """``value`` (nested dicts, lists) with infinities and NaNs as ``None``: strict JSON (an error that has no
+    finite value, a plane that never turns)."""
+    if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def _short(value) -> str:

@@ -26,6 +26,9 @@ __all__ = ["Observation", "QKFit", "fit_frequencies", "plane_render", "planes_of
            "residual", "table_bound", "unit_roundoff"]  # fmt: skip
 
 
+TOKENS = 256  # tokens a frequency fit uses at most
+
+
 def unit_roundoff(dtype: torch.dtype) -> float:
     """Half the spacing of ``dtype`` at 1 (``2**-24`` for float32, ``2**-8`` for bfloat16)."""
     return torch.finfo(dtype).eps / 2
@@ -223,8 +226,9 @@ def fit_frequencies(angles: torch.Tensor, pos: torch.Tensor, rounds: int = 4) ->
     (least squares' minimum-norm answer), so only a sum of those axes' columns is identified.
     """
     n, batch = angles.shape[-1], max(angles.shape[0], pos.shape[0])
-    pos = pos.double().expand(batch, -1, -1).reshape(-1, pos.shape[-1])  # [T, A]
-    phi = angles.double().expand(batch, -1, -1).reshape(-1, n)  # [T, n]
+    keep = -(-TOKENS // batch)  # the first tokens of each row: their unit steps stay (pairs cost T^2 memory)
+    pos = pos.double().expand(batch, -1, -1)[:, :keep].reshape(-1, pos.shape[-1])  # [T, A]
+    phi = angles.double().expand(batch, -1, -1)[:, :keep].reshape(-1, n)  # [T, n]
     diff_pos = pos[:, None, :] - pos[None, :, :]  # [T, T, A]
     diff_phi = torch.remainder(phi[:, None, :] - phi[None, :, :] + torch.pi, 2 * torch.pi) - torch.pi  # [T, T, n]
     span = diff_pos.abs().amax((0, 1))

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from .diagnose import SiteSummary
-from .findings import CLASSES, Finding
+from .findings import CLASSES, Finding, finite
 
 __all__ = ["Report"]
 
@@ -48,19 +48,22 @@ class Report:
         return not self.alarms
 
     def to_dict(self) -> dict:
-        return {
-            "model": self.model,
-            "source": self.source,
-            "healthy": self.healthy,
-            "prescribed": self.prescribed,
-            "sites": [s.to_dict() for s in self.sites],
-            "findings": [f.to_dict() for f in self.findings],
-            "map": None if self.map is None else self.map.to_dict(),
-            "notes": list(self.notes),
-        }
+        """JSON-able, strict JSON (an infinite error, from tables of another shape, is ``null``)."""
+        return finite(
+            {
+                "model": self.model,
+                "source": self.source,
+                "healthy": self.healthy,
+                "prescribed": self.prescribed,
+                "sites": [s.to_dict() for s in self.sites],
+                "findings": [f.to_dict() for f in self.findings],
+                "map": None if self.map is None else self.map.to_dict(),
+                "notes": list(self.notes),
+            }
+        )
 
     def to_json(self, **kwargs) -> str:
-        return json.dumps(self.to_dict(), **({"indent": 2} | kwargs))
+        return json.dumps(self.to_dict(), **({"indent": 2, "allow_nan": False} | kwargs))
 
     def picture(self, path: str) -> str:
         """Draw the extrapolation map (planes x wavelength against the trained extent, per axis) to ``path``."""

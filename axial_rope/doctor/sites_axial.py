@@ -125,8 +125,11 @@ class AxialSite:
             if rope is None or not isinstance(rope, AxialRoPE) or rope.transform is not None:
                 return  # a rotation without its rope (packed, learned per image): nothing to rebuild it from
             prescribed = self._rope(rope)
+            factor = rotation.attention_factor
+            rotation = rotation._replace(pos=rotation.pos.cpu(), freqs=rotation.freqs.detach().cpu(), turns=None,
+                                         attention_factor=None if factor is None else factor.cpu())  # fmt: skip
             pos = rotation.pos.double()
-            cos, sin = rotation_tables(rotation._replace(turns=None), torch.float64)
+            cos, sin = rotation_tables(rotation, torch.float64)
             observations.append(Observation(name, prescribed, pos, prescribed.rotation(pos), [cos, sin],
                                             torch.float64, plane_render(), planes=(cos, sin), width=2 * cos.shape[-1],
                                             layout="Rotation"))  # fmt: skip
@@ -136,8 +139,9 @@ class AxialSite:
     def _grid_hook(self, name: str, observations: list):
         def hook(module, args, output):
             q, k, height, width = args[:4]
+            q, k, output = q.detach().cpu(), k.detach().cpu(), [t.detach().cpu() for t in output]
             rope = self._rope(module.rope)
-            rotation = module.rotation(height, width)
+            rotation = module.rotation(height, width, torch.device("cpu"))
             before = torch.cat([q, k], dim=1).transpose(1, 2)  # [B, S, 2H, D]
             after = torch.cat(list(output), dim=1).transpose(1, 2)
             fit = qk_rotation(before, after, rope.rot_dim)
@@ -145,7 +149,7 @@ class AxialSite:
                 return
             pos = module.positions(height, width).double()[None]
             cos, sin = fit.factor * fit.angles.cos(), fit.factor * fit.angles.sin()  # the turns q, k received
-            prescribed = rotation._replace(pos=rotation.pos.double(), freqs=rotation.freqs.double(), turns=None)
+            prescribed = rotation._replace(pos=rotation.pos.double(), freqs=rotation.freqs.double().cpu(), turns=None)
             observations.append(Observation(name, rope, pos, prescribed, [cos, sin], q.dtype, plane_render(),
                                             planes=(cos, sin), width=rope.rot_dim, qk=fit, layout="q, k turned",
                                             sample=(q.transpose(1, 2), k.transpose(1, 2))))  # fmt: skip

@@ -25,13 +25,25 @@ def _tensors(value) -> list[torch.Tensor]:
     """The tensors of a (nested) tables structure, float64 (complex128) copies, in order."""
     if isinstance(value, torch.Tensor):
         if value.is_complex():
-            return [value.detach().to(torch.complex128)]
-        return [value.detach().double()] if value.is_floating_point() else []
+            return [value.detach().cpu().to(torch.complex128)]
+        return [value.detach().cpu().double()] if value.is_floating_point() else []
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors(v)]
     if isinstance(value, dict):
         return [t for v in value.values() for t in _tensors(v)]
     return []
+
+
+def _on_cpu(value):
+    """Tensors of a (nested) call's arguments on the CPU, where the records' ropes compute (the model may be on
+    an accelerator, possibly without float64)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    return value
 
 
 def _lowest_dtype(value) -> torch.dtype:
@@ -166,6 +178,7 @@ class DiffusersSite:
 
     def _observation(self, call, index: int) -> Observation | None:
         (attr, rope, positions, layout, frequencies), args, kwargs, out = call
+        args, kwargs = _on_cpu(args), _on_cpu(kwargs)
         observed = _tensors(out)
         if not observed:
             return None

@@ -122,6 +122,7 @@ class TransformersSite:
                 "rotary_emb attribute) for the doctor to hook"
             )
         self.mrope = self.convention.mrope is not None
+        self.device = next(iter(model.parameters()), torch.empty(0)).device
         self.modeling = importlib.import_module(type(self.text).__module__.replace(".configuration_", ".modeling_"))
         self.inputs, self.passed = self._inputs(example_inputs)
 
@@ -151,19 +152,19 @@ class TransformersSite:
                 raise ValueError(f"cannot build input_ids: the config has no vocab_size; pass example_inputs= "
                                  f"(the keyword arguments of one forward of {type(self.model).__name__})")  # fmt: skip
             gen = torch.Generator().manual_seed(0)
-            given = {"input_ids": torch.randint(1, vocab, (len(OFFSETS), SEQ), generator=gen)}
+            given = {"input_ids": torch.randint(1, vocab, (len(OFFSETS), SEQ), generator=gen).to(self.device)}
         inputs = dict(given)
         if "position_ids" in inputs:
             passed = inputs["position_ids"]
-            return inputs, None if passed is None or self.mrope else passed
+            return inputs, None if passed is None or self.mrope else passed.cpu()
         takes = "position_ids" in inspect.signature(self.model.forward).parameters
         ids = inputs.get("input_ids")
         if not takes or self.mrope or not isinstance(ids, torch.Tensor) or ids.ndim != 2:
             return inputs, None
         batch, seq = ids.shape
         offsets = torch.tensor([OFFSETS[b % len(OFFSETS)] + 400 * (b // len(OFFSETS)) for b in range(batch)])
-        inputs["position_ids"] = offsets[:, None] + torch.arange(seq)[None]
-        return inputs, inputs["position_ids"]
+        inputs["position_ids"] = (offsets[:, None] + torch.arange(seq)[None]).to(ids.device)
+        return inputs, inputs["position_ids"].cpu()
 
     def run(self, forward) -> list[Observation]:
         """One forward (``forward(model, inputs)``, which the caller runs in its pass) with the hooks; the
@@ -207,9 +208,9 @@ class TransformersSite:
         tables = output if isinstance(output, tuple) else (output, None)
         if not isinstance(tables[0], torch.Tensor) or position_ids is None:
             return None
-        cos, sin, layout = planes_of_tables(*tables[:2])
+        cos, sin, layout = planes_of_tables(*(None if t is None else t.detach().cpu() for t in tables[:2]))
         batch, seq = cos.shape[0], cos.shape[-2]
-        pos, passed = self._positions(position_ids, batch, seq)
+        pos, passed = self._positions(position_ids.cpu(), batch, seq)
         rope = self.ropes.get(layer_type, self.ropes.get(None, next(iter(self.ropes.values()))))
         dtype = tables[0].real.dtype if tables[0].is_complex() else tables[0].dtype
         site = name if layer_type is None else f"{name}[{layer_type}]"
@@ -230,15 +231,14 @@ def _recording(fn, rotations: list):
         out = fn(*args, **kwargs)
         q, k = args[0], args[1]
         tables = [a for a in (*args[2:], *kwargs.values()) if isinstance(a, torch.Tensor)]
-        if isinstance(out, tuple) and len(out) == 2 and isinstance(q, torch.Tensor) and len(rotations) < 64:
+        if isinstance(out, tuple) and len(out) == 2 and isinstance(q, torch.Tensor) and tables:
             seq = tables[0].shape[-2] if tables and not tables[0].is_complex() else (
                 tables[0].shape[-2] if tables else q.shape[-2])  # fmt: skip
             bhsd = q.ndim == 4 and q.shape[2] == seq and not (tables and tables[0].is_complex() and q.shape[1] == seq)
-            views = [t.transpose(1, 2) if bhsd else t for t in (q, k, *out)]
-            before = torch.cat([views[0], views[1]], dim=2).detach()
-            after = torch.cat([views[2], views[3]], dim=2).detach()
-            rotations.append({"tables": tables, "before": before, "after": after, "q": views[0].detach(),
-                              "k": views[1].detach()})  # fmt: skip
+            if not any(t is tables[0] for r in rotations for t in r["tables"]):  # one record per table (layer type)
+                views = [(t.transpose(1, 2) if bhsd else t).detach().cpu() for t in (q, k, *out)]
+                before, after = torch.cat(views[:2], dim=2), torch.cat(views[2:], dim=2)
+                rotations.append({"tables": tables, "before": before, "after": after, "q": views[0], "k": views[1]})
         return out
 
     wrapper.__wrapped__ = fn
