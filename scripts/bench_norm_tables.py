@@ -21,6 +21,7 @@ interpreter on a tiny shape, against the float64 reference (a correctness peer; 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
 import json
 import os
@@ -202,14 +203,20 @@ def run(shape: dict, dtypes: list, modes: list, repeat: int, device: str, compil
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| dtype | mode | provider | median ms | GB/s | x copy | x diffusers |", "|---|---|---|---|---|---|---|"]
+    """The rows as a table; a GPU's adds the HBM roofline column (% of peak)."""
+    gpu = any("pct_peak_hbm" in r for r in rows)
+    head = "| dtype | mode | provider | median ms | GB/s | x copy | x diffusers |" + (" % peak HBM |" if gpu else "")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
+        cells = [r["dtype"], r["mode"], r["provider"]]
         if "skipped" in r:
-            lines.append(f"| {r['dtype']} | {r['mode']} | {r['provider']} | skipped: {r['skipped']} | | | |")
-            continue
-        ratio = lambda key, r=r: f"{r[key]:.2f}" if key in r else ""
-        lines.append(f"| {r['dtype']} | {r['mode']} | {r['provider']} | {r['median_ms']:.2f} | {r['gbps']:.2f} | "
-                     f"{ratio('x_copy')} | {ratio('x_diffusers')} |")  # fmt: skip
+            cells += [f"skipped: {r['skipped']}", "", "", ""]
+        else:
+            ratio = lambda key, r=r: f"{r[key]:.2f}" if key in r else ""
+            cells += [f"{r['median_ms']:.2f}", f"{r['gbps']:.2f}", ratio("x_copy"), ratio("x_diffusers")]
+        if gpu:
+            cells.append(f"{r['pct_peak_hbm']:.0f}%" if "pct_peak_hbm" in r else "")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -256,9 +263,8 @@ def check_peer() -> dict:
     if isinstance(ck, str):
         result = {**result, "comfy-kitchen triton": ck}
     else:
-        from comfy_kitchen.backends.triton import rms_rope as ck_triton  # the kernel module, called directly
-
-        result["comfy-kitchen triton"] = ck_triton.rms_rope(q, k, freqs_cis(cos, sin), w, w, 1e-6)
+        kernel = importlib.import_module("comfy_kitchen.backends.triton.rms_rope")  # its module, called directly
+        result["comfy-kitchen triton"] = kernel.rms_rope(q, k, freqs_cis(cos, sin), w, w, 1e-6)
     return {name: out if isinstance(out, str) else max(float((o.double() - r).abs().max()) for o, r in zip(out, ref))
             for name, out in result.items()}  # fmt: skip
 
