@@ -279,6 +279,22 @@ else:  # ------------------------------------------------------------------- the
         with pytest.raises(RuntimeError, match="backend 'triton'.*norm_rotate_table.*TRITON_INTERPRET=1"):
             _call("triton", named, "rms", "head", "interleaved", "bshd")
 
+    def test_comfy_kitchen_rms_rope_agrees_through_the_benchmarks_tables():
+        # the peer of scripts/bench_norm_tables.py on the tables it is handed there (ComfyUI's freqs_cis built from
+        # ours): per-head RMSNorm then interleaved rotation, float32; within helpers.TOL's float32 row (one norm
+        # and one rotation of planes |z| < 20 on each side)
+        ck = pytest.importorskip("comfy_kitchen")
+        from scripts.bench_norm_tables import freqs_cis
+
+        named = _inputs("rms", "head", "bshd", torch.float32)
+        cos, sin = named["cos"][0, :, :8], named["sin"][0, :, :8]
+        q, k = named["q"][..., :8].contiguous(), named["k"][..., :8].contiguous()
+        w = named["q_weight"][:8].contiguous()
+        theirs = ck.rms_rope(q, k, freqs_cis(cos, sin), w, w, 1e-6)
+        ours = ops.norm_apply_rope(q, k, cos, sin, QKNorm("rms", w, w, eps=1e-6), backend="reference")
+        for a, b in zip(theirs, ours):
+            assert_close(a, b, torch.float32)
+
     def test_kernels_under_interpreter():
         pytest.importorskip("triton")
         env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(Path(__file__).parent))
