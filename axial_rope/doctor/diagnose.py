@@ -98,9 +98,14 @@ def _section_variants(obs: Observation) -> list[tuple[str, AxialRoPE, torch.Tens
                 label = f"sections {[w // 2 for w in widths]} ({spectrum}) on position columns {list(columns)}"
                 found = {"sections": [w // 2 for w in widths], "columns": list(columns), "layout": spectrum}
                 out.append(
-                    (label, _rope_like(rope, axes_dim=widths, spectrum=spectrum), pos[..., list(columns)], found)
+                    (
+                        label,
+                        _rope_like(rope, axes_dim=widths, spectrum=spectrum, plane_order=None),
+                        pos[..., list(columns)],
+                        found,
+                    )  # fmt: skip
                 )
-    one = _rope_like(rope, axes_dim=(rope.rot_dim,), spectrum="per_axis")
+    one = _rope_like(rope, axes_dim=(rope.rot_dim,), spectrum="per_axis", plane_order=None)
     out.append(("every plane on the first position column (sections ignored)", one, pos[..., :1],
                 {"sections": [rope.rot_dim // 2], "columns": [0], "layout": "1-D"}))  # fmt: skip
     return out
@@ -258,9 +263,7 @@ def _mismatch(obs: Observation, error: float, bound: float) -> Finding:
     if low is not None:
         dtype, share = low
         name = str(dtype).removeprefix("torch.")
-        kind = "autocast_collapse" if obs.autocast else "low_precision_angles"
-        where = "under torch.autocast" if obs.autocast else ""
-        return Finding(kind, obs.site, f"the angles are computed in {name} {where}".rstrip(),
+        return Finding("low_precision_angles", obs.site, f"the angles are computed in {name}",
                        evidence | {"angle_dtype": name, "share_on_grid": share})  # fmt: skip
     err, nearest = min(scored, key=lambda s: s[0])
     label = "the prescribed rotation" if err >= error else nearest.label
@@ -305,7 +308,7 @@ def diagnose(observations: list[Observation]) -> tuple[list[Finding], list[SiteS
     both passes is reported from the plain pass only.
     """
     findings, seen, summaries = [], set(), {}
-    healthy_plain = {}
+    healthy_plain, diagnosed = {}, set()  # a site's later calls that differ are not diagnosed again
     for obs in sorted(observations, key=lambda o: o.autocast):  # plain pass first
         bound = table_bound(obs)
         error = obs.error(obs.prescribed)
@@ -323,8 +326,9 @@ def diagnose(observations: list[Observation]) -> tuple[list[Finding], list[SiteS
             healthy_plain[obs.site] = healthy_plain.get(obs.site, True) and error <= bound
         new = _checks(obs)
         if not new and error > bound:
-            if obs.autocast and not healthy_plain.get(obs.site, True):
+            if (obs.autocast and not healthy_plain.get(obs.site, True)) or (obs.site, obs.autocast) in diagnosed:
                 continue
+            diagnosed.add((obs.site, obs.autocast))
             if obs.autocast:  # the plain pass agreed: the autocast dtype is the cause, whatever the tables became
                 new = [_collapse(obs, error, bound)]
             else:
