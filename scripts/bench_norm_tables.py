@@ -239,7 +239,7 @@ def report(result: dict, source: str) -> str:
         "and *x diffusers*: the medians of the per-round ratios to `q.clone(), k.clone()` and to diffusers in the",
         "same dtype and mode. GB/s: one read and one write of q and k (twice for forward+backward).",
         f"{info['torch_threads']} torch threads, {result['repeat']} rounds, {info['date']}; {versions}. Rows:",
-        f"`{source}`.",
+        f"`{source}`. On a shared CPU absolute times move by a factor of 2 or more between runs: read the ratios.",
         "",
         markdown(result["rows"]),
     ])
