@@ -93,6 +93,9 @@ def test_ltx_video_bfloat16_matches_stock_to_bf16_rounding():
 
 
 def test_ltx_video_refuses_scaling():
+    # per-head frequencies, no spectrum: the scaling methods are refused (position modes: test_diffusers_ltx_video)
+    from axial_rope.scaling import Linear
+
     model, _ = _ltx()
-    with pytest.raises(ValueError, match="served unscaled only"):
-        set_rope_processors(model, scaling=None, mode="interpolate", train_size=(3, 4, 5))
+    with pytest.raises(ValueError, match="no per-axis spectrum"):
+        set_rope_processors(model, scaling=Linear(2.0))

@@ -3,11 +3,13 @@
 Over every served family with a tiny model and a token grid: installed with ``mode`` against the default grid, a
 forward larger on any one grid axis (the others at their training extent) differs from stock, or the install
 refused ``mode`` with its reason (CogView4's own rows interpolate already). Before, JoyImage Edit Plus accepted a
-``train_size`` on its frame index, which each call sees as one image (sizing it never acted). The families that take
-no scaling (LTX-Video's fixed tables) refuse every scaled form with one message.
+``train_size`` on its frame index, which each call sees as one image (sizing it never acted). A family served
+unscaled only (tables ``"fixed"``: the model's own) refuses every scaled form with one message.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -93,10 +95,14 @@ def test_ltx2_refuses_normalize_at_install(name):
     ],
     ids=["one method", "per axis", "mode, 3 ints", "mode, 2 ints", "mode alone", "train_size alone"],
 )
-def test_ltx_video_refuses_every_scaled_form_with_one_message(install):
+def test_a_family_served_unscaled_only_refuses_every_scaled_form_with_one_message(install, monkeypatch):
+    # a record whose tables are the model's own ("fixed"): LTX-Video's before it was sized by position modes
+    name = "LTXVideoTransformer3DModel"
+    fixed = dataclasses.replace(DIFFUSERS[name], tables=("fixed", "rope"), positions=None)
+    monkeypatch.setitem(DIFFUSERS, name, fixed)
     model, _ = _ltx()
-    with pytest.raises(ValueError, match=r"LTXVideoTransformer3DModel \(ltx_video\) is served unscaled only: its "
-                                         r"processors rotate by the model's own tables"):  # fmt: skip
+    with pytest.raises(ValueError, match=rf"{name} \(ltx_video\) is served unscaled only: its processors rotate by "
+                                         r"the model's own tables"):  # fmt: skip
         set_rope_processors(model, **install)
     assert set_rope_processors(model).tables is None  # unscaled: served
 

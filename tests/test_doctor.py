@@ -150,6 +150,16 @@ def test_a_diffusers_model_needs_its_inputs():
         doctor(model)
 
 
+def test_importing_the_doctor_imports_no_optional_library():
+    import subprocess
+    import sys
+
+    code = ("import sys, axial_rope, axial_rope.doctor; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'transformers', 'diffusers', 'matplotlib', 'timm'}))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_command_line_prints_a_report_and_writes_json(tmp_path, capsys):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2,

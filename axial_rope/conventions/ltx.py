@@ -239,20 +239,60 @@ LTX_VIDEO_TRAINED_SOURCE = (
     "704, num_frames 161 (github.com/Lightricks/LTX-Video README: best under 720 x 1280 and 257 frames); "
     "arXiv:2501.00103"
 )
+# LTX's coordinates are seconds and pixels, scaled about 0 when sized (interpolation): no grid cells to centre
+_NO_NORMALIZE = (("normalize", "its coordinates are seconds and pixels, not a grid of cells to centre; use "
+                  "'interpolate' or 'none'"),)  # fmt: skip
+
+
+def _ltx_video_positions(config):
+    """``rope(hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords)`` -> positions ``[B, N,
+    3]`` float64 in :func:`ltx_video`'s units (the coordinates before the division by the base grid): the pipeline's
+    ``video_coords``, or the token grid times ``rope_interpolation_scale`` and the patch (without it, upstream reads
+    the index itself as the fraction of the base). Sized, each axis scaled as LTX-2's, by the forward's token grid
+    ``(num_frames, height, width)``."""
+    patches, bases = (size(config, "patch_size_t"), size(config, "patch_size"), size(config, "patch_size")), (
+        20.0, 2048.0, 2048.0)  # LTXVideoRotaryPosEmbed's base grid, fixed by the transformer  # fmt: skip
+
+    def positions(rope, sizing, hidden_states, num_frames=None, height=None, width=None,
+                  rope_interpolation_scale=None, video_coords=None):  # fmt: skip
+        device, batch = hidden_states.device, hidden_states.shape[0]
+        if video_coords is not None:
+            pos = video_coords.transpose(1, 2).to(torch.float64)  # [B, N, 3]
+        else:
+            steps = [torch.as_tensor(rope_interpolation_scale[a], dtype=torch.float64, device=device) * patches[a]
+                     if rope_interpolation_scale is not None else torch.tensor(bases[a], dtype=torch.float64,
+                     device=device) for a in range(3)]  # fmt: skip
+            axes = [torch.arange(n, dtype=torch.float64, device=device) * s for n, s in zip((num_frames, height,
+                    width), steps)]  # fmt: skip
+            pos = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(1, -1, 3).expand(batch, -1, 3)
+        if sizing is not None:
+            if num_frames is None or height is None or width is None:
+                raise ValueError("a sized LTXVideoTransformer3DModel reads its token grid from the forward's "
+                                 "num_frames, height and width: pass them (not only video_coords)")  # fmt: skip
+            grid = torch.tensor([num_frames, height, width], device=device)
+            pos = pos * _interpolation_steps(sizing, device, grid).to(torch.float64)
+        return pos, None, rope.pairing
+
+    return positions
+
+
 register_diffusers(
     DiffusersFamily(
         name="ltx_video",
         classes=("LTXVideoTransformer3DModel",),
         rope=lambda c: ltx_video(size(c, "num_attention_heads"), size(c, "attention_head_dim")),
-        # a per-head frequency model with no spectrum to scale; upstream's float32 angles (1e-3 rad at
-        # theta * pi / 2): the processors rotate by the model's own tables
-        tables=("fixed", "rope"),
-        positions=None,
+        # rope(hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords); unscaled, the
+        # processors rotate by the model's own tables (its float32 angles, 1e-3 rad at theta pi / 2)
+        tables=("module", "rope"),
+        positions=_ltx_video_positions,
+        layout=lambda cos, sin, pairing: _ltx2_layout(cos, sin, pairing),  # [B, N, H D] over the hidden size
+        spectrum=False,  # per-head frequencies: position modes
+        refused_modes=_NO_NORMALIZE,
         stock=("LTXVideoAttnProcessor",),
         processor="LTXVideoRopeProcessor",
         max_diff=3e-8,  # float64 models: upstream's float32 tables, rotated as given
         source=LTX_SOURCE,
-        axes="(t, y, x) over the hidden size, per head",
+        axes="(t, y, x) over the hidden size, per head; the pipeline's frame-rate and VAE scale",
         trained=(TrainedGrid("LTX-Video 0.9", (161, 512, 704), LTX_VIDEO_TRAINED_SOURCE),),
         units=PipelineUnits(32, frames=(8, 1)),
     )
@@ -281,9 +321,6 @@ def _cross_rope(heads: str):
     return rope
 
 
-# LTX-2's coordinates are seconds and pixels, scaled about 0 when sized (interpolation): no grid cells to centre
-_NO_NORMALIZE = (("normalize", "its coordinates are seconds and pixels, not a grid of cells to centre; use "
-                  "'interpolate' or 'none'"),)  # fmt: skip
 
 
 def _interpolation_steps(sizing, device, grid: torch.Tensor | None = None) -> torch.Tensor:

@@ -20,7 +20,7 @@ Unscaled, the model keeps its own tables and the output equals the stock model's
 between forwards: positions and tables are computed inside each forward from its inputs, so the
 adapted model compiles (fullgraph, regional, dynamic sizes), exports and checkpoints activations
 as the stock one does. A scaling that could not act is refused at installation, with the reason (an axis with
-no channels, a mode the family's positions make void, any scaling of LTX-Video's fixed tables).
+no channels, a mode the family's positions make void, any scaling of a family whose tables are the model's own).
 
 A time-dependent scaling (:mod:`axial_rope.time_scaling`: ``DyPE``, ``TimeAwareNTK``) reads the
 sampling time from the transformer's own ``timestep`` argument, in a pre-hook, so the pipeline
@@ -117,8 +117,7 @@ def set_rope_processors(
     """Run the transformer's RoPE through axial_rope: fast processors, and scaled tables where asked.
 
     Args:
-        transformer: an instance of a class in :data:`SUPPORTED` (LTX-Video: unscaled only, its processors
-            rotate by the model's own tables).
+        transformer: an instance of a class in :data:`SUPPORTED`.
         scaling: ``None`` (output equals the stock model's), one method of
             :mod:`axial_rope.scaling` for every axis, or a tuple with one per axis in the
             model's axis order (Flux: ``(text/reference index, y, x)``; video: ``(t, y, x)``),
@@ -152,7 +151,7 @@ def set_rope_processors(
             ``scaling`` of a family without per-axis spectra, an attention factor where the tables are angles),
             a bad ``mode`` (one the family cannot take, or one its positions make void: the record's
             ``refused_modes``) or ``train_size``, a scaling on an axis with no channels, and any scaling, mode or
-            ``train_size`` of a family served unscaled only (LTX-Video).
+            ``train_size`` of a family served unscaled only (tables ``"fixed"``).
     """
     family = diffusers_family(transformer)
     if backend not in (None, *BACKENDS):

@@ -6,11 +6,11 @@ the heads, so each head has its own frequencies: the rope is
 ``- 1``). The QK-norm is an RMSNorm across all heads, which over the hidden size seen as one head is
 the per-head norm of that head: norm and rotation are one :func:`axial_rope.ops.norm_apply_rope` call.
 
-Unscaled (the only mode: the per-head schedule has no spectrum for the scaling methods), the
-processor rotates with the model's own table, as the stock processor does, through
-:func:`axial_rope.apply_rope` on the hidden size seen as one head; that is the stock result to
-float32 rounding, whereas the convention's float64 angles would reproduce it only to upstream's
-float32 angle error (up to ``theta * pi / 2 * 2**-24`` rad).
+The processor rotates by the table it is passed, on the hidden size seen as one head, as the stock processor
+does. Unscaled that is the model's own table: the stock result to float32 rounding, whereas the convention's float64
+angles would reproduce it only to upstream's float32 angle error (up to ``theta * pi / 2 * 2**-24`` rad). Sized
+(position modes only: the per-head schedule has no spectrum for the scaling methods), the adapter's tables module
+computes it from the convention, with float64 angles.
 """
 
 from __future__ import annotations
