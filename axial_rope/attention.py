@@ -17,7 +17,7 @@ from torch import nn
 from .cache import KVCache
 from .init import deferred_init
 from .ops import norm_rotate, rotate
-from .ops.rotation import Rotation
+from .ops.rotation import QKRotation, Rotation
 from .parallel import ContextParallel, sequence_parallel_attention
 from .rope import AxialRoPE
 from .rotary import check_rotation
@@ -155,12 +155,15 @@ class Attention(nn.Module):
             q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
         return q.view(B, S, H, D), k.view(B, S, Hk, D), v.view(B, S, Hk, D)  # bshd
 
-    def _rotation(self, pos, rope, seq_len, rotation) -> tuple[Rotation | None, float]:
+    def _rotation(self, pos, rope, seq_len, rotation) -> tuple[Rotation | QKRotation | None, float]:
         """The rotation of this call and the softmax gain (the attention factor squared, softmax placement)."""
         in_softmax = self.factor_placement == "softmax"
         if rotation is not None:
-            if not isinstance(rotation, Rotation):
-                raise TypeError(f"rotation must be an axial_rope.ops.Rotation (rope.rotation(pos)), got {rotation!r}")
+            if not isinstance(rotation, (Rotation, QKRotation)):
+                raise TypeError(
+                    "rotation must be an axial_rope.ops.Rotation (rope.rotation(pos)) or a QKRotation (queries and "
+                    f"keys turned differently), got {type(rotation).__name__}"
+                )
             if in_softmax:
                 raise ValueError(
                     "factor_placement='softmax' needs the attention factor as a number: pass pos (and rope) "
@@ -175,7 +178,9 @@ class Attention(nn.Module):
         # softmax placement: unit-length rotation, the factor squared goes into the softmax scale
         return rotation.without_attention_factor(), uniform_attention_factor(rope) ** 2
 
-    def _norm_and_rotate(self, q, k, rotation: Rotation | None, backend) -> tuple[torch.Tensor, torch.Tensor]:
+    def _norm_and_rotate(
+        self, q, k, rotation: Rotation | QKRotation | None, backend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """q [B, S, H, D], k [B, S, H_kv, D] -> normed, rotated (norm and rotation in one call for RMSNorm)."""
         if rotation is not None:
             check_rotation(rotation, q, k, "bshd")
@@ -194,7 +199,7 @@ class Attention(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         rope: AxialRoPE | None = None,
-        rotation: Rotation | None = None,
+        rotation: Rotation | QKRotation | None = None,
         cache: KVCache | None = None,
         input_pos: torch.Tensor | None = None,
         cache_write: bool = True,
@@ -211,7 +216,9 @@ class Attention(nn.Module):
             mask: SDPA mask broadcastable to ``[B, H, S, S_k]`` (bool: True = attend; or additive float).
             rope: replaces the module's rope for this call (any rope-like object, e.g. ``rope.at_time(t)``).
             rotation: instead of ``pos`` and a rope, the rotation itself (``rope.rotation(pos, ...)``), e.g.
-                computed once per forward by a model and passed to every block.
+                computed once per forward by a model and passed to every block; a
+                :class:`~axial_rope.ops.rotation.QKRotation` turns the queries by its ``query`` and the keys by its
+                ``key`` (a cache then holds keys turned by ``key``: roll it with ``cache.advance(n, rotation.key)``).
             cache: a :class:`KVCache`; the new keys are rotated once, written at ``input_pos``, and
                 the queries attend to every slot written so far (causal: those ``<= input_pos``).
             input_pos: int ``[S]``, cache slots of the new tokens (needed with ``cache``).

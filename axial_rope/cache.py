@@ -15,6 +15,15 @@ rolls it survives; rotating the rolled key again at every roll would add one rou
 bfloat16, a relative error of 0.1 after a few hundred rolls). A video cache holds whole frames
 (``frame`` tokens sharing one time coordinate), rolls by frames and re-indexes the time axis only.
 
+Keys turned by a rotation of their own (the ``key`` of a :class:`~axial_rope.ops.rotation.QKRotation`: other
+positions, another ``F``, an amplitude) are stored as that rotation wrote them, and a roll re-indexes them by
+*its* ``F``: pass it (``advance(n, rotation.key)``, or the whole ``QKRotation``). Its time coordinate must count
+frames (a stride folds into ``F``'s time row). What stays relative after a roll: the angle (a kept key turns by
+minus its move times the key ``F``'s time row, the angle it would have had written at its new position); an
+amplitude written with the key stays as written, which is right for an amplitude tied to the key itself (a
+reference image's damped planes) but not for one tied to its position (an xPos decay stays at the written
+position: against later queries the key's logits are off by the decay of its move).
+
 Bookkeeping and compile: ``length`` (the slots held or reserved) lives on the host and only
 :meth:`KVCache.advance` moves it (it reserves the slots it returns; rolls happen there, eagerly);
 :meth:`KVCache.update`, which runs inside a compiled model, only writes tensors. An eager update at
@@ -24,11 +33,14 @@ a compiled one cannot (it would be a host sync), so mix explicit writes with ``a
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
 from .ops import rotate
-from .ops.rotation import Rotation
+from .ops.common import check_grouped_heads
+from .ops.rotation import QKRotation, Rotation
 
 __all__ = ["KVCache", "check_rollable", "check_window", "roll_shift"]
 
@@ -81,6 +93,16 @@ def check_rollable(rope) -> None:
             "a rolling cache re-indexes positions by a rotation, which needs fixed frequencies and no position "
             "map (a length- or time-dependent scaling, or a transform, would change the keys otherwise)"
         )
+
+
+class _KeyTurn(NamedTuple):
+    """The frequencies a roll re-rotates the kept keys with (those the keys were written with)."""
+
+    freqs: torch.Tensor  # F [R, n] or per head [H_F, R, n], detached
+    turns: torch.Tensor | None  # F as fixed-point turns (devices without float64), or None
+    pairing: str
+    backend: str | None
+    dtype: torch.dtype  # of the position shift: float64, float32 with turns
 
 
 def roll_shift(length: int, n: int, window: int, sinks: int, evict: int) -> int:
@@ -254,7 +276,8 @@ class KVCache(nn.Module):
         """Roll if ``n`` new tokens would not fit, reserving nothing: what a read of the cache with ``n`` new tokens
         (:meth:`peek`) needs before it. A rolling cache drops the oldest entries after the sinks (the overflow, or
         ``evict`` if more; whole frames) and re-indexes the kept keys with ``rope`` (the layer's
-        :class:`~axial_rope.AxialRoPE`); a static cache raises past ``max_seq_len``."""
+        :class:`~axial_rope.AxialRoPE`, or the rotation the keys were written with, a ``Rotation`` or a
+        ``QKRotation`` whose ``key`` is used); a static cache raises past ``max_seq_len``."""
         _positive("n", n)
         if self.window is None:
             if self.length + n > self.max_seq_len:
@@ -281,7 +304,7 @@ class KVCache(nn.Module):
         as written rotated by minus the time positions it has moved since (one rotation, whatever the rolls)."""
         if self.window is None:
             raise ValueError("roll() is for a rolling cache (window=)")
-        self._check_rope(rope)
+        turn = self._check_rope(rope)
         if shift % self.frame or not 0 < shift <= self.length - self.sinks:
             raise ValueError(f"roll: shift must be whole frames in (0, {self.length - self.sinks}], got {shift}")
         start, keep = self.sinks, self.length - self.sinks - shift
@@ -292,9 +315,8 @@ class KVCache(nn.Module):
                     buf[:, :, kept] = buf[:, :, src].clone()
                 self.moved[kept] = self.moved[src] + shift // self.frame
                 self.k[:, :, kept] = self.k_written[:, :, kept]
-                rotate(
-                    self.k[:, :, kept], None, self._delta(rope, self.moved[kept]), "bhsd", rope.backend, inplace=True
-                )
+                delta = self._delta(turn, self.moved[kept])
+                rotate(self.k[:, :, kept], None, delta, "bhsd", turn.backend, inplace=True)
             dropped = slice(start + keep, self.length)
             for buf in (self.k, self.k_written, self.v):
                 buf[:, :, dropped] = 0
@@ -302,26 +324,37 @@ class KVCache(nn.Module):
         self.length -= shift
         self._reserved = None  # slots reserved before a roll have moved
 
-    def _check_rope(self, rope) -> None:
-        check_rollable(rope)
-        if self.time_axis >= rope.n_axes:
-            raise ValueError(
-                f"KVCache: time_axis ({self.time_axis}) is not an axis of the rope's {rope.n_axes}-axis positions"
-            )
-        if rope.rot_dim > self.k.shape[3]:
-            raise ValueError(
-                f"rope.rot_dim = sum(axes_dim) = {rope.rot_dim} exceeds the cache's head_dim = {self.k.shape[3]}"
-            )
+    def _check_rope(self, rope) -> _KeyTurn:
+        """What a roll turns the kept keys by: the key rotation's ``F`` (a ``Rotation``, or a ``QKRotation``'s key),
+        or the rope's (a rope-like object whose angle is linear in the position: :func:`check_rollable`)."""
+        if isinstance(rope, QKRotation):
+            rope = rope.key
+        if isinstance(rope, Rotation):  # an angle linear in pos by construction: pos @ F
+            dtype = torch.float64 if rope.turns is None else torch.float32  # turns: a device without float64
+            turn = _KeyTurn(rope.freqs.detach(), rope.turns, rope.pairing, None, dtype)
+            what, n_axes, rot_dim = "the key rotation's", rope.freqs.shape[-2], 2 * rope.n_pairs
+            width = f"rotation.key's rot_dim = 2 x its planes = {rot_dim}"
+        else:
+            check_rollable(rope)
+            learned = rope.learned_freqs is not None
+            freqs = (rope.learned_freqs if learned else rope.freqs).detach()
+            dtype = torch.float64 if rope.float64_angles() else torch.float32
+            turn = _KeyTurn(freqs, None if learned else rope.turns, rope.pairing, rope.backend, dtype)
+            what, n_axes, rot_dim = "the rope's", rope.n_axes, rope.rot_dim
+            width = f"rope.rot_dim = sum(axes_dim) = {rot_dim}"
+        if self.time_axis >= n_axes:
+            raise ValueError(f"KVCache: time_axis ({self.time_axis}) is not an axis of {what} {n_axes}-axis positions")
+        if rot_dim > self.k.shape[3]:
+            raise ValueError(f"{width} exceeds the cache's head_dim = {self.k.shape[3]}")
+        if turn.freqs.ndim == 3:
+            check_grouped_heads(f"{what} per-head frequencies", turn.freqs.shape[0], "the cache", self.k.shape[1])
+        return turn
 
-    def _delta(self, rope, moved: torch.Tensor) -> Rotation:
+    def _delta(self, turn: _KeyTurn, moved: torch.Tensor) -> Rotation:
         """The rotation by ``-moved`` (int ``[S]``) on the time axis (no attention factor: the keys carry theirs)."""
-        dtype = torch.float64 if rope.float64_angles() else torch.float32
-        delta = torch.zeros(1, moved.shape[0], rope.n_axes, dtype=dtype, device=self.k.device)
-        delta[..., self.time_axis] = -moved.to(dtype)
-        freqs = rope.learned_freqs if rope.learned_freqs is not None else rope.freqs
-        return Rotation(
-            delta, freqs.detach(), None, rope.pairing, None if rope.learned_freqs is not None else rope.turns
-        )
+        delta = torch.zeros(1, moved.shape[0], turn.freqs.shape[-2], dtype=turn.dtype, device=self.k.device)
+        delta[..., self.time_axis] = -moved.to(turn.dtype)
+        return Rotation(delta, turn.freqs, None, turn.pairing, turn.turns)
 
     def reset(self) -> None:
         """Empty the cache: zero keys and values, no slot written or reserved."""

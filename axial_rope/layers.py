@@ -19,7 +19,7 @@ from torch import nn
 from .attention import FACTOR_PLACEMENTS, QK_NORMS, Attention, xavier_linear
 from .cache import KVCache
 from .init import deferred_init
-from .ops.rotation import Rotation
+from .ops.rotation import QKRotation, Rotation
 from .parallel import ContextParallel
 from .rope import AxialRoPE
 from .segments import Segments
@@ -127,7 +127,7 @@ class DiTBlock(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         rope: AxialRoPE | None = None,
-        rotation: Rotation | None = None,
+        rotation: Rotation | QKRotation | None = None,
         seq_len: int | Sequence[int] | None = None,
         context_parallel: ContextParallel | None = None,
         segments: Segments | None = None,

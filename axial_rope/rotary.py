@@ -24,11 +24,11 @@ from collections.abc import Sequence
 import torch
 
 from .ops import norm_rotate, rotate, rotation_tables
-from .ops.common import channel_table, check_qk, check_tensor, seq_dim
-from .ops.rotation import Rotation
+from .ops.common import channel_table, check_grouped_heads, check_qk, check_tensor, head_axis, seq_dim
+from .ops.rotation import QKRotation, Rotation, check_qk_rotation
 from .position_checks import check_positions
 
-__all__ = ["Rotary", "Rotation", "as_positions", "check_rotation"]
+__all__ = ["QKRotation", "Rotary", "Rotation", "as_positions", "check_rotation"]
 
 
 def as_positions(pos: torch.Tensor, n_axes: int) -> torch.Tensor:
@@ -44,22 +44,39 @@ def as_positions(pos: torch.Tensor, n_axes: int) -> torch.Tensor:
     return pos if pos.ndim == 3 else pos[None]
 
 
-def check_rotation(rotation: Rotation, q: torch.Tensor, k: torch.Tensor | None, layout: str) -> None:
-    """A rotation must fit q and k: tokens, batch, rotated channels and (per-head ``F``) heads."""
+def check_rotation(rotation: Rotation | QKRotation, q: torch.Tensor, k: torch.Tensor | None, layout: str) -> None:
+    """A rotation must fit q and k: tokens, batch, rotated channels and (per-head ``F``) heads.
+
+    A :class:`~axial_rope.ops.rotation.QKRotation` must fit q with its query side and k with its key side, and
+    its key must turn the query's planes (:func:`~axial_rope.ops.rotation.check_qk_rotation`).
+    """
+    if isinstance(rotation, QKRotation):
+        check_qk_rotation(rotation)
+        _check_side(rotation.query, q, "q", "rotation.query", layout)
+        if k is not None:
+            _check_side(rotation.key, k, "k", "rotation.key", layout)
+        return
+    if not isinstance(rotation, Rotation):
+        raise TypeError(f"rotation must be an axial_rope.ops.Rotation or QKRotation, got {type(rotation).__name__}")
+    for name, x in (("q", q), ("k", k)):
+        if x is not None:
+            _check_side(rotation, x, name, "rotation", layout)
+
+
+def _check_side(rotation: Rotation, x: torch.Tensor, name: str, field: str, layout: str) -> None:
     s = seq_dim(layout)
     tokens, batch = rotation.pos.shape[1], rotation.pos.shape[0]
-    if tokens != q.shape[s]:
-        raise ValueError(f"pos has {tokens} positions, q has S={q.shape[s]} tokens (layout={layout!r})")
-    if batch not in (1, q.shape[0]):
-        raise ValueError(f"pos batch {batch} must be 1 or q's batch {q.shape[0]}")
-    if q.shape[-1] < 2 * rotation.n_pairs:
+    if tokens != x.shape[s]:
+        raise ValueError(f"{field}: pos has {tokens} positions, {name} has S={x.shape[s]} tokens (layout={layout!r})")
+    if batch not in (1, x.shape[0]):
+        raise ValueError(f"{field}: pos batch {batch} must be 1 or {name}'s batch {x.shape[0]}")
+    if x.shape[-1] < 2 * rotation.n_pairs:
         raise ValueError(
-            f"head_dim {q.shape[-1]} is smaller than rot_dim = {2 * rotation.n_pairs} (2 x the planes of F)"
+            f"{field}: {name}'s head_dim {x.shape[-1]} is smaller than rot_dim = {2 * rotation.n_pairs} "
+            "(2 x the planes of F)"
         )
     if rotation.freqs.ndim == 3:
-        heads = [x.shape[3 - s] for x in (q, k) if x is not None]
-        if any(h != rotation.freqs.shape[0] for h in heads):
-            raise ValueError(f"per-head frequencies are for {rotation.freqs.shape[0]} heads, q/k have {heads} heads")
+        check_grouped_heads("per-head frequencies", rotation.freqs.shape[0], name, x.shape[head_axis(layout)])
 
 
 class Rotary:

@@ -15,7 +15,9 @@ place and copies the result back, so autograd records the copy.
 
 Every rope-like object describes its rotation as a :class:`~axial_rope.ops.rotation.Rotation`
 (positions, ``F``, attention factor, pairing: tensors only) and rotates through :func:`rotate`
-or :func:`norm_rotate`; :func:`rotation_tables` turns one into cos/sin tables.
+or :func:`norm_rotate`; :func:`rotation_tables` turns one into cos/sin tables. Queries and keys
+turned differently are a :class:`~axial_rope.ops.rotation.QKRotation` (a rotation each), which
+:func:`rotate` and :func:`norm_rotate` take in place of one ``Rotation``.
 """
 
 from __future__ import annotations
@@ -30,20 +32,22 @@ from .common import (
     LAYOUTS,
     PAIRINGS,
     check_choice,
+    check_head_tables,
     check_qk,
     check_table_pair,
     check_tensor,
+    head_axis,
     plane_cos_sin,
     plane_table,
     rms_norm,
     table_for_layout,
 )
 from .norm import QKNorm, check_norm
-from .rotation import Rotation
+from .rotation import QKRotation, Rotation, check_qk_rotation
 
 __all__ = [
     "apply_rope", "norm_apply_rope", "rotate", "norm_rotate", "rotation_tables", "rotate_qk", "norm_rotate_qk",
-    "Rotation", "QKNorm", "select_backend", "preload", "BACKENDS", "ENV_VAR",
+    "Rotation", "QKRotation", "QKNorm", "select_backend", "preload", "BACKENDS", "ENV_VAR",
 ]  # fmt: skip
 
 BACKENDS = tuple(backends.REGISTRY)  # the built-in names (the registry may grow)
@@ -158,7 +162,10 @@ def apply_rope(
         x: ``[B, S, H, D]`` (``layout="bshd"``) or ``[B, H, S, D]`` (``"bhsd"``).
         cos, sin: ``[S, r]`` or ``[B, S, r]``, ``r <= D`` even, in the pairing's channel
             layout (each plane's value in both of its channels, as diffusers, timm and
-            transformers build them); only the first ``r`` channels are rotated.
+            transformers build them); only the first ``r`` channels are rotated. Per head:
+            ``[S, H_t, r]`` or ``[B, S, H_t, r]`` (``B`` may be 1), ``H_t`` equal to x's heads or
+            dividing them (grouped heads: head ``h`` turns by table head ``h // (H / H_t)``). A 3-D
+            table is read by its shape against x; one that fits both readings differently is refused.
         pairing: ``"interleaved"`` (planes ``(2i, 2i+1)``) or ``"half"`` (``(i, i + r/2)``).
         backend: ``None`` (automatic), ``"reference"``, ``"torch"`` or ``"triton"``.
         inplace: write the result into ``x`` and return ``x``.
@@ -169,15 +176,14 @@ def apply_rope(
     check_choice("pairing", pairing, PAIRINGS)
     check_choice("layout", layout, LAYOUTS)
     check_tensor("x", x, 4)
-    check_table_pair(cos, sin, x, layout)
-    if cos.ndim == 2:
-        cos, sin = cos[None], sin[None]
+    cos, sin = check_head_tables(cos, sin, x, layout)  # [B|1, S, H_t, r]
+    per_head = cos.shape[2] > 1
     cos = table_for_layout(plane_table(cos, pairing), layout)
     sin = table_for_layout(plane_table(sin, pairing), layout)
     grads = _grads(x=x, cos=cos, sin=sin)
     if inplace:
         _check_inplace(x=x)
-    call = Call("rotate_table", x.device, x.dtype, grads, inplace and not grads)
+    call = Call("rotate_table", x.device, x.dtype, grads, inplace and not grads, per_head=per_head)
     chosen = select_backend(backend, call)
     out = chosen.rotate_table(x, cos, sin, pairing, layout, inplace=call.inplace)
     return x.copy_(out) if inplace and grads else out
@@ -243,11 +249,15 @@ def rotate_qk(
     layout: str,
     backend: str | None = None,
     inplace: bool = False,
+    *,
+    key: Rotation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Table-free entry used by :class:`~axial_rope.AxialRoPE`: rotate q and k by ``pos @ freqs``.
 
     Arguments are already checked: pos ``[B|1, S, n_axes]``, freqs ``[n_axes, n]`` or
-    ``[H, n_axes, n]`` (per head), scale ``[n]`` float64 attention factor per plane or ``None``.
+    ``[H_F, n_axes, n]`` (per head, ``H_F`` dividing q's and k's heads), scale ``[n]`` float64 attention
+    factor per plane or ``None``. ``key``: the keys' own rotation (:func:`rotate` with a
+    :class:`~axial_rope.ops.rotation.QKRotation`); ``None``: k turns as q.
 
     ``inplace=True`` writes the results into q and k and returns them. Without a gradient
     to record, the backend rotates in place with no output allocation (triton: the
@@ -255,6 +265,9 @@ def rotate_qk(
     the rotation runs out of place and is copied back with ``copy_``, which autograd
     records (so a leaf that requires grad gets PyTorch's usual in-place error).
     """
+    if key is not None:
+        query = Rotation(pos, freqs, None if scale is None else scale, pairing)
+        return rotate(q, k, QKRotation(query, key), layout, backend, inplace=inplace)
     grads = _grads(q=q, k=k, pos=pos, freqs=freqs, scale=scale)
     if inplace:
         _check_inplace(q=q, k=k)
@@ -299,7 +312,8 @@ def rotation_tables(rotation: Rotation, dtype: torch.dtype = torch.float32) -> t
 def _by_tables(x: torch.Tensor, tables, rotation: Rotation, layout: str, backend, inplace: bool) -> torch.Tensor:
     cos, sin = (table_for_layout(t, layout) for t in tables)
     grads = _grads(x=x, cos=cos, sin=sin)
-    call = Call("rotate_table", x.device, x.dtype, grads, inplace and not grads)
+    per_head = cos.shape[head_axis(layout)] > 1
+    call = Call("rotate_table", x.device, x.dtype, grads, inplace and not grads, per_head=per_head)
     out = select_backend(backend, call).rotate_table(x, cos, sin, rotation.pairing, layout, inplace=call.inplace)
     return x.copy_(out) if inplace and grads else out
 
@@ -307,7 +321,7 @@ def _by_tables(x: torch.Tensor, tables, rotation: Rotation, layout: str, backend
 def rotate(
     q: torch.Tensor,
     k: torch.Tensor | None,
-    rotation: Rotation,
+    rotation: Rotation | QKRotation,
     layout: str = "bshd",
     backend: str | None = None,
     *,
@@ -321,7 +335,19 @@ def rotate(
     fixed-point turns (devices without float64) are angles no backend computes, so those rotations go
     through cos/sin tables computed once here (from float64 angles times the factor, or from the turns)
     and :func:`apply_rope`'s operation on the same backends.
+
+    A :class:`~axial_rope.ops.rotation.QKRotation` turns q by ``rotation.query`` and k by ``rotation.key``:
+    each tensor through its own call of the operation above (on Triton, one launch each way per tensor
+    instead of one for both; q and k are still each read and written once).
     """
+    if isinstance(rotation, QKRotation):
+        check_qk_rotation(rotation)
+        if inplace:
+            _check_inplace(q=q, k=k)
+        q_out = rotate(q, None, rotation.query, layout, backend, inplace=inplace)[0]
+        if k is None:
+            return q_out, None
+        return q_out, rotate(k, None, rotation.key, layout, backend, inplace=inplace)[0]
     if rotation.per_token_factor or rotation.turns is not None:
         if inplace:
             _check_inplace(q=q, k=k)
@@ -337,14 +363,24 @@ def norm_rotate(
     k: torch.Tensor,
     q_weight: torch.Tensor | None,
     k_weight: torch.Tensor | None,
-    rotation: Rotation,
+    rotation: Rotation | QKRotation,
     layout: str = "bshd",
     backend: str | None = None,
     *,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-head RMSNorm of q and k (weights ``[D]`` or ``None``), then :func:`rotate`; rounded to the input dtype once."""
-    if rotation.per_token_factor or rotation.turns is not None:  # normalised in float32, by tables, rounded once
+    """Per-head RMSNorm of q and k (weights ``[D]`` or ``None``), then :func:`rotate`; rounded to the input dtype once.
+
+    The fused kernels turn q and k by one angle; a per-token factor, fixed-point turns or a
+    :class:`~axial_rope.ops.rotation.QKRotation` normalise in float32 (a fresh tensor), rotate that by
+    :func:`rotate` and round once.
+    """
+    if isinstance(rotation, QKRotation):
+        check_qk_rotation(rotation)
+        q_out = rotate(rms_norm(q, q_weight, eps), None, rotation.query, layout, backend)[0]
+        k_out = rotate(rms_norm(k, k_weight, eps), None, rotation.key, layout, backend)[0]
+        return q_out.to(q.dtype), k_out.to(k.dtype)
+    if rotation.per_token_factor or rotation.turns is not None:  # tables computed once for q and k
         tables = rotation_tables(rotation, torch.float32 if q.dtype != torch.float64 else torch.float64)
         out = (_by_tables(rms_norm(x, w, eps), tables, rotation, layout, backend, False) for x, w in
                ((q, q_weight), (k, k_weight)))  # fmt: skip

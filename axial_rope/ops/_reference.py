@@ -39,11 +39,22 @@ def _turn(x: torch.Tensor, turn: torch.Tensor, pairing: str) -> torch.Tensor:
     return torch.cat([rotated.to(x.dtype), x[..., 2 * n :]], dim=-1)
 
 
+def _turn_heads(x: torch.Tensor, turn: torch.Tensor, pairing: str, layout: str) -> torch.Tensor:
+    """:func:`_turn` with turns for ``H_t`` heads (``1``, x's ``H``, or grouped: a divisor, head ``h`` by turn
+    ``h // (H / H_t)``): grouped, x is seen as ``H_t`` groups of ``H / H_t`` heads that share their group's turn."""
+    axis = 2 if layout == "bshd" else 1
+    groups, heads = turn.shape[axis], x.shape[axis]
+    if groups in (1, heads):
+        return _turn(x, turn, pairing)
+    out = _turn(x.unflatten(axis, (groups, heads // groups)), turn.unsqueeze(axis + 1), pairing)
+    return out.flatten(axis, axis + 1)
+
+
 def _turns(pos, freqs, scale, layout: str) -> torch.Tensor:
     """``scale * exp(i angle)`` per token and plane, shaped to broadcast against q in ``layout``.
 
-    pos ``[B|1, S, A]``, freqs ``[A, n]`` or ``[H, A, n]`` -> ``[B|1, S, 1|H, n]`` (``bshd``)
-    or ``[B|1, 1|H, S, n]`` (``bhsd``).
+    pos ``[B|1, S, A]``, freqs ``[A, n]`` or ``[H_F, A, n]`` -> ``[B|1, S, 1|H_F, n]`` (``bshd``)
+    or ``[B|1, 1|H_F, S, n]`` (``bhsd``).
     """
     pos = pos.double()[:, :, None, :, None]  # [B|1, S, 1, A, 1]
     freqs = freqs.double()
@@ -87,21 +98,21 @@ class ReferenceBackend:
         return None
 
     def rotate_table(self, x, cos, sin, pairing, layout, *, inplace):
-        out = _turn(x, torch.complex(cos.double(), sin.double()), pairing)
+        out = _turn_heads(x, torch.complex(cos.double(), sin.double()), pairing, layout)
         return x.copy_(out) if inplace else out
 
     def rotate_qk(self, q, k, pos, freqs, scale, pairing, layout, *, inplace):
         turn = _turns(pos, freqs, scale, layout)
-        q_out = _turn(q, turn, pairing)
-        k_out = None if k is None else _turn(k, turn, pairing)
+        q_out = _turn_heads(q, turn, pairing, layout)
+        k_out = None if k is None else _turn_heads(k, turn, pairing, layout)
         if inplace:
             return q.copy_(q_out), (None if k is None else k.copy_(k_out))
         return q_out, k_out
 
     def norm_rotate_qk(self, q, k, q_weight, k_weight, eps, pos, freqs, scale, pairing, layout):
         turn = _turns(pos, freqs, scale, layout)
-        q_out = _turn(_rms_norm(q, q_weight, eps), turn, pairing)
-        k_out = _turn(_rms_norm(k, k_weight, eps), turn, pairing)
+        q_out = _turn_heads(_rms_norm(q, q_weight, eps), turn, pairing, layout)
+        k_out = _turn_heads(_rms_norm(k, k_weight, eps), turn, pairing, layout)
         return q_out.to(q.dtype), k_out.to(k.dtype)
 
     def norm_rotate_table(self, q, k, norm, cos, sin, pairing, layout):

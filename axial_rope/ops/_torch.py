@@ -30,7 +30,7 @@ import threading
 import torch
 
 from .backend import Call
-from .common import compute_dtype, plane_cos_sin, qk_norm, rms_norm, table_for_layout
+from .common import compute_dtype, head_axis, plane_cos_sin, qk_norm, rms_norm, table_for_layout
 
 CHUNK = 1 << 19  # elements per CPU chunk: two float32 work buffers of 2 MiB, cache-resident
 EAGER_DEVICES = ("cpu", "cuda")  # full complex support; elsewhere (MPS) the expression path
@@ -227,6 +227,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str,
     return _RotateByTable.apply(x, pairing, *prepared[dtype])
 
 
+def _rotate_heads(x, cos, sin, pairing: str, prepared: dict, inplace: bool, layout: str) -> torch.Tensor:
+    """:func:`_rotate` by tables for ``H_t`` heads: ``1`` or x's ``H`` as they are; grouped (``H_t`` dividing ``H``,
+    head ``h`` by table head ``h // (H / H_t)``) through the expression path on x seen as ``H_t`` groups of
+    ``H / H_t`` heads, each group broadcasting its table head (no table is repeated per head)."""
+    axis = head_axis(layout)
+    groups, heads = cos.shape[axis], x.shape[axis]
+    if groups in (1, heads):
+        return _rotate(x, cos, sin, pairing, prepared, inplace)
+    grouped = x.unflatten(axis, (groups, heads // groups))
+    out = _rotate(grouped, cos.unsqueeze(axis + 1), sin.unsqueeze(axis + 1), pairing, {}, inplace)
+    return x if inplace else out.flatten(axis, axis + 1)
+
+
 def _tables(pos, freqs, scale, dtype: torch.dtype, layout: str) -> tuple:
     """Plane tables for ``layout`` and a dict for the eager kernel's tables made from them (per compute dtype),
     shared by q and k. Computed on every call: nothing is kept between calls (a model that wants its
@@ -242,13 +255,13 @@ class TorchBackend:
         return None  # every device, dtype and gradient: plain PyTorch ops
 
     def rotate_table(self, x, cos, sin, pairing, layout, *, inplace):
-        return _rotate(x, cos, sin, pairing, {}, inplace)
+        return _rotate_heads(x, cos, sin, pairing, {}, inplace, layout)
 
     def rotate_qk(self, q, k, pos, freqs, scale, pairing, layout, *, inplace):
         """Plane tables built once from ``pos @ freqs`` (float64 angles, q's compute dtype), applied to q and k."""
         cos, sin, prepared = _tables(pos, freqs, scale, compute_dtype(q), layout)
-        q_out = _rotate(q, cos, sin, pairing, prepared, inplace)
-        return q_out, (None if k is None else _rotate(k, cos, sin, pairing, prepared, inplace))
+        q_out = _rotate_heads(q, cos, sin, pairing, prepared, inplace, layout)
+        return q_out, (None if k is None else _rotate_heads(k, cos, sin, pairing, prepared, inplace, layout))
 
     def norm_rotate_qk(self, q, k, q_weight, k_weight, eps, pos, freqs, scale, pairing, layout):
         # normalise in float32 and rotate the float32 result, so the output is rounded once

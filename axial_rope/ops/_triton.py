@@ -87,11 +87,14 @@ def _launch_freqs_grad(q, k, gq, gk, pos, freqs, scale, interleaved: bool, layou
     part = part[..., :n_axes, :n]
     if freqs.ndim == 2:
         return part.sum((0, 1)).to(freqs.dtype)
-    heads = freqs.shape[0]  # per-head F: q head h and k head h (h < k's heads) both turn by F[h]
-    grad = part[: launch.q_groups].flatten(0, 1)[:heads].clone()
+    # per-head F [HF, A, n]: head h of a tensor with H heads turns by F[h // (H / HF)]; one row per head, summed
+    # over the heads that share an F head
+    heads = freqs.shape[0]
+    q_heads = q.shape[2] if layout == "bshd" else q.shape[1]
+    grad = part[: launch.q_groups].flatten(0, 1)[:q_heads].unflatten(0, (heads, -1)).sum(1)
     if k is not None:
         k_heads = k.shape[2] if layout == "bshd" else k.shape[1]
-        grad[:k_heads] += part[launch.q_groups :].flatten(0, 1)[:k_heads]
+        grad += part[launch.q_groups :].flatten(0, 1)[:k_heads].unflatten(0, (heads, -1)).sum(1)
     return grad.to(freqs.dtype)
 
 

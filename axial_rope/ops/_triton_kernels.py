@@ -145,16 +145,19 @@ def _angle_cos_sin(pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, b,
 
 
 @triton.jit
-def _program_cos_sin(pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ, N: tl.constexpr,
+def _program_cos_sin(pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ, HK, HF, N: tl.constexpr,
                      N_AXES: tl.constexpr, BLOCK_N: tl.constexpr, PER_HEAD: tl.constexpr, CONJ: tl.constexpr,
                      F64: tl.constexpr, FAST_TRIG: tl.constexpr, HEADS: tl.constexpr, BLOCK_S: tl.constexpr):  # fmt: skip
     """The tile of a q/k kernel's program (sample, tokens, token mask, is k, first head) and its cos, sin.
 
-    Per-head F: head h of q or k uses F[h] (:func:`_angle_cos_sin`).
+    Per-head F ``[HF, A, N]``: head h of q uses ``F[h // (HQ / HF)]``, head h of k ``F[h // (HK / HF)]`` (HF divides
+    both; grouped-query attention with ``HF = HK`` gives each query head its key head's F).
     """
     b, tokens, token_mask = _tokens(S, BLOCK_S)
     is_k, h0 = _group(HQ, HEADS)
     heads = h0 + tl.arange(0, HEADS).to(tl.int64)
+    if PER_HEAD:
+        heads = heads // ((HQ + (HK - HQ) * is_k.to(tl.int32)) // HF)  # the tensor's heads per F head
     c, s = _angle_cos_sin(pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, b, tokens, token_mask, heads,
                           N, N_AXES, BLOCK_N, PER_HEAD, CONJ, F64, FAST_TRIG)  # fmt: skip
     return b, tokens, token_mask, is_k, h0, c, s
@@ -210,7 +213,7 @@ def _rotate_heads(x_ptr, o_ptr, x_strides, o_strides, n_heads, b, h0, tokens, to
 @triton.jit
 def rope_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, freqs_ptr, scale_ptr,
-    q_strides, k_strides, qo_strides, ko_strides, pos_strides, freqs_strides, S, HQ, HK,
+    q_strides, k_strides, qo_strides, ko_strides, pos_strides, freqs_strides, S, HQ, HK, HF,
     N: tl.constexpr, D: tl.constexpr, N_AXES: tl.constexpr, PER_HEAD: tl.constexpr, INTERLEAVED: tl.constexpr,
     CONJ: tl.constexpr, COPY_REST: tl.constexpr, F64: tl.constexpr, FAST_TRIG: tl.constexpr, VEC: tl.constexpr,
     HEADS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -221,7 +224,7 @@ def rope_kernel(
     inputs (in place).
     """
     b, tokens, token_mask, is_k, h0, c, s = _program_cos_sin(
-        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ,
+        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ, HK, HF,
         N, N_AXES, BLOCK_N, PER_HEAD, CONJ, F64, FAST_TRIG, HEADS, BLOCK_S,
     )  # fmt: skip
     if is_k:
@@ -235,17 +238,18 @@ def rope_kernel(
 
 @triton.jit
 def rope_table_kernel(
-    x_ptr, o_ptr, cos_ptr, sin_ptr, x_strides, o_strides, table_strides, S, H,
+    x_ptr, o_ptr, cos_ptr, sin_ptr, x_strides, o_strides, table_strides, S, H, G,
     N: tl.constexpr, D: tl.constexpr, PER_HEAD: tl.constexpr, INTERLEAVED: tl.constexpr, CONJ: tl.constexpr,
     COPY_REST: tl.constexpr, F64: tl.constexpr, VEC: tl.constexpr, HEADS: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
-    """Rotate x ``[B, S, H, D]`` by plane tables cos/sin ``[B|1, S, H|1, N]`` (0 strides on broadcast axes)."""
+    """Rotate x ``[B, S, H, D]`` by plane tables cos/sin ``[B|1, S, H_t|1, N]`` (0 strides on broadcast axes); head
+    h reads table head ``h // G`` (``G = H / H_t``: 1, or grouped heads)."""
     b, tokens, token_mask = _tokens(S, BLOCK_S)
     h0 = tl.program_id(1) * HEADS
     heads = h0 + tl.arange(0, HEADS).to(tl.int64)
     dtype = tl.float64 if F64 else tl.float32
-    c, s = _table_cos_sin(cos_ptr, sin_ptr, table_strides, b, tokens, token_mask, heads, N, BLOCK_N, PER_HEAD, CONJ,
-                          dtype)  # fmt: skip
+    c, s = _table_cos_sin(cos_ptr, sin_ptr, table_strides, b, tokens, token_mask, heads // G, N, BLOCK_N, PER_HEAD,
+                          CONJ, dtype)  # fmt: skip
     _rotate_heads(x_ptr, o_ptr, x_strides, o_strides, H, b, h0, tokens, token_mask, c, s,
                   N, D, VEC, HEADS, BLOCK_N, BLOCK_R, INTERLEAVED, COPY_REST)  # fmt: skip

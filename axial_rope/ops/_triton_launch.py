@@ -194,7 +194,8 @@ class _QKPlan:
 
     ``views``: the tensors as ``[B, S, H, D]`` views (q and k first; None stays None); ``angles``
     ``(pos, F, scale)`` and ``strides`` (the views', then pos's and F's) follow the tensors' pointers
-    in every kernel's arguments, ``sizes`` ``(S, HQ, HK)`` (HK 0 without k) close them; ``rest``:
+    in every kernel's arguments, ``sizes`` ``(S, HQ, HK, HF)`` (HK 0 without k; HF: F's heads, 1 when
+    shared) close them; ``rest``:
     channels past ``2N`` (half pairs, partial rotary).
     """
 
@@ -203,7 +204,7 @@ class _QKPlan:
     meta: dict
     angles: tuple
     strides: tuple
-    sizes: tuple[int, int, int]
+    sizes: tuple[int, int, int, int]
     rest: bool
 
 
@@ -216,7 +217,7 @@ def _qk_plan(kernel: str, tensors: tuple, pos, freqs, scale, interleaved: bool, 
     grid, meta = _grid_and_meta(kernel, qc, heads, n, interleaved, [t for t in views if t is not None], tile, n_sm)
     (pos, freqs, scale, *angle_strides), angle_meta = _angles(tensors[0], pos, freqs, scale)
     strides = (*(_strides(t, meta["VEC"]) for t in views), *angle_strides)
-    sizes = (qc.shape[1], heads[0], heads[1] if kc is not None else 0)
+    sizes = (qc.shape[1], heads[0], heads[1] if kc is not None else 0, freqs.shape[0])  # F as [HF, A, n]
     rest = not interleaved and qc.shape[3] > 2 * n
     return _QKPlan(views, grid, meta | angle_meta, (pos, freqs, scale), strides, sizes, rest)
 
@@ -232,16 +233,20 @@ def plan_rope(q, k, qo, ko, pos, freqs, scale, interleaved: bool, layout: str, c
 
 def plan_rope_table(x, o, cos, sin, interleaved: bool, layout: str, conj: bool, *,
                     tile: Tile | None = None, n_sm: int | None = None) -> Launch:  # fmt: skip
-    """x rotated into o (x itself: in place) by plane tables broadcastable against x in its layout."""
+    """x rotated into o (x itself: in place) by plane tables ``[B|1, S, H_t|1, n]`` in x's layout (``H_t`` dividing
+    x's heads: head h reads table head ``h // (H / H_t)``)."""
     xc, oc = _bshd(x, layout), _bshd(o, layout)
     n = cos.shape[-1]
     if cos.stride() != sin.stride():  # the kernel addresses both tables with one set of strides
         cos, sin = cos.contiguous(), sin.contiguous()
-    table = _bshd(cos.expand(*x.shape[:-1], n), layout)  # [B, S, H, n], 0 strides on broadcast axes
+    table = _bshd(cos, layout)  # [B|1, S|1, H_t|1, n]: H_t heads, each serving H / H_t heads of x (grouped)
+    table_strides = tuple(st if size > 1 else 0 for st, size in zip(table.stride(), table.shape))
+    group = xc.shape[2] // table.shape[2] if table.shape[2] > 1 else 1
     grid, meta = _grid_and_meta("rope_table", xc, (xc.shape[2],), n, interleaved, [xc, oc], tile, n_sm)
-    args = (xc, oc, cos, sin, _strides(xc, meta["VEC"]), _strides(oc, meta["VEC"]), table.stride(), *xc.shape[1:3])
+    args = (xc, oc, cos, sin, _strides(xc, meta["VEC"]), _strides(oc, meta["VEC"]), table_strides, *xc.shape[1:3],
+            group)  # fmt: skip
     copy_rest = not interleaved and xc.shape[3] > 2 * n and o is not x
-    per_head = table.shape[2] > 1 and table.stride(2) != 0
+    per_head = table.shape[2] > 1
     meta |= dict(PER_HEAD=per_head, CONJ=conj, COPY_REST=copy_rest, F64=x.dtype == torch.float64)
     return Launch(rope_table_kernel, grid, args, meta)
 

@@ -87,14 +87,14 @@ def _norm_rotate_heads(x_ptr, w_ptr, o_ptr, x_strides, o_strides, n_heads, b, h0
 @triton.jit
 def norm_rope_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, qo_ptr, ko_ptr, pos_ptr, freqs_ptr, scale_ptr,
-    q_strides, k_strides, qo_strides, ko_strides, pos_strides, freqs_strides, eps, S, HQ, HK,
+    q_strides, k_strides, qo_strides, ko_strides, pos_strides, freqs_strides, eps, S, HQ, HK, HF,
     N: tl.constexpr, D: tl.constexpr, N_AXES: tl.constexpr, PER_HEAD: tl.constexpr, INTERLEAVED: tl.constexpr,
     HAS_REST: tl.constexpr, F64: tl.constexpr, FAST_TRIG: tl.constexpr, VEC: tl.constexpr, HEADS: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
     """Per-head RMSNorm of q and k (weights ``[D]`` or None) then rotation by ``pos @ F``; the grid of ``rope_kernel``."""
     b, tokens, token_mask, is_k, h0, c, s = _program_cos_sin(
-        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ,
+        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ, HK, HF,
         N, N_AXES, BLOCK_N, PER_HEAD, False, F64, FAST_TRIG, HEADS, BLOCK_S,
     )  # fmt: skip
     if is_k:
@@ -160,6 +160,7 @@ def _norm_rotate_heads_bwd(x_ptr, g_ptr, w_ptr, dx_ptr, dw_ptr, x_strides, g_str
 def norm_rope_bwd_kernel(
     q_ptr, k_ptr, gq_ptr, gk_ptr, qw_ptr, kw_ptr, dq_ptr, dk_ptr, dw_ptr, pos_ptr, freqs_ptr, scale_ptr,
     q_strides, k_strides, gq_strides, gk_strides, dq_strides, dk_strides, pos_strides, freqs_strides, eps, S, HQ, HK,
+    HF,
     N: tl.constexpr, D: tl.constexpr, N_AXES: tl.constexpr, PER_HEAD: tl.constexpr, INTERLEAVED: tl.constexpr,
     HAS_REST: tl.constexpr, F64: tl.constexpr, FAST_TRIG: tl.constexpr, VEC: tl.constexpr, HEADS: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -170,7 +171,7 @@ def norm_rope_bwd_kernel(
     without a weight writes none (its ``w_ptr`` is None).
     """
     b, tokens, token_mask, is_k, h0, c, s = _program_cos_sin(
-        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ,
+        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ, HK, HF,
         N, N_AXES, BLOCK_N, PER_HEAD, True, F64, FAST_TRIG, HEADS, BLOCK_S,
     )  # fmt: skip
     if is_k:
@@ -203,18 +204,18 @@ def _angle_grad_heads(x_ptr, g_ptr, x_strides, g_strides, n_heads, b, h0, tokens
 @triton.jit
 def freqs_grad_kernel(
     q_ptr, k_ptr, gq_ptr, gk_ptr, out_ptr, pos_ptr, freqs_ptr, scale_ptr,
-    q_strides, k_strides, gq_strides, gk_strides, pos_strides, freqs_strides, S, HQ, HK,
+    q_strides, k_strides, gq_strides, gk_strides, pos_strides, freqs_strides, S, HQ, HK, HF,
     N: tl.constexpr, D: tl.constexpr, N_AXES: tl.constexpr, PER_HEAD: tl.constexpr, INTERLEAVED: tl.constexpr,
     F64: tl.constexpr, FAST_TRIG: tl.constexpr, VEC: tl.constexpr, HEADS: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_A: tl.constexpr,
 ):  # fmt: skip
     """Gradient of F: per program, ``sum over its tokens (and heads) of pos[a] * d loss / d angle``.
 
-    Writes ``out[program, HEADS|1, BLOCK_A, BLOCK_N]`` (compute dtype, one row per head
-    for a per-head F); the launcher sums the programs.
+    Writes ``out[program, HEADS|1, BLOCK_A, BLOCK_N]`` (compute dtype, one row per head of q or k
+    for a per-head F); the launcher sums the programs, and the heads that share an F head.
     """
     b, tokens, token_mask, is_k, h0, c, s = _program_cos_sin(
-        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ,
+        pos_ptr, pos_strides, freqs_ptr, freqs_strides, scale_ptr, S, HQ, HK, HF,
         N, N_AXES, BLOCK_N, PER_HEAD, False, F64, FAST_TRIG, HEADS, BLOCK_S,
     )  # fmt: skip
     d_angle = tl.zeros([HEADS, BLOCK_S, BLOCK_N], dtype=c.dtype)

@@ -60,10 +60,11 @@ class Backend(Protocol):
 
     Shapes: ``x``, ``q``, ``k``: 4-D in ``layout`` (``"bshd"``: ``[B, S, H, D]``;
     ``"bhsd"``: ``[B, H, S, D]``); k may have fewer heads (grouped-query attention) or be
-    ``None``. ``cos``/``sin``: *plane tables*, one value per plane ``[..., n]``, shaped to
-    broadcast against ``x`` in its layout (``[B|1, S, H|1, n]`` or ``[B|1, H|1, S, n]``).
-    ``pos``: ``[B|1, S, n_axes]``; ``freqs``: ``F`` ``[n_axes, n]`` or per head
-    ``[H, n_axes, n]``; ``scale``: float64 attention factor per plane ``[n]`` or ``None``.
+    ``None``. ``cos``/``sin``: *plane tables*, one value per plane ``[..., n]``, laid out as ``x``
+    (``[B|1, S, H_t|1, n]`` or ``[B|1, H_t|1, S, n]``). ``pos``: ``[B|1, S, n_axes]``; ``freqs``: ``F``
+    ``[n_axes, n]`` or per head ``[H_F, n_axes, n]``; ``scale``: float64 attention factor per plane ``[n]``
+    or ``None``. Per-head tables and ``F`` serve *grouped heads*: ``H_t`` (``H_F``) divides the heads of
+    each tensor it turns, and head ``h`` of a tensor with ``H`` heads takes entry ``h // (H / H_t)``.
     Channels past ``2n`` pass through. Arithmetic in float32 (float64 for float64
     inputs); outputs in the input dtype, rounded once. With ``inplace=True`` the
     result is written into ``x`` (or ``q`` and ``k``), which is returned.

@@ -53,7 +53,8 @@ def channel_table(planes: torch.Tensor, pairing: str) -> torch.Tensor:
 
 
 def table_for_layout(table: torch.Tensor, layout: str) -> torch.Tensor:
-    """``[B|1, S, n]`` or per-head ``[B|1, S, H, n]`` -> broadcastable against x in ``layout``."""
+    """``[B|1, S, n]`` or per-head ``[B|1, S, H_t, n]`` -> ``[B|1, S, H_t|1, n]`` (``bshd``) or ``[B|1, H_t|1, S, n]``
+    (``bhsd``): broadcastable against x, or, grouped (``H_t`` dividing x's heads), by head ``h // (H / H_t)``."""
     if table.ndim == 3:
         table = table.unsqueeze(2)  # [B|1, S, 1, n]
     return table if layout == "bshd" else table.transpose(1, 2)
@@ -79,16 +80,76 @@ def check_table_pair(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, layo
     return cos
 
 
+def head_axis(layout: str) -> int:
+    return 2 if layout == "bshd" else 1
+
+
+def check_grouped_heads(what: str, count: int, name: str, heads: int) -> None:
+    """Per-head data for ``count`` heads serves a tensor of ``heads`` heads when ``count`` divides ``heads`` (head ``h``
+    reads entry ``h // (heads / count)``, as grouped-query attention pairs query heads with key heads)."""
+    if count == 0 or heads % count:
+        raise ValueError(
+            f"{what} are for {count} heads, {name} has {heads} heads: expected {name}'s heads or a divisor of them "
+            "(grouped heads: head h uses entry h // (heads / count))"
+        )
+
+
+def check_head_tables(
+    cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, layout: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Public tables, shared or per head, checked against x; returned as ``[B|1, S, H_t, r]`` (``H_t = 1``: shared).
+
+    Accepted: ``[S, r]``, ``[B|1, S, r]`` (shared by the heads), ``[S, H_t, r]``, ``[B|1, S, H_t, r]`` (per head,
+    ``H_t`` equal to x's heads or dividing them). A 3-D table is ``[B|1, S, r]`` or ``[S, H_t, r]`` by its shape
+    against x; a shape both readings fit, and where they differ (``B = S > 1``, ``S`` dividing the heads), is
+    refused with the two 4-D forms that say which is meant.
+    """
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point torch.Tensor, got {getattr(t, 'dtype', type(t))}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.ndim not in (2, 3, 4):
+        raise ValueError(f"cos/sin must be [S, r], [B, S, r], [S, H, r] or [B, S, H, r], got shape {tuple(cos.shape)}")
+    r, head_dim = cos.shape[-1], x.shape[-1]
+    if r % 2 or r == 0 or r > head_dim:
+        raise ValueError(f"cos/sin width r={r} must be even, > 0 and <= head_dim={head_dim}")
+    batch, seq, heads = x.shape[0], x.shape[seq_dim(layout)], x.shape[head_axis(layout)]
+    shape = tuple(cos.shape)
+    if cos.ndim == 3:
+        a, b = shape[:2]
+        as_batch = b == seq and a in (1, batch)  # [B|1, S, r]
+        as_heads = a == seq and b > 0 and heads % b == 0  # [S, H_t, r]
+        if as_batch and as_heads and seq > 1:
+            raise ValueError(
+                f"cos/sin of shape {shape} read as [B, S, r] and as [S, H, r] both fit x {tuple(x.shape)} "
+                f"(layout={layout!r}); pass [B, S, 1, r] (shared by the heads) or [1, S, H, r] (per head)"
+            )
+        # neither reading fits: read as per-head tables when the first axis is x's tokens, so the error below
+        # names the head counts; else as shared ones, and it names the positions or the batch
+        per_head = not as_batch and a == seq
+        cos, sin = (cos[None], sin[None]) if per_head else (cos[:, :, None], sin[:, :, None])
+    elif cos.ndim == 2:
+        cos, sin = cos[None, :, None], sin[None, :, None]
+    if cos.shape[1] != seq:
+        raise ValueError(
+            f"cos/sin have {cos.shape[1]} positions (shape {shape}), x has S={seq} tokens (layout={layout!r})"
+        )
+    if cos.shape[0] not in (1, batch):
+        raise ValueError(f"cos/sin batch {cos.shape[0]} (shape {shape}) must be 1 or x's batch {batch}")
+    check_grouped_heads(f"cos/sin of shape {shape}", cos.shape[2], "x", heads)
+    return cos, sin
+
+
 def check_qk(q: torch.Tensor, k: torch.Tensor | None, layout: str) -> None:
     check_choice("layout", layout, LAYOUTS)
     check_tensor("q", q, 4)
     if k is None:
         return
     check_tensor("k", k, 4)
-    head_axis = 2 if layout == "bshd" else 1
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"q and k must have the same head_dim, got {q.shape[-1]} and {k.shape[-1]}")
-    hq, hk = q.shape[head_axis], k.shape[head_axis]
+    hq, hk = q.shape[head_axis(layout)], k.shape[head_axis(layout)]
     if hk == 0 and hq > 0:
         raise ValueError(f"k has 0 heads but q has {hq}: k's heads must divide q's (grouped-query attention)")
     if hk and hq % hk:
@@ -160,6 +221,8 @@ def plane_cos_sin(
     cos, sin = angles.cos(), angles.sin()
     if scale is not None:
         scale = scale.to(device=angles.device, dtype=work)
+        if scale.ndim == 3 and angles.ndim == 4:  # per token [B|1, S, n] with per-head angles [B|1, S, H, n]
+            scale = scale[:, :, None]
         cos, sin = cos * scale, sin * scale
     return cos.to(dtype), sin.to(dtype)
 
