@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One short GPU run (H100/H200) that records everything into one folder, in about 7-8 minutes:
+# One short GPU run (H100/H200) that records everything into one folder, in about 8 minutes:
 #
 #   bash scripts/gpu_check.sh OUT_DIR        # or OUT=OUT_DIR bash scripts/gpu_check.sh
 #   bash scripts/gpu_check.sh --dry-run DIR  # the same steps on CPU stand-ins (checks this script)
 #
 # Run from anywhere; it works in the repository root with `python3` (PYTHON=... to pick another)
-# and installs nothing. Steps, each under its own time limit (their limits add up to 10 min):
+# and installs nothing. Steps, each under its own time limit (their limits add up to 11 min):
 #   1. environment: GPU, driver, torch/triton versions, nvidia-smi            -> log.txt
 #   2. the CUDA tests (Triton backend, packed attention), stopping at the first failure -> tests.txt
 #   3. copy ceiling and kernel-only tile sweep (programs, heads per program,
@@ -23,6 +23,10 @@
 #   9. QK-norm + RoPE from tables at Flux-dev's attention shape (bf16): ours fused (Triton) vs ours unfused vs
 #      diffusers' norm + apply_rotary_emb vs comfy-kitchen's rms_rope (cuda, triton), forward and
 #      forward+backward, GB/s and % of the HBM roofline (scripts/bench_norm_tables.py)  -> norm_tables.json
+#  10. issue 44's rotations against the shared-rotation kernel at the same shapes (bf16, Flux-like DiT and a GQA
+#      LM, forward and forward+backward): keys at other positions and keys with a per-token amplitude
+#      (QKRotation), a per-head F over grouped heads, per-head tables vs shared tables (scripts/bench_qk_rotation.py)
+#                                                                                -> qk_rotation.json, qk_rotation.md
 # Peers (Liger, flash-attn, comfy-kitchen) come from the package archives in .peers/ (git-ignored; fetched
 # with pip on a machine with internet, see scripts/peers.py; `pip download comfy-kitchen --no-deps -d .peers`
 # for the Python of the GPU machine) and are unpacked into .peers/site here.
@@ -106,6 +110,11 @@ tail -n 4 "$OUT/train_smoke/log.jsonl" 2>/dev/null || true
 step "QK-norm + RoPE from tables: ours vs comfy-kitchen vs unfused -> $OUT/norm_tables.json"
 if [ $DRY -eq 1 ]; then NORM=(--small --dtypes float32 --modes forward --repeat 1 --no-compile); else NORM=(--dtypes bfloat16 --repeat 20); fi
 run 50 "$PY" -m scripts.bench --norm-tables --json "$OUT/norm_tables.json" "${NORM[@]}"
+
+step "per-head and asymmetric rotations vs the shared kernel -> $OUT/qk_rotation.md"
+if [ $DRY -eq 1 ]; then QK=(--small --device cpu --dtype float32 --repeat 1); else QK=(--repeat 10); fi
+run 40 "$PY" -m scripts.bench_qk_rotation --json "$OUT/qk_rotation.json" "${QK[@]}" > "$OUT/qk_rotation.md"
+cat "$OUT/qk_rotation.md"
 
 step "done (exit $status); files:"
 find "$OUT" -type f | sort

@@ -90,3 +90,18 @@ def test_cache_bench_records_the_roll_the_recomputation_and_the_bytes_moved(tmp_
     assert roll["roll_bytes"] == 12 * (64 - 4 - 8) * 2 * 16 * 4  # 12 passes over the kept float32 entries
     assert roll["roll_s"] > 0 and roll["recompute_over_roll"] > 0 and set(data["decode"]["step_s"]) == {
         "static", "rolling", "rolling, evict 4"}  # fmt: skip
+
+
+def test_qk_rotation_bench_times_every_provider_against_its_baseline(tmp_path):
+    # gpu_check.sh step 10: issue 44's rotations against the shared kernel; here the CPU dry run of every provider
+    from scripts import bench_qk_rotation
+
+    path = tmp_path / "qk.json"
+    bench_qk_rotation.main(["--small", "--device", "cpu", "--dtype", "float32", "--repeat", "1", "--json", str(path)])
+    rows = json.loads(path.read_text())
+    providers = {"shared", "key positions", "key amplitude", "per-head F", "shared tables", "per-head tables", "copy"}
+    for mode in ("forward", "forward+backward"):
+        got = {r["provider"]: r for r in rows if r["mode"] == mode}
+        assert set(got) == providers
+        assert all(r["median_ms"] > 0 and r["gbps"] > 0 for r in got.values())
+        assert got["key positions"]["x_shared"] > 0 and got["per-head tables"]["x_shared_tables"] > 0
