@@ -17,7 +17,7 @@ from torch import nn
 from ._auxiliary import DIFFUSERS_AUXILIARY
 
 __all__ = [
-    "Convention", "DiffusersFamily", "PipelineUnits", "TablesProducer", "TrainedGrid", "DIFFUSERS", "DIFFUSERS_AUXILIARY", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "REGISTRY", "builds_rope",
+    "Convention", "DiffusersFamily", "PipelineUnits", "TablesProducer", "TrainedGrid", "DIFFUSERS", "DIFFUSERS_AUXILIARY", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "QK_NORMS", "REGISTRY", "builds_rope",
     "diffusers_family", "diffusers_table", "register", "register_diffusers", "table", "trained_table",
 ]  # fmt: skip
 
@@ -167,6 +167,10 @@ class PipelineUnits:
         return (-(-latent // p), *spatial)
 
 
+# the QK-norms a record names (DiffusersFamily.qk_norm): kind, and span when it is not one head
+QK_NORMS = (None, "rms", "rms across heads", "layer", "layer across heads")
+
+
 @dataclass(frozen=True)
 class DiffusersFamily:
     """How a family of diffusers transformers computes and uses its RoPE: the one place a family is described.
@@ -207,6 +211,12 @@ class DiffusersFamily:
         processor: axial_rope's processor class (``axial_rope.integrations.diffusers_processors``), or
             ``None``: the stock processors stay and rotate by the adapter's tables.
         blocks: the processor name prefixes of the rotary blocks.
+        qk_norm: the norm the stock processors of the rotary blocks apply to q and k right before rotating them (read
+            in each stock processor of diffusers 0.42.1, for the released configs): ``"rms"`` (RMSNorm over a head's
+            ``D`` channels), ``"rms across heads"`` (over a token's ``H * D``: Wan's), ``"layer"`` (LayerNorm over
+            ``D``), ``"layer across heads"``; ``None``: q and k reach the rotation unnormalised, or through
+            something else after the norm (SANA's ReLU kernel). What a fused norm + rotation
+            (:func:`axial_rope.ops.norm_apply_rope`) computes where :attr:`processor` is ours; the docs table shows it.
         noise_timestep: the transformer's ``timestep`` at pure noise (time-dependent scaling reads ``t =
             max((timestep - clean_timestep) / (noise_timestep - clean_timestep))``).
         clean_timestep: the ``timestep`` of a clean sample (0 unless the model's time runs from noise at 0).
@@ -252,6 +262,7 @@ class DiffusersFamily:
     stock: tuple[str, ...] = ()
     processor: str | None = None
     blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
+    qk_norm: str | None = None
     noise_timestep: float = 1000.0
     clean_timestep: float = 0.0
     timestep: str = "timestep"
@@ -265,6 +276,10 @@ class DiffusersFamily:
     axes: str = ""
     trained: tuple[TrainedGrid, ...] = ()
     units: PipelineUnits = PipelineUnits()
+
+    def __post_init__(self):
+        if self.qk_norm not in QK_NORMS:
+            raise ValueError(f"{self.name}: qk_norm must be one of {QK_NORMS}, got {self.qk_norm!r}")
 
     @property
     def scalable(self) -> bool:
@@ -329,8 +344,9 @@ def diffusers_table() -> str:
     """The markdown table of every diffusers class served (``docs/integrations.md``), from the records, and a line
     counting them and naming the RoPE classes not served."""
     rows = [
-        "| model class | family | tables | axes (from the config) | time axis | scaling | fused processor | max diff |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model class | family | tables | axes (from the config) | time axis | scaling | QK-norm | fused processor | "
+        "max diff |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in sorted(DIFFUSERS):
         f = DIFFUSERS[name]
@@ -344,8 +360,8 @@ def diffusers_table() -> str:
         )  # fmt: skip
         scaling = _scaling_words(f)
         rows.append(
-            f"| `{name}` | {f.name} | {where} | {f.axes} | {time} | {scaling} | {f.processor or '-'} | "
-            f"{_diff(f.max_diff)} |"
+            f"| `{name}` | {f.name} | {where} | {f.axes} | {time} | {scaling} | {f.qk_norm or '-'} | "
+            f"{f.processor or '-'} | {_diff(f.max_diff)} |"
         )
     families = len({f.name for f in DIFFUSERS.values()})
     listed = lambda names: ", ".join(f"`{n}`" for n in sorted(names)) or "none"  # noqa: E731

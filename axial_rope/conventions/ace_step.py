@@ -44,6 +44,7 @@ register_diffusers(
         grid_axes=(0,),
         time_axis=0,
         blocks=("layers.",),
+        qk_norm="rms",  # AceStepAttnProcessor2_0: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb
         noise_timestep=1.0,  # its timestep is the flow time in [0, 1]: 1 pure noise
         max_diff=2e-8,  # float64 models, tables replaced: 1.2e-8 measured (upstream float32 tables)
         source=SOURCE,

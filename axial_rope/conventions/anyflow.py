@@ -67,6 +67,7 @@ register_diffusers(
         positions=_anyflow_positions,
         layout=_anyflow_layout,
         blocks=("blocks.",),
+        qk_norm="rms across heads",  # AnyFlowAttnProcessor: norm_q, norm_k (RMSNorm over H * D), then apply_rotary_emb
         max_diff=9e-8,  # float64 models: stock turns by float64 (complex128) tables, ours are float32
         source=ANYFLOW_SOURCE,
         axes="(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000",
@@ -88,6 +89,8 @@ register_diffusers(
         positions=_sana_wm_positions,
         layout=lambda cos, sin: _complex(cos, sin, torch.float32),
         blocks=("blocks.",),
+        # GDN blocks (transformer_sana_wm.py): q_norm, k_norm over H * D, then a ReLU kernel, then the rotation
+        qk_norm=None,
         max_diff=3e-9,  # float64 models, tables replaced; the GDN recurrence runs in float32
         source=SANA_WM_SOURCE,
         axes="(t, y, x) of `linear_head_dim`: D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000",
@@ -150,6 +153,7 @@ register_diffusers(
         positions=_far_positions,
         layout=_anyflow_layout,
         blocks=("blocks.",),
+        qk_norm="rms across heads",  # AnyFlowCausalAttnProcessor: norm_q, norm_k (RMSNorm over H * D), then rotation
         max_diff=2e-7,  # float64 models, tables replaced: 1.2e-7 measured (stock complex128, ours float32 tables)
         source=FAR_SOURCE,
         axes="(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000; compressed frames at window "

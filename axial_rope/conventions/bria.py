@@ -32,6 +32,7 @@ def _record(name: str, cls: str, processor: str, source: str, trained: tuple[Tra
         time_axis=None,
         widths=axes_widths,
         stock=(processor,),
+        qk_norm="rms",  # BriaAttnProcessor, BriaFiboAttnProcessor: RMSNorms over D, then apply_rotary_emb
         noise_timestep=1000.0,  # the pipelines pass the scheduler's timestep (1000 sigma)
         max_diff=0.0,
         source=source,
@@ -99,6 +100,7 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         blocks=("noise_refiner.", "layers."),
+        qk_norm="rms",  # BriaFibo2AttnProcessor: norm_q, norm_k (RMSNorm over D), then its apply_rotary_emb
         noise_timestep=1.0,  # its timestep is the noise level in [0, 1]: 1 pure noise, 0 clean
         grid=(("hidden_states",), _fibo2_grid),
         max_diff=4e-8,  # float64 models, tables replaced: 3.0e-8 measured (upstream float32 lookup tables)

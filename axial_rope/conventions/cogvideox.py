@@ -97,6 +97,7 @@ register_diffusers(
         ),
         stock=("CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"),
         processor="CogVideoXRopeProcessor",
+        qk_norm="layer",  # CogVideoXAttnProcessor2_0: norm_q, norm_k (LayerNorm over D), then apply_rotary_emb
         max_diff=6e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=SOURCE,
         axes="(t, y, x): D/4, 3D/8, 3D/8, theta 10000",

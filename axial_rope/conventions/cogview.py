@@ -94,6 +94,7 @@ register_diffusers(
         classes=("CogView4Transformer2DModel",),
         positions=_cogview4_positions,
         stock=("CogView4AttnProcessor", "CogView4TrainingAttnProcessor"),
+        qk_norm="layer",  # CogView4AttnProcessor: norm_q, norm_k (LayerNorm over D, no affine), then apply_rotary_emb
         noise_timestep=1000.0,  # CogView4Pipeline: flow-match timesteps = 1000 sigma
         refused_modes=(("interpolate", "its own rows interpolate already (every size spans `rope_axes_dim` rows, "
                         "floor(i L / n)), so 'interpolate' would leave a grid larger than train_size at the stock "
@@ -114,6 +115,7 @@ register_diffusers(
         classes=("GlmImageTransformer2DModel",),
         positions=_glm_positions,
         stock=("GlmImageAttnProcessor",),
+        qk_norm="layer",  # GlmImageAttnProcessor: norm_q, norm_k (LayerNorm over D, no affine), then apply_rotary_emb
         noise_timestep=1000.0,  # GlmImagePipeline passes 1000 sigma - 1
         max_diff=3e-9,
         source=GLM_SOURCE,

@@ -38,6 +38,7 @@ register_diffusers(
         positions=latent_positions(lambda c: (1, size(c, "patch_size"), size(c, "patch_size")), channels_first=False),
         stock=("CogVideoXAttnProcessor2_0",),
         blocks=("transformer_blocks.",),
+        qk_norm="layer",  # CogVideoXAttnProcessor2_0: norm_q, norm_k (LayerNorm over D), then apply_rotary_emb
         max_diff=8e-9,  # float64 models, tables replaced: 7.6e-9 measured (the pipeline's float32 tables)
         source=SOURCE,
         axes="(t, y, x): D/4, 3D/8, 3D/8, theta 10000",

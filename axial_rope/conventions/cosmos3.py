@@ -58,6 +58,7 @@ register_diffusers(
         grid_axes=(),  # positions are the pipeline's packed coordinates: scaling, no mode
         time_axis=0,
         blocks=("layers.",),
+        qk_norm="rms",  # Cosmos3AttnProcessor: norm_q/k, norm_added_q/k (RMSNorms over D), then the rotation
         timestep="vision_timesteps",  # per noisy vision token, UniPC's 999 .. 0; the model multiplies by 0.001
         noise_timestep=1000.0,
         # float64 models, tables replaced: 1.9e-7 measured; the stock angles are float32 products at positions past

@@ -47,6 +47,7 @@ register_diffusers(
         amplitude=False,
         stock=("ErnieImageSingleStreamAttnProcessor",),
         blocks=("layers.",),
+        qk_norm="rms",  # ErnieImageSingleStreamAttnProcessor: norm_q, norm_k (RMSNorm over D), then rotation
         max_diff=2e-7,  # float64 models, tables replaced: 1.1e-7 measured (float32 angles through atan2)
         source=SOURCE,
         axes="(text length or index, y, x): `rope_axes_dim`, `rope_theta` (256), angles",

@@ -85,6 +85,7 @@ register_diffusers(
         widths=axes_widths,
         stock=("FluxAttnProcessor",),
         processor="FluxRopeProcessor",
+        qk_norm="rms",  # FluxAttnProcessor: norm_q/k, norm_added_q/k (RMSNorm over D), then apply_rotary_emb
         noise_timestep=1.0,  # FluxPipeline passes timestep = sigma
         max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=SOURCE,
@@ -115,6 +116,7 @@ register_diffusers(
         time_axis=None,
         widths=axes_widths,
         stock=("FluxAttnProcessor",),
+        qk_norm="rms",  # FluxAttnProcessor (transformer_flux.py): RMSNorms over D, then apply_rotary_emb
         noise_timestep=1.0,  # ChromaPipeline passes timestep / 1000; the transformer multiplies by 1000
         max_diff=0.0,
         source=CHROMA_SOURCE,

@@ -52,6 +52,7 @@ register_diffusers(
         time_axis=None,
         stock=("HiDreamAttnProcessor",),
         blocks=("double_stream_blocks.", "single_stream_blocks."),
+        qk_norm="rms across heads",  # HiDreamAttnProcessor: q_rms_norm, k_rms_norm(_t) (over H * D), then apply_rope
         timestep="timesteps",
         noise_timestep=1000.0,  # the pipeline passes the scheduler's timestep
         max_diff=0.0,

@@ -141,6 +141,7 @@ register_diffusers(
         positions=latent_positions(lambda c: (size(c, "patch_size_t"), size(c, "patch_size"), size(c, "patch_size"))),
         stock=("HunyuanVideoAttnProcessor2_0",),
         processor="HunyuanVideoRopeProcessor",
+        qk_norm="rms",  # HunyuanVideoAttnProcessor2_0: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb
         max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=VIDEO_SOURCE,
         axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
@@ -207,6 +208,7 @@ register_diffusers(
         time_axis=None,
         stock=("HunyuanAttnProcessor2_0",),
         blocks=("blocks.",),
+        qk_norm="layer",  # HunyuanAttnProcessor2_0: norm_q, norm_k (LayerNorm over D, qk_norm=True), then rotation
         noise_timestep=1000.0,  # DDPM timesteps
         max_diff=5e-7,  # float64 models: the pipeline's positions are float32 linspace values (1 ulp at 32)
         source=DIT_SOURCE,
@@ -235,6 +237,7 @@ register_diffusers(
         positions=latent_positions(lambda c: (size(c, "patch_size_t"), size(c, "patch_size"), size(c, "patch_size"))),
         stock=("HunyuanVideo15AttnProcessor2_0",),
         blocks=("transformer_blocks.",),
+        qk_norm="rms",  # HunyuanVideo15AttnProcessor2_0: norm_q, norm_k (RMSNorm over D), then rotation
         max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
         source=VIDEO15_SOURCE,
         axes="(t, y, x): `rope_axes_dim`, `rope_theta`",
@@ -280,6 +283,7 @@ register_diffusers(
         grid_axes=(0, 1),
         time_axis=None,
         stock=("HunyuanImageAttnProcessor",),
+        qk_norm="rms",  # HunyuanImageAttnProcessor: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb
         max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
         source=IMAGE_SOURCE,
         axes="(y, x): `rope_axes_dim`, `rope_theta`",
@@ -322,6 +326,7 @@ register_diffusers(
         positions=_framepack_positions,
         grid_axes=(1, 2),  # the frame indices are the pipeline's window of history and new frames: (y, x) sized
         stock=("HunyuanVideoAttnProcessor2_0",),
+        qk_norm="rms",  # HunyuanVideoAttnProcessor2_0: norm_q, norm_k (RMSNorm over D), then rotation
         max_diff=2e-9,  # float64 models, tables replaced: 1.5e-9 measured (the float32 tables)
         source=FRAMEPACK_SOURCE,
         axes="(t, y, x): `rope_axes_dim`, `rope_theta`; t = the pipeline's frame indices",

@@ -65,6 +65,7 @@ register_diffusers(
         layout=_edit_layout,
         stock=("JoyImageAttnProcessor",),
         blocks=("double_blocks.",),
+        qk_norm="rms",  # JoyImageAttnProcessor: img/txt_attn_q/k_norm (RMSNorm over D), then _apply_rotary_emb
         max_diff=1e-7,  # float64 models, tables replaced: 8.1e-8 measured (the float32 tables)
         source=SOURCE,
         axes="(t, y, x): `rope_dim_list`, `theta`; mrope text at (p, p, p) after the grid",
@@ -103,6 +104,7 @@ register_diffusers(
         time_axis=None,
         stock=("JoyImageEditPlusAttnProcessor",),
         blocks=("double_blocks.",),
+        qk_norm="rms",  # JoyImageEditPlusAttnProcessor: img/txt_attn_q/k_norm (RMSNorm over D), then rotation
         max_diff=3e-8,  # float64 models, tables replaced: 2.3e-8 measured (the float32 tables)
         source=PLUS_SOURCE,
         axes="(index, y, x): `rope_dim_list`, `theta`; each image of an item at the next index",

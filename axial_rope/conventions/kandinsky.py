@@ -84,6 +84,7 @@ register_diffusers(
         layout=_layout,
         stock=("Kandinsky5AttnProcessor",),
         blocks=("visual_transformer_blocks.",),
+        qk_norm="rms",  # Kandinsky5AttnProcessor: query_norm, key_norm (RMSNorm over D, float32), then apply_rotary
         noise_timestep=1000.0,  # the pipeline passes the scheduler's timestep
         max_diff=0.0,
         source=SOURCE,
@@ -111,6 +112,7 @@ register_diffusers(
         layout=_layout6,
         stock=("Kandinsky6AttnProcessor", "Kandinsky6SRAttnProcessor"),
         blocks=("visual_transformer_blocks.",),
+        qk_norm="rms",  # Kandinsky6(SR)AttnProcessor: query_norm, key_norm (RMSNorm over D), then apply_rotary
         noise_timestep=1000.0,  # the timestep on the [0, num_train_timesteps] scale
         max_diff=5e-8,  # float64 models, tables replaced: 4.4e-8 measured (6 SR at 8 x 8; 6: bit for bit)
         source=SOURCE6,

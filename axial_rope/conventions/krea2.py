@@ -26,6 +26,7 @@ register_diffusers(
         time_axis=None,
         stock=("Krea2AttnProcessor",),
         blocks=("transformer_blocks.",),
+        qk_norm="rms",  # Krea2AttnProcessor: norm_q, norm_k (Krea2RMSNorm over D), then apply_rotary_emb
         noise_timestep=1.0,  # the pipeline passes timestep / num_train_timesteps
         max_diff=0.0,
         source=SOURCE,

@@ -60,6 +60,7 @@ register_diffusers(
         grid_axes=(0,),
         time_axis=0,
         blocks=("blocks.",),
+        qk_norm="rms across heads",  # AudioDiTSelfAttnProcessor: q_norm, k_norm (RMSNorm over H * D), then rotation
         # LongCatAudioDiTPipeline: FlowMatchEulerDiscreteScheduler(invert_sigmas=True), timestep = t / 1000 from 0
         # (pure noise) towards 1 (clean)
         noise_timestep=0.0,

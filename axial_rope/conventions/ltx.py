@@ -290,6 +290,7 @@ register_diffusers(
         refused_modes=_NO_NORMALIZE,
         stock=("LTXVideoAttnProcessor",),
         processor="LTXVideoRopeProcessor",
+        qk_norm="rms across heads",  # LTXVideoAttnProcessor: norm_q, norm_k (RMSNorm over H * D), then apply_rotary_emb
         max_diff=3e-8,  # float64 models: upstream's float32 tables, rotated as given
         source=LTX_SOURCE,
         axes="(t, y, x) over the hidden size, per head; the pipeline's frame-rate and VAE scale",
@@ -405,6 +406,7 @@ register_diffusers(
         refused_modes=_NO_NORMALIZE,
         grid=(("num_frames", "height", "width"), _ltx2_grid),
         blocks=("transformer_blocks.",),
+        qk_norm="rms across heads",  # LTX2AudioVideoAttnProcessor: norm_q, norm_k (RMSNorm over H * D), then rotation
         # float64 models, tables replaced: 4.8e-5 measured; upstream's angles are float32 products up to theta pi / 2
         max_diff=6e-5,
         source=LTX2_SOURCE,
@@ -453,6 +455,7 @@ register_diffusers(
         spectrum=False,
         refused_modes=_NO_NORMALIZE,
         blocks=("transformer_blocks.",),
+        qk_norm="rms across heads",  # SanaWMLTX2*AttnProcessor: norm_q, norm_k (RMSNorm over H * D), then rotation
         max_diff=6e-5,  # float64 models, tables replaced: 3.7e-5 measured (upstream's float32 angles, as LTX-2's)
         source="diffusers 0.42.1 `models/transformers/transformer_sana_wm_refiner.py` "
         "`build_rotary_emb_for_absolute_positions`",

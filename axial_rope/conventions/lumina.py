@@ -149,6 +149,7 @@ register_diffusers(
         time_axis=None,
         stock=("Lumina2AttnProcessor2_0",),
         blocks=("layers.", "noise_refiner.", "context_refiner."),
+        qk_norm="rms",  # Lumina2AttnProcessor2_0: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb
         max_diff=9e-8,  # float64 models: upstream rotates float32 copies of q, k (x.float(), complex64)
         source=SOURCE,
         axes="(index, y, x): `axes_dim_rope`, theta 10000",
@@ -175,6 +176,7 @@ register_diffusers(
         time_axis=None,
         stock=("LuminaAttnProcessor2_0",),
         blocks=("layers.",),
+        qk_norm="layer across heads",  # LuminaAttnProcessor2_0: norm_q, norm_k (LayerNorm over H * D), then rotation
         max_diff=7e-8,  # the same float32 rotation
         source=NEXT_SOURCE,
         axes="(y, x): planes alternating y, x, D/4 each, theta 10000",

@@ -54,6 +54,7 @@ register_diffusers(
         positions=_position_ids,
         grid_axes=(),  # positions are the pipeline's coordinates: scaling, no mode
         time_axis=0,
+        qk_norm="rms",  # MiniMaxH3AttnProcessor: norm_q, norm_k (RMSNorm over D), then _apply_rotary_emb
         noise_timestep=0.0,  # MiniMaxH3Scheduler: timestep = 1 - sigma, 1 is clean
         clean_timestep=1.0,
         max_diff=2e-9,  # float64 models, tables replaced; the float32 tables

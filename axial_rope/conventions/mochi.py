@@ -104,6 +104,7 @@ register_diffusers(
         grid_axes=(0,),  # mode sizes time; y and x already span the base area at every resolution
         spectrum=False,
         blocks=("transformer_blocks.",),
+        qk_norm="rms",  # MochiAttnProcessor2_0: norm_q/k, norm_added_q/k (MochiRMSNorm over D), then the rotation
         max_diff=2e-6,  # float64 models, tables replaced: 1.6e-6 measured (stock: float32 angles up to 100 rad)
         source=SOURCE,
         axes="(t, y, x) mixed in every plane by the learned `pos_frequencies` [3, H, D/2], per head",

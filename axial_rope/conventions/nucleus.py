@@ -54,6 +54,7 @@ register_diffusers(
         time_axis=None,
         stock=("NucleusMoEAttnProcessor2_0",),
         blocks=("transformer_blocks.",),
+        qk_norm="rms",  # NucleusMoEAttnProcessor2_0: norm_q, norm_k, norm_added_k (RMSNorm over D), then rotation
         noise_timestep=1.0,  # the pipeline passes timestep / 1000 = sigma
         max_diff=3e-9,  # float64 models, tables replaced: 2.5e-9 measured (upstream complex64 tables)
         source=SOURCE,

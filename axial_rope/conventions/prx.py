@@ -40,6 +40,7 @@ register_diffusers(
         time_axis=None,
         stock=("PRXAttnProcessor2_0",),
         blocks=("blocks.",),
+        qk_norm="rms",  # PRXAttnProcessor2_0: norm_q, norm_k (RMSNorm over D) of the image tokens, then apply_rope
         noise_timestep=1.0,  # the pipeline passes timestep / num_train_timesteps
         max_diff=0.0,
         source=SOURCE,

@@ -121,6 +121,7 @@ register_diffusers(
         positions=_qwen_positions,  # pos_embed(img_shapes, max_txt_seq_len=..., device=...)
         layout=lambda cos, sin, n_image: _complex(cos, sin).split([n_image, cos.shape[0] - n_image]),
         stock=("QwenDoubleStreamAttnProcessor2_0",),
+        qk_norm="rms",  # QwenDoubleStreamAttnProcessor2_0: norm_q/k, norm_added_q/k (RMSNorm over D), then rotation
         max_diff=8e-10,  # float64 models, at the training size; the tables' float32 rounding
         source=SOURCE,
         **_COMMON,
@@ -143,6 +144,7 @@ register_diffusers(
         positions=_qwen21_positions,  # pos_embed(img_shapes[0], image_pad_mask, device=...)
         layout=_complex,
         stock=("QwenImage21AttnProcessor", "QwenImage21FlexAttnProcessor"),
+        qk_norm="rms",  # QwenImage21AttnProcessor: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb_qwen
         max_diff=2e-9,
         source=SOURCE_21,
         **_COMMON,

@@ -94,6 +94,7 @@ register_diffusers(
         grid_axes=(0,),
         time_axis=0,
         amplitude=False,
+        qk_norm="rms",  # StableAudio3SelfAttnProcessor: q_norm, k_norm (StableAudio3RMSNorm over D), then rotation
         noise_timestep=1.0,  # rectified flow: timestep = sigma in [0, 1]
         max_diff=7e-9,  # float64 models, tables replaced at the training size
         source=SOURCE_3,

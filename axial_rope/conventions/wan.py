@@ -78,6 +78,7 @@ register_diffusers(
         stock=("WanAttnProcessor",),
         processor="WanRopeProcessor",
         blocks=("blocks.",),
+        qk_norm="rms across heads",  # WanAttnProcessor: norm_q, norm_k (RMSNorm over H * D), then apply_rotary_emb
         max_diff=0.0,
         source=SOURCE,
         axes="(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000",

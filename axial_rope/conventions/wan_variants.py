@@ -17,7 +17,8 @@ AXES = "(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), theta 10000"
 
 
 def _wan_copy(name: str, classes: tuple[str, ...], stock: tuple[str, ...], source: str, max_diff: float,
-              blocks: tuple[str, ...] = ("blocks.",), trained: tuple[TrainedGrid, ...] = ()
+              blocks: tuple[str, ...] = ("blocks.",), trained: tuple[TrainedGrid, ...] = (),
+              qk_norm: str | None = "rms across heads", processor: str | None = None
               ) -> DiffusersFamily:  # fmt: skip
     return register_diffusers(
         DiffusersFamily(
@@ -28,7 +29,9 @@ def _wan_copy(name: str, classes: tuple[str, ...], stock: tuple[str, ...], sourc
             positions=latent_positions(lambda c: tuple(field(c, "patch_size"))),
             layout=lambda cos, sin: (cos[None, :, None], sin[None, :, None]),  # [1, S, 1, D]
             stock=stock,
+            processor=processor,
             blocks=blocks,
+            qk_norm=qk_norm,  # the stock processors' norm_q, norm_k (RMSNorm over H * D) before the rotation
             max_diff=max_diff,  # float64 models, tables replaced at the training size
             source=source,
             axes=AXES,
@@ -61,8 +64,9 @@ _wan_copy("wan_vace", ("WanVACETransformer3DModel",), ("WanAttnProcessor",),
           trained=(TrainedGrid("Wan2.1-VACE-1.3B", (81, 480, 832), WAN_VACE_TRAINED_SOURCE),
                    TrainedGrid("Wan2.1-VACE-14B", (81, 720, 1280), WAN_VACE_TRAINED_SOURCE)))  # fmt: skip
 # Sana-Video: linear attention that rotates the ReLU'd q and k of its numerator by Wan's tables
+# (SanaLinearAttnProcessor3_0: norm_q, norm_k over H * D, then F.relu, then the rotation: no norm right before it)
 _wan_copy("sana_video", ("SanaVideoTransformer3DModel",), ("SanaLinearAttnProcessor3_0",),
-          _DIFFUSERS + "transformer_sana_video.py` `WanRotaryPosEmbed`", 0.0, ("transformer_blocks.",),
+          _DIFFUSERS + "transformer_sana_video.py` `WanRotaryPosEmbed`", 0.0, ("transformer_blocks.",), qk_norm=None,
           trained=(TrainedGrid("SANA-Video 2B 480p", (81, 480, 832), SANA_VIDEO_TRAINED_SOURCE),))  # fmt: skip
 _wan_copy("wan_animate", ("WanAnimateTransformer3DModel",), ("WanAttnProcessor",),
           _DIFFUSERS + "transformer_wan_animate.py` `WanRotaryPosEmbed`", 0.0,
@@ -111,6 +115,7 @@ register_diffusers(
         layout=lambda cos, sin: (cos[None, :, None], sin[None, :, None]),  # [1, S, 1, D]
         stock=("WanAttnProcessor",),
         blocks=("blocks.",),
+        qk_norm="rms across heads",  # WanAttnProcessor (transformer_chronoedit.py): RMSNorm over H * D, then rotation
         max_diff=0.0,
         source=CHRONOEDIT_SOURCE,
         axes=AXES + "; 2 frames at 0 and skip - 1",
