@@ -20,7 +20,8 @@ import torch
 
 from .scaling import NTK, Scaling, YaRN
 
-__all__ = ["grid", "crop_grid", "text_positions", "positions_for_size", "SizedPositions", "POSITION_MODES"]
+__all__ = ["grid", "crop_grid", "text_positions", "positions_for_size", "sized_coordinates", "SizedPositions",
+           "POSITION_MODES", "POSITION_ONLY_MODES"]
 
 POSITION_MODES = ("none", "interpolate", "ntk", "yarn", "normalize", "content")
 
@@ -176,6 +177,55 @@ def text_positions(
     return _cast(column[:, None].expand(length, n_axes), dtype, device).contiguous()
 
 
+def _sized(c, n, s, mode: str, common, spread):
+    """The coordinate of token indices ``c`` (float64) on an axis of ``n`` tokens grown ``s``-fold under ``mode``:
+    the one formula of :func:`positions_for_size` (``common``: the growth the ``"content"`` axes share; ``spread``:
+    the ``"normalize"`` ratio); sizes may be Python, symbolic or 0-d tensors."""
+    if mode == "interpolate":
+        return c / s
+    if mode == "content":
+        return c / common
+    if mode == "normalize":
+        return (c + 0.5 - n / 2) * spread
+    return c
+
+
+POSITION_ONLY_MODES = ("none", "interpolate", "normalize", "content")  # modes that move positions, not frequencies
+
+
+def sized_coordinates(
+    index: torch.Tensor, sizes: torch.Tensor, train_sizes: Sequence[int], mode: str | Sequence[str]
+) -> torch.Tensor:
+    """What :func:`positions_for_size` gives integer grid indices, with the grid's extent a tensor: no host read.
+
+    For the modes that move positions only (:data:`POSITION_ONLY_MODES`) the coordinate is affine in the index, so
+    indices past the grid's end continue its spacing (a reference image larger than the target).
+
+    Args:
+        index: int ``[N, n_axes]`` grid indices.
+        sizes: int ``[n_axes]``, tokens per axis of this forward's grid (e.g. ``index.amax(0) + 1``).
+        train_sizes: tokens per axis in training.
+        mode: one of :data:`POSITION_ONLY_MODES`, or one per axis.
+
+    Returns:
+        float64 ``[N, n_axes]``.
+    """
+    n_axes = index.shape[-1]
+    modes = (mode,) * n_axes if isinstance(mode, str) else tuple(mode)
+    if len(modes) != n_axes or any(m not in POSITION_ONLY_MODES for m in modes):
+        raise ValueError(f"mode must be one of {POSITION_ONLY_MODES} or one per axis ({n_axes}), got {mode!r}")
+    n = sizes.to(torch.float64)
+    train = torch.tensor(tuple(train_sizes), dtype=torch.float64, device=n.device)
+    factors = (n / train).clamp(min=1.0)  # s_a, as positions_for_size
+    pick = lambda name: torch.tensor([m == name for m in modes], device=n.device)  # noqa: E731
+    common = factors.where(pick("content"), torch.inf).amin().clamp(max=torch.inf)
+    common = torch.where(torch.isinf(common), torch.ones_like(common), common)
+    normalized = pick("normalize")
+    spread = train.where(normalized, 1.0).amax() / n.where(normalized, 1.0).amax()
+    c = index.to(torch.float64)
+    return torch.stack([_sized(c[:, a], n[a], factors[a], m, common, spread) for a, m in enumerate(modes)], dim=-1)
+
+
 class SizedPositions(NamedTuple):
     """What :func:`positions_for_size` decides for one grid size."""
 
@@ -246,13 +296,7 @@ def positions_for_size(
     common = functools.reduce(torch.sym_min, content) if content else 1.0
     axes, scaling = [], []
     for n, t, s, m in zip(sizes, train, factors, modes):
-        c = torch.arange(n, dtype=torch.float64)
-        if m == "interpolate":
-            c = c / s
-        elif m == "content":
-            c = c / common
-        elif m == "normalize":
-            c = (c + 0.5 - n / 2) * (longest_train / longest)
+        c = _sized(torch.arange(n, dtype=torch.float64), n, s, m, common, longest_train / longest)
         scaled = m in ("ntk", "yarn") and s > 1  # only these modes look at the factor (a guard when symbolic)
         # the method's frequencies are Python math on the factor: a symbolic one is specialised (float()),
         # so a compiled model recompiles per size in these modes instead of breaking its graph

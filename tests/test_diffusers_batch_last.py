@@ -14,7 +14,8 @@ from test_diffusers_families import _double, _run, answered_by_the_records_table
 
 from axial_rope import scaling  # noqa: E402
 from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
-from axial_rope.integrations.diffusers import _rotary_blocks, set_rope_processors  # noqa: E402
+from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
+from axial_rope.integrations.diffusers_sites import rotary_blocks  # noqa: E402
 from axial_rope.integrations.diffusers_tables import RotaryTables  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 from models.tiny_diffusers_last import ENTRIES  # noqa: E402
@@ -68,14 +69,19 @@ def _stock_calls(name: str, model, inputs: dict, attr: str | None = None) -> lis
     where, own = DIFFUSERS[name].tables
     attr = attr or own
     calls = []
-    if where == "block argument":  # what each block is handed, and the block's hidden_states ours reads
+    if where == "block argument":  # the block's hidden_states ours reads, and the tables its attention is handed
+        # (read at the attention: an installed adapter replaces the block's argument in the block's forward, after
+        # torch's pre-hooks have run)
 
         def record(block, args, kwargs):
-            hidden = kwargs.get("hidden_states", args[0] if args else None)
-            calls.append(((hidden,), {}, kwargs.get(attr, args[1] if len(args) > 1 else None)))
+            calls.append([(kwargs.get("hidden_states", args[0] if args else None),), {}, None])
 
-        blocks = _rotary_blocks(model, DIFFUSERS[name].blocks)
+        def handed(attention, args, kwargs):
+            calls[-1][2] = kwargs["image_rotary_emb"]
+
+        blocks = rotary_blocks(model, DIFFUSERS[name].blocks)
         hooks = [b.register_forward_pre_hook(record, with_kwargs=True) for b in blocks]
+        hooks += [b.self_attn.register_forward_pre_hook(handed, with_kwargs=True) for b in blocks]
         try:
             _run(model, inputs)
         finally:
@@ -141,7 +147,7 @@ def test_ideogram4_per_axis_modes_are_refused_for_its_shared_spectrum():
 def test_ace_step_every_block_gets_the_scaled_tables_and_remove_drops_the_hooks():
     name = "AceStepTransformer1DModel"
     model, inputs = tiny.build(name)
-    blocks = _rotary_blocks(model, DIFFUSERS[name].blocks)
+    blocks = rotary_blocks(model, DIFFUSERS[name].blocks)
     assert len(blocks) == 2  # a sliding-window block and a full one
     handle = set_rope_processors(model, scaling=scaling.Linear(2.0))
     got = [want for _, _, want in _stock_calls(name, model, inputs)]  # what each block is handed, now ours

@@ -1,5 +1,5 @@
 """With its tables replaced, a diffusers transformer keeps its stock tables module: same object, same class, same
-state dict, answering with the adapter's tables through diffusers' hook registry (``diffusers_tables.answer_with``).
+state dict, answering with the adapter's tables through diffusers' hook registry (``diffusers_sites.ModuleSite``).
 
 Code that inspects that module's class keeps working: diffusers' own ``TestQwenImageTransformer::
 test_layered_model_with_mask`` (``tests/models/transformers/test_models_transformer_qwenimage.py``, not installed
@@ -26,7 +26,8 @@ from helpers import one_torch_thread  # noqa: E402
 from test_diffusers_families import _model, _replacing, _run  # noqa: E402
 
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
-from axial_rope.integrations.diffusers_tables import HOOK, RotaryTables  # noqa: E402
+from axial_rope.integrations.diffusers_sites import CHILD as HOOK  # noqa: E402
+from axial_rope.integrations.diffusers_tables import RotaryTables  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 
 _one_thread = one_torch_thread()

@@ -273,7 +273,7 @@ def _doc_blocks(section: str) -> list[str]:
 
 def test_docs_diffusers_examples_run():
     blocks = _doc_blocks("diffusers")
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, "docs/integrations.md:diffusers", "exec"), namespace)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..positions import grid, positions_for_size
+from ..positions import POSITION_ONLY_MODES, grid, positions_for_size, sized_coordinates
 from ..rope import AxialRoPE
 
 __all__ = ["Sizing", "at_index", "frames_grid_positions", "grid_coordinates", "grid_positions", "id_extent",
@@ -52,8 +52,11 @@ def ids_positions(
     default every row, Flux's zero text rows included) count from their smallest value, the image's origin
     (0 for Flux; LongCat's images sit after the text), and index ``i`` becomes the origin plus the coordinate
     :func:`~axial_rope.positions_for_size` gives index ``i`` on the forward's grid: ``sizing.grid``, or ``max -
-    origin + 1`` of these ids (one host read of the extent, so a sized forward is not captured whole by
-    ``torch.compile(fullgraph=True)``; a fixed ``scaling`` is). The other rows and columns keep their ids.
+    origin + 1`` of these ids. The modes that move positions only (``none``, ``interpolate``, ``content``,
+    ``normalize``) size by tensor ops, so a compiled model follows the grid without a host read or a recompile;
+    ``ntk`` and ``yarn`` build frequencies from the extent, one host read (a sized forward in those modes is not
+    captured whole by ``torch.compile(fullgraph=True)``; a fixed ``scaling`` is). The other rows and columns keep
+    their ids.
     """
     pos = ids.float()
     if sizing is None:
@@ -61,17 +64,31 @@ def ids_positions(
     flat = pos.reshape(-1, pos.shape[-1])  # [N, A]
     rows = torch.ones(flat.shape[0], dtype=torch.bool, device=pos.device) if image is None else image.reshape(-1)
     grid_ids = flat[:, list(cols)]  # [N, n]
-    chosen = grid_ids[rows]
-    if chosen.numel() and not torch.equal(chosen.round(), chosen):
-        raise ValueError(f"sizing id tables needs integer image-grid ids (columns {cols}), got fractional ones")
-    origin = chosen.amin(0) if chosen.numel() else grid_ids.new_zeros(len(cols))
+    if not torch.compiler.is_compiling():  # a host check, eager only
+        chosen = grid_ids[rows]
+        if chosen.numel() and not torch.equal(chosen.round(), chosen):
+            raise ValueError(f"sizing id tables needs integer image-grid ids (columns {cols}), got fractional ones")
+    # the image's origin: the smallest id of its rows (0 without image rows), by tensor ops
+    big = torch.finfo(grid_ids.dtype).max
+    origin = grid_ids.where(rows[:, None], big).amin(0)  # [n]
+    origin = origin.where(origin < big, 0.0)
     index = (grid_ids - origin).round().long()  # [N, n]; the rows outside the image are not read
+    if all(m in POSITION_ONLY_MODES for m in sizing.mode):  # positions only: the extent stays a tensor
+        extent = sizing.grid if sizing.grid is not None else index.where(rows[:, None], 0).amax(0) + 1
+        sized = origin + sized_coordinates(index, extent, sizing.train_size, sizing.mode).to(pos.dtype)
+        return _with_image_rows(pos, flat, cols, rows, sized, grid_ids, (None,) * len(cols))
     if sizing.grid is not None:
         sizes = tuple(int(v) for v in sizing.grid)
     else:
-        sizes = tuple(int(v) + 1 for v in index[rows].amax(0)) if chosen.numel() else (1,) * len(cols)
+        sizes = tuple(int(v) + 1 for v in index[rows].amax(0)) if bool(rows.any()) else (1,) * len(cols)
     coords, scaling = grid_coordinates(sizes, sizing, dtype=pos.dtype, device=pos.device)
     sized = origin + torch.stack([at_index(c, index[:, a]) for a, c in enumerate(coords)], dim=-1)
+    return _with_image_rows(pos, flat, cols, rows, sized, grid_ids, scaling)
+
+
+def _with_image_rows(pos, flat, cols, rows, sized, grid_ids, scaling) -> tuple[torch.Tensor, tuple]:
+    """The id table with its image rows' grid columns sized (the other rows and columns as they were), and the
+    scaling per column (``None`` outside the grid columns)."""
     flat = flat.clone()
     flat[:, list(cols)] = torch.where(rows[:, None], sized, grid_ids)
     full = [None] * pos.shape[-1]

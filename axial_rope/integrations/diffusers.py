@@ -9,12 +9,22 @@ extension points:
   are computed instead by :class:`~axial_rope.integrations.diffusers_tables.RotaryTables`, from the same input,
   with scaled frequencies or sized positions. A tables module (Flux ``pos_embed``, HunyuanVideo and Wan
   ``rope``, ...) stays in place, of its own class, and answers through diffusers' hook registry; a model method
-  is shadowed on the instance; tables passed as a forward argument (CogVideoX's) are replaced by a forward
-  pre-hook. Every attention processor downstream, stock or not, rotates by them.
+  is shadowed on the instance; tables passed as a forward argument (CogVideoX's) are replaced before each
+  forward. Every attention processor downstream, stock or not, rotates by them. Each kind of place is a site
+  class of :mod:`~axial_rope.integrations.diffusers_sites`.
 - **the processors**: in the families whose record names one (Flux, HunyuanVideo, Wan, CogVideoX, LTX-Video),
   the stock attention processors of the rotary blocks are swapped, through ``set_attn_processor``, for
   processors that rotate by the tables passed in on axial_rope's backends (fused Triton kernels on GPU); other
   processors (IP-adapter, a user's) are left as they are, and rotate by the same tables.
+
+The installation is one ``diffusers.hooks.ModelHook`` named ``"axial_rope"`` on the transformer's
+``HookRegistry``: it composes with diffusers' other hooks (first-block cache, group offloading, layerwise casting,
+context parallel), and ``handle.remove()`` or diffusers' own ``remove_hook("axial_rope")`` undoes every part.
+
+**The automatic policy** (``policy="auto"``): state the target size and the adapter plans the rest from the
+record's training size (:mod:`axial_rope.policy`'s decision table: ``content`` positions for image axes, RIFLEx on
+a longer video's time axis); ``handle.plan`` prints what it chose per axis and why. The pipeline form,
+:func:`~axial_rope.integrations.diffusers_pipeline.apply_rope_scaling`, plans each pipeline call.
 
 Unscaled, the model keeps its own tables and the output equals the stock model's. Nothing is kept
 between forwards: positions and tables are computed inside each forward from its inputs, so the
@@ -23,7 +33,7 @@ as the stock one does. A scaling that could not act is refused at installation, 
 no channels, a mode the family's positions make void, any scaling of a family whose tables are the model's own).
 
 A time-dependent scaling (:mod:`axial_rope.time_scaling`: ``DyPE``, ``TimeAwareNTK``) reads the
-sampling time from the transformer's own ``timestep`` argument, in a pre-hook, so the pipeline
+sampling time from the transformer's own ``timestep`` argument, before each forward, so the pipeline
 needs no extra call per step: ``t = max(timestep) / noise_timestep``, where ``noise_timestep`` is the
 timestep of pure noise. Flux: 1 (``FluxPipeline`` passes ``timestep = sigma``, the transformer
 multiplies by 1000 itself); HunyuanVideo, Wan: 1000 (flow-match ``timesteps = 1000 sigma``; Wan 2.2's
@@ -37,24 +47,25 @@ from collections.abc import Sequence
 
 import torch
 
-from ..conventions._registry import DIFFUSERS, DiffusersFamily, diffusers_family
-from ..conventions._tables import Sizing
+from ..conventions._registry import DIFFUSERS, PipelineUnits, diffusers_family
 from ..ops import BACKENDS
-from ..positions import POSITION_MODES
-from ..scaling import RIFLEx, Scaling
+from ..policy import Plan
+from ..scaling import Scaling
+from .diffusers_checks import checked_scaling, checked_sizing
 from .diffusers_ltx import LTXVideoRopeProcessor
+from .diffusers_policy import FamilyPlan, plan_family
 from .diffusers_processors import (
     CogVideoXRopeProcessor,
     FluxRopeProcessor,
     HunyuanVideoRopeProcessor,
     WanRopeProcessor,
 )
-from .diffusers_tables import RotaryTables, answer_with, argument_hook, grid_hook, time_hook
+from .diffusers_sites import SITES, ModuleSite, argument_value, grid_step, install, time_step
+from .diffusers_tables import RotaryTables
 
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
 
 _ATTR = "_axial_rope_processors"  # where the handle lives on the transformer instance
-_TABLES = "_axial_rope_tables"  # the tables module standing in for a model method or feeding the blocks' argument
 # axial_rope's processors, by the name a family record gives
 _PROCESSORS = {cls.__name__: cls for cls in (FluxRopeProcessor, HunyuanVideoRopeProcessor, WanRopeProcessor,
                                              CogVideoXRopeProcessor, LTXVideoRopeProcessor)}  # fmt: skip
@@ -67,38 +78,59 @@ class RopeProcessors:
 
     Attributes:
         rope: the :class:`~axial_rope.AxialRoPE` of the model (scaled as installed).
-        tables: the :class:`~axial_rope.integrations.diffusers_tables.RotaryTables` computing the tables
-            (``None`` unscaled: the model's own tables).
+        tables: the :class:`~axial_rope.integrations.diffusers_tables.RotaryTables` computing the record's tables
+            (``None`` unscaled: the model's own tables); ``every_tables``: each one (LTX-2 has several).
+        plan: what ``policy="auto"`` chose per axis and why (:class:`~axial_rope.integrations.diffusers_policy.
+            FamilyPlan`; printable), or ``None`` without a policy.
         names: the processor names (keys of ``transformer.attn_processors``) that were replaced.
-        hooks: the forward pre-hooks installed on the transformer (the sampling time; CogVideoX's tables).
     """
 
-    def __init__(self, transformer, rope, tables, originals: dict, names: list[str], hooks: list, undo=None):
-        self.transformer, self.rope, self.tables, self.hooks = transformer, rope, tables, hooks
-        self.originals = originals  # every processor before installation, by name ({}: none replaced)
-        self.names = names
-        self._undo = undo or []  # per tables site, what puts the stock one back (run in reverse order)
+    def __init__(self, transformer, rope, every_tables: list, plan: FamilyPlan | None):
+        self.transformer, self.rope, self.every_tables, self.plan = transformer, rope, every_tables, plan
+        self.tables = every_tables[0] if every_tables else None
+        self.originals: dict = {}  # every processor before installation, by name ({}: none replaced)
+        self.names: list[str] = []
+        self._remove = None  # set when installed: removes the hook (which undoes every part)
+
+    @property
+    def installed(self) -> bool:
+        return getattr(self.transformer, _ATTR, None) is self
 
     def remove(self) -> None:
-        """Put the stock tables module and processors back and drop the hooks (idempotent).
+        """Undo the installation (idempotent): the stock tables and processors, no hook of ours.
 
         A processor replaced since installation (``fuse_qkv_projections()``, ``set_attn_processor``) is
         left as it is now: only processors that are still ours go back to the originals.
         """
-        if getattr(self.transformer, _ATTR, None) is not self:
-            return
-        if self.names:  # a family without processors of ours (and a model without attn_processors) has none
-            current = dict(self.transformer.attn_processors)
-            ours = {name: self.originals[name] for name in self.names if _is_ours(current[name])}
-            current.update(ours)
-            self.transformer.set_attn_processor(current)
-        for hook in self.hooks:
-            hook.remove()
-        for undo in reversed(self._undo):
-            undo()
-        if _TABLES in self.transformer._modules:  # the method's stand-in, the blocks' tables
-            delattr(self.transformer, _TABLES)
-        delattr(self.transformer, _ATTR)
+        if self._remove is not None:
+            self._remove()
+
+    def _processors(self, family, backend):
+        """The installation's part that swaps the processors (``transformer -> undo``)."""
+
+        def part(transformer):
+            self.originals = dict(transformer.attn_processors)
+            # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
+            # by the same tables
+            self.names = [n for n, p in self.originals.items()
+                          if n.startswith(family.blocks) and type(p).__name__ in family.stock]  # fmt: skip
+            ours = _PROCESSORS[family.processor]
+            new = {n: ours(backend, p) if n in self.names else p for n, p in self.originals.items()}
+            transformer.set_attn_processor(new)
+
+            def undo():
+                current = dict(transformer.attn_processors)
+                current.update({n: self.originals[n] for n in self.names if _is_ours(current[n])})
+                transformer.set_attn_processor(current)
+
+            return undo
+
+        return part
+
+    def _attach(self, transformer):
+        """The installation's part that makes the handle findable on the transformer (``transformer -> undo``)."""
+        setattr(transformer, _ATTR, self)
+        return lambda: transformer.__dict__.pop(_ATTR, None)
 
 
 def _is_ours(processor) -> bool:
@@ -113,6 +145,9 @@ def set_rope_processors(
     train_size: Sequence[int] | None = None,
     backend: str | None = None,
     noise_timestep: float | None = None,
+    policy: str | None = None,
+    size: Sequence[int] | None = None,
+    units: PipelineUnits | None = None,
 ) -> RopeProcessors:
     """Run the transformer's RoPE through axial_rope: fast processors, and scaled tables where asked.
 
@@ -130,40 +165,63 @@ def set_rope_processors(
             training resolution gets, e.g., interpolated positions or per-axis YaRN. Grid axes:
             video ``(t, y, x)``; Flux ``(y, x)`` of the image ids (``"normalize"`` is refused for Flux:
             it would move the text ids off 0).
-        train_size: the training token grid, ``(t, y, x)`` (video) or ``(y, x)`` (Flux), with ``mode``; a
-            family with one grid axis (Mochi's time, the audio models' sequence) gives ``(n,)``, the tokens its
-            rope counts (a prepended global, memory or timestep token included). A forward at that grid equals
-            the stock model; nothing else can check it (no config records the training resolution:
-            ``docs/integrations.md``, "`train_size` counts tokens").
+        train_size: the training token grid, ``(t, y, x)`` (video) or ``(y, x)`` (Flux), with ``mode`` (or, with
+            ``policy``, in place of the record's training size); a family with one grid axis (Mochi's time, the
+            audio models' sequence) gives ``(n,)``, the tokens its rope counts (a prepended global, memory or
+            timestep token included). A forward at that grid equals the stock model.
         backend: axial_rope backend (``None`` automatic, ``"torch"``, ``"triton"``, ``"reference"``).
         noise_timestep: with a time-dependent scaling, the transformer's ``timestep`` at pure noise:
             the sampling time is ``max((timestep - clean) / (noise_timestep - clean))``, ``clean`` the family's
             ``clean_timestep`` (0; 1 where time runs from noise at 0 to clean at 1: Lumina, MiniMax). Default:
             the family's (Flux 1, the others 1000; Lumina 0; the module docstring lists why).
+        policy: ``"auto"``: plan the scaling per axis from the record's training size (or ``train_size``) with
+            :mod:`axial_rope.policy`'s decision table, for ``size``; an explicit ``scaling`` or ``mode`` overrides
+            the plan (which ``handle.plan`` then shows as not applied).
+        size: with ``policy``, the target in the pipeline's units: ``(height, width)`` pixels for images,
+            ``(frames, height, width)`` for video, ``(tokens,)`` for a one-axis audio latent; ``None``: plan the
+            rule (image axes sized per forward; time as trained).
+        units: how ``size`` maps to tokens, in place of the record's (:class:`~axial_rope.conventions._registry.
+            PipelineUnits`: the released VAE and patch); for a pipeline built with another VAE.
 
     Returns:
-        A :class:`RopeProcessors` handle; ``handle.remove()`` (or
-        :func:`remove_rope_processors`) restores the stock model.
+        A :class:`RopeProcessors` handle; ``handle.remove()`` (or :func:`remove_rope_processors`, or diffusers'
+        ``HookRegistry.remove_hook("axial_rope")``) restores the stock model.
 
     Raises:
         TypeError: for any other model (the message lists the supported classes).
-        ValueError: for an unknown ``backend``, a ``scaling`` that does not fit the model's axes (or any
-            ``scaling`` of a family without per-axis spectra, an attention factor where the tables are angles),
-            a bad ``mode`` (one the family cannot take, or one its positions make void: the record's
-            ``refused_modes``) or ``train_size``, a scaling on an axis with no channels, and any scaling, mode or
-            ``train_size`` of a family served unscaled only (tables ``"fixed"``).
+        ValueError: for an unknown ``backend`` or ``policy``, ``size`` without ``policy``, a ``scaling`` that does not
+            fit the model's axes (or any ``scaling`` of a family without per-axis spectra, an attention factor
+            where the tables are angles), a bad ``mode`` (one the family cannot take, or one its positions make
+            void: the record's ``refused_modes``) or ``train_size``, a scaling on an axis with no channels, any
+            scaling, mode or ``train_size`` of a family served unscaled only (tables ``"fixed"``), and a size the policy
+            cannot serve (past its decision table's evidence).
     """
     family = diffusers_family(transformer)
     if backend not in (None, *BACKENDS):
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}")
-    name = type(transformer).__name__
+    name, config = type(transformer).__name__, transformer.config
+    widths = None if family.widths is None else tuple(family.widths(config))
+    planned, extra = None, None
+    if policy is not None or size is not None:
+        if policy is None:
+            raise ValueError(f"size goes with policy='auto' (what to plan it by), got size={size!r} and no policy")
+        explicit = scaling is not None or mode is not None
+        planned = plan_family(family, family.rope(config), policy=policy, size=size, train_size=train_size,
+                              explicit=explicit, columns=None if widths is None else len(widths),
+                              units=units)  # fmt: skip
+        if not explicit and _keeps_trained(planned.plan):  # the trained positions: the model's own tables
+            train_size = None
+        elif not explicit:
+            mode, train_size, extra = planned.modes, planned.train_size, planned.scaling
+        elif mode is None:
+            train_size = None  # the policy's train_size was for its plan, not for the explicit scaling
     if not family.scalable and (scaling is not None or mode is not None or train_size is not None):
         raise ValueError(
             f"{name} ({family.name}) is served unscaled only: its processors rotate by the model's own tables, which "
             "the adapter does not replace, so a scaling, mode or train_size could not act; leave them unset, got "
             f"scaling={scaling!r}, mode={mode!r}, train_size={train_size!r}"
         )
-    sizing = _sizing(family, mode, train_size, scaling)
+    sizing = checked_sizing(family, mode, train_size, scaling)
     if not family.spectrum and scaling is not None:
         modes = [m for m in ("interpolate", "none", "normalize") if m not in dict(family.refused_modes)]
         raise ValueError(
@@ -171,11 +229,10 @@ def set_rope_processors(
             f"methods do not apply; size positions with mode={modes[0]!r} (or {', '.join(map(repr, modes[1:]))}) "
             "instead"
         )
-    rope = family.rope(transformer.config)
-    widths = None if family.widths is None else tuple(family.widths(transformer.config))
     columns = None if widths is None or all(widths) else tuple(a for a, d in enumerate(widths) if d)
-    if scaling is not None:
-        rope = _scaled(family, rope, scaling, name, widths)
+    rope = family.rope(config)
+    if scaling is not None or extra is not None:
+        rope = checked_scaling(family, rope, scaling if scaling is not None else extra, name, widths)
     if not family.amplitude and rope.scaled:
         raise ValueError(
             f"{name} ({family.name}) takes its tables as angles, which carry no amplitude: a scaling with an "
@@ -192,172 +249,70 @@ def set_rope_processors(
     if previous is not None:  # re-install from the stock model, not on top of ours
         previous.remove()
 
-    device = next(iter(transformer.parameters())).device
+    # the tables follow the model (.to(), offloading): built on its device, or on the CPU while its parameters
+    # are still on the meta device (a from_pretrained-style build), whence loading and .to() move them
+    device = next(iter(transformer.parameters()), torch.empty(0)).device
+    device = torch.device("cpu") if device.type == "meta" else device
     rope = rope.to(device)
     scaled = sizing is not None or any(s is not None for s in rope.scaling)
-    tables, hooks, undo = None, [], []
-    if scaled:
-        where, attr = family.tables
-        config = transformer.config
-        by_grid = sizing is not None and family.grid is not None
-        # the record's tables module, then (LTX-2) the model's further ones: each its own rope, positions and layout
-        made = [(rope, family.positions(config), family.layout, attr,
-                 None if family.frequencies is None else family.frequencies(config))]  # fmt: skip
-        for producer in family.producers:
-            more = producer.rope(config) if scaling is None else _scaled(family, producer.rope(config), scaling, name)
-            more.backend = backend
-            made.append((more.to(device), producer.positions(config), producer.layout, producer.tables[1], None))
-        built = []  # (attribute, its stock module or None, our tables)
-        for rope_of, positions, layout, attribute, frequencies in made:
-            stock = getattr(transformer, attribute) if where == "module" else None
-            built.append((attribute, stock, RotaryTables(
-                rope_of, positions, layout, sizing, time_dependent=rope_of.time_dependent, stock=stock,
-                grid_axes=len(family.grid_axes) if by_grid else 0, frequencies=frequencies, columns=columns,
-            ).to(device)))  # fmt: skip
-        tables = built[0][2]
-        every = [t for _, _, t in built]
-        if rope.time_dependent:  # registered first (hooks run in order): the time is set before the tables
-            noise = family.noise_timestep if noise_timestep is None else noise_timestep
-            hooks.append(time_hook(transformer, every, noise, clean, family.timestep))
-        if by_grid:  # the grid of the whole forward, for every call of the tables modules
-            names, read = family.grid
-            hooks.append(grid_hook(transformer, every, names, read(config)))
-        if where == "module":
-            for attribute, stock, ours in built:
-                undo.append(_stand_in(transformer, attribute, stock, ours))
-        elif where == "method":  # a model method computes them: an instance attribute shadows it
-            transformer.add_module(_TABLES, tables)  # a submodule, so .to() and compile see it
-            object.__setattr__(transformer, attr, tables)
-            undo.append(lambda: transformer.__dict__.pop(attr))  # the class's method is found again
-        elif where == "block argument":  # each rotary block takes them as an argument: a pre-hook per block
-            transformer.add_module(_TABLES, tables)
-            for block in _rotary_blocks(transformer, family.blocks):
-                hooks.append(argument_hook(block, attr, tables, "hidden_states"))
-        else:
-            hooks.append(argument_hook(transformer, attr, tables, "hidden_states"))
-
-    originals, names = {}, []
+    made = _tables(transformer, family, config, rope, scaling if scaling is not None else extra, sizing, columns, backend, name,
+                   device) if scaled else []  # fmt: skip
+    handle = RopeProcessors(transformer, rope, [tables for _, tables in made], planned)
+    parts = [handle._attach]
+    parts += [lambda t, site=site, tables=tables: site.install(t, tables) for site, tables in made]
     if family.processor is not None:  # else the stock processors stay (the model may not even list them)
-        originals = dict(transformer.attn_processors)
-        # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
-        # by the same tables
-        names = [n for n in originals if n.startswith(family.blocks) and type(originals[n]).__name__ in family.stock]
-        ours = _PROCESSORS[family.processor]
-        new = {n: ours(backend, originals[n]) if n in names else p for n, p in originals.items()}
-        transformer.set_attn_processor(new)
-    handle = RopeProcessors(transformer, rope, tables, originals, names, hooks, undo)
-    setattr(transformer, _ATTR, handle)
+        parts.append(handle._processors(family, backend))
+    steps = _steps(transformer, family, made, rope, sizing, noise_timestep, config) if scaled else []
+    handle._remove = install(transformer, parts, steps)
     return handle
 
 
-def _stand_in(transformer: torch.nn.Module, attribute: str, stock, ours: RotaryTables):
-    """Our tables in place of the stock tables module ``transformer.<attribute>``; returns the undo. A module stays,
-    of its own class (code may inspect it: ``isinstance(model.pos_embed, QwenEmbedLayer3DRope)``), and answers
-    through diffusers' hook registry; a plain object (Z-Image's ``RopeEmbedder``, which no hook reaches) is replaced
-    by ours."""
-    if isinstance(stock, torch.nn.Module):
-        return answer_with(stock, ours)
-    setattr(transformer, attribute, ours)
-
-    def undo() -> None:
-        delattr(transformer, attribute)  # our module goes; the plain object is set again
-        setattr(transformer, attribute, stock)
-
-    return undo
+def _keeps_trained(plan: Plan) -> bool:
+    """Whether a plan changes nothing at its target (every axis inside its trained extent)."""
+    return all(a.target is not None and a.target <= a.trained for a in plan.axes)
 
 
-def _rotary_blocks(transformer: torch.nn.Module, prefixes: tuple[str, ...]) -> list[torch.nn.Module]:
-    """The blocks the processor prefixes name (``"layers."``: ``layers.0``, ``layers.1``, ...)."""
+def _tables(transformer, family, config, rope, scaling, sizing, columns, backend, name, device) -> list[tuple]:
+    """``(site, tables module)`` for the record's tables and (LTX-2) each further producer's: each its own rope,
+    positions and layout, sized and timed alike."""
+    by_grid = sizing is not None and family.grid is not None
+    kind, attr = family.tables
+    made = [(SITES[kind](attr, family.blocks), rope, family.positions(config), family.layout,
+             None if family.frequencies is None else family.frequencies(config))]  # fmt: skip
+    for producer in family.producers:
+        more = producer.rope(config)
+        more = more if scaling is None else checked_scaling(family, more, scaling, name)
+        more.backend = backend
+        kind_p, attr_p = producer.tables
+        made.append((SITES[kind_p](attr_p, family.blocks), more.to(device), producer.positions(config),
+                     producer.layout, None))  # fmt: skip
+    # a plain object standing for a module (Z-Image's RopeEmbedder) is replaced: our tables answer its attributes
+    stock = lambda site: getattr(transformer, site.name, None) if isinstance(site, ModuleSite) else None
     return [
-        m for n, m in transformer.named_modules() if any(n.startswith(p) and n[len(p) :].isdigit() for p in prefixes)
-    ]
+        (site, RotaryTables(rope_of, positions, layout, sizing, time_dependent=rope_of.time_dependent,
+                            stock=stock(site), grid_axes=len(family.grid_axes) if by_grid else 0,
+                            frequencies=frequencies, columns=columns).to(device))
+        for site, rope_of, positions, layout, frequencies in made
+    ]  # fmt: skip
 
 
-def _axis_names(family: DiffusersFamily, n_axes: int) -> tuple[str, ...]:
-    if n_axes == 1 and family.time_axis == 0:
-        return ("t",)
-    if n_axes == 3 and family.time_axis == 0:
-        return ("t", "y", "x")
-    if n_axes == 3 and family.grid_axes == (1, 2):
-        return ("index", "y", "x")
-    return ("y", "x") if n_axes == 2 else tuple(f"axis {a}" for a in range(n_axes))
-
-
-def _scaled(family: DiffusersFamily, rope, scaling, name: str, widths: tuple[int, ...] | None = None):
-    """``rope`` with ``scaling`` (one method, or one per axis), or a ``ValueError`` naming the family and the axis.
-
-    ``widths``: the channels of each position column where one may have none (the rope then turns by the others
-    only): a per-axis ``scaling`` names every column, and one of width 0 must be ``None`` (nothing turns by it)."""
-    words = _axis_names(family, rope.n_axes if widths is None else len(widths))
-    kept = tuple(range(len(words))) if widths is None else tuple(a for a, d in enumerate(widths) if d)
-    if widths is not None and isinstance(scaling, (list, tuple)):
-        if len(scaling) != len(widths):
-            raise ValueError(f"{name} ({family.name}: axes {words}): scaling needs one method (or None) per axis "
-                             f"({len(widths)}), got {len(scaling)}")  # fmt: skip
-        for a, d in enumerate(widths):
-            if not d and scaling[a] is not None:
-                raise ValueError(
-                    f"{name} ({family.name}): axis {a} ({words[a]}) has no channels (widths {widths}): nothing turns "
-                    f"by it, so the scaling {scaling[a]!r} cannot act there; pass None for it"
-                )
-        scaling = tuple(scaling[a] for a in kept)
-    try:
-        methods = rope._methods(scaling)
-    except ValueError as err:
-        raise ValueError(f"{name} ({family.name}: axes {words}): {err}") from err
-    for a, method in zip(kept, methods):
-        if isinstance(method, RIFLEx) and family.time_axis != a:
-            what = "has no time axis" if family.time_axis is None else f"has its time on axis {family.time_axis}"
-            raise ValueError(
-                f"{name} ({family.name}) {what}: RIFLEx (a temporal method) cannot scale its axis {a} ({words[a]})"
-            )
-    try:
-        return rope.with_scaling(scaling)
-    except ValueError as err:
-        raise ValueError(f"{name} ({family.name}: axes {words}): {err}") from err
-
-
-def _sizing(family: DiffusersFamily, mode, train_size, scaling) -> Sizing | None:
-    """The per-forward sizing of ``mode`` and ``train_size``, checked; ``None`` without ``mode``."""
-    if mode is None:
-        if train_size is not None:
-            raise ValueError("train_size goes with mode (how to size positions against it)")
-        return None
-    if scaling is not None:
-        raise ValueError("pass either scaling (fixed per-axis methods) or mode (sized per forward), not both")
-    n_axes = len(family.grid_axes)
-    if not n_axes:
-        raise ValueError(
-            f"{family.name}'s positions are coordinates its pipeline computes, not a token grid that mode could size: "
-            "pass scaling (per-axis methods) instead"
-        )
-    modes = (mode,) * n_axes if isinstance(mode, str) else tuple(mode)
-    if len(modes) != n_axes or any(m not in POSITION_MODES for m in modes):
-        raise ValueError(f"mode must be one of {POSITION_MODES} or one per grid axis ({n_axes}), got {mode!r}")
-    for m in modes:
-        why = dict(family.refused_modes).get(m)
-        if why is not None:
-            raise ValueError(f"{family.name} refuses mode {m!r}: {why}")
-    if family.grid_axes != tuple(range(n_axes)) and "normalize" in modes:  # an id axis (text, index) stays
-        raise ValueError(
-            f"{family.name} refuses mode 'normalize': it would centre the image grid while the rows outside it "
-            "(text, other images) keep their ids on the same axes; use 'interpolate', 'ntk' or 'yarn'"
-        )
-    refused = ("ntk", "yarn") if not family.spectrum else ("yarn",) if not family.amplitude else ()
-    if set(modes) & set(refused):
-        why = "has no per-axis spectrum to scale" if not family.spectrum else "takes angles (no attention factor)"
-        raise ValueError(f"{family.name} {why}: mode {mode!r} is refused; use 'interpolate', 'none' or 'normalize'")
-    axes = {3: "(t, y, x)", 2: "(y, x)"}.get(n_axes, "(t)" if family.time_axis in family.grid_axes else "(axis)")
-    sizes = None if train_size is None or isinstance(train_size, (str, bytes)) else tuple(train_size)
-    if (
-        sizes is None
-        or len(sizes) != n_axes
-        or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in sizes)
-    ):
-        raise ValueError(
-            f"mode needs train_size, the training token grid {axes}: {n_axes} positive ints, got {train_size!r}"
-        )
-    return Sizing(sizes, modes)
+def _steps(transformer, family, made, rope, sizing, noise_timestep, config) -> list:
+    """What runs before each forward, in order: the sampling time, the forward's grid, then any argument's tables
+    (which need both)."""
+    every = [tables for _, tables in made]
+    steps = []
+    if rope.time_dependent:
+        noise = family.noise_timestep if noise_timestep is None else noise_timestep
+        read = argument_value(transformer, family.timestep)
+        steps.append(time_step(every, read, noise, family.clean_timestep, family.timestep))
+    if sizing is not None and family.grid is not None:
+        names, grid_of = family.grid
+        steps.append(grid_step(every, [argument_value(transformer, n) for n in names], grid_of(config)))
+    for site, tables in made:
+        step = site.step(transformer, tables)
+        if step is not None:
+            steps.append(step)
+    return steps
 
 
 def remove_rope_processors(transformer: torch.nn.Module) -> None:

@@ -9,18 +9,10 @@ layout. Every processor downstream, stock or not, then rotates by scaled tables 
 passes them: no side channel, nothing recorded between calls, so ``torch.compile`` (fullgraph,
 regional, dynamic sizes) and ``torch.export`` see the whole rotation.
 
-The stock module stays where it is, an instance of its own class (code that inspects it, such as diffusers' own
-test ``isinstance(model.pos_embed, QwenEmbedLayer3DRope)``, still sees it), and answers with our tables through
-diffusers' hook registry (:func:`answer_with`: a ``ModelHook`` whose ``new_forward`` calls :class:`RotaryTables`,
-held as the stock module's child so that ``.to()`` and ``torch.compile`` see it). Only a tables object that is not
-a module (Z-Image's ``RopeEmbedder``) is replaced by :class:`RotaryTables` itself.
-
-Where the tables are a forward argument (CogVideoX: its pipeline computes them), a forward pre-hook
-of the transformer replaces the argument by the tables of the latent grid (:func:`argument_hook`).
-A time-dependent scaling reads the sampling time from the transformer's own ``timestep``:
-a forward pre-hook writes its noise level ``max((timestep - clean) / (noise - clean))`` (1 at pure noise,
-0 clean) into the tables module's ``time`` buffer (an in-place copy into a buffer, which compile and
-export trace as they do a KV cache's).
+Where it is installed (the stock module answering through its hook, a shadowed method, a replaced argument) is
+:mod:`~axial_rope.integrations.diffusers_sites`' business. A time-dependent scaling reads the sampling time from the
+transformer's own ``timestep``: before each forward the installation writes its noise level into the tables
+module's ``time`` buffer (an in-place copy into a buffer, which compile and export trace as they do a KV cache's).
 """
 
 from __future__ import annotations
@@ -30,7 +22,6 @@ import inspect
 from collections.abc import Callable
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
 from ..conventions._tables import Sizing
@@ -38,10 +29,7 @@ from ..ops import rotation_tables
 from ..ops.common import channel_table
 from ..rope import AxialRoPE
 
-__all__ = ["RotaryTables", "answer_with", "argument_hook", "grid_hook", "time_hook"]
-
-HOOK = "axial_rope_tables"  # the name of our hook in the stock module's HookRegistry, and of our child module there
-
+__all__ = ["RotaryTables", "forward_argument", "replace_argument", "rotation_channel_tables"]
 
 class RotaryTables(nn.Module):
     """The tables a diffusers transformer's rotary module returns, computed by ``rope`` (scaled, sized, timed).
@@ -55,10 +43,10 @@ class RotaryTables(nn.Module):
         layout: ``(cos, sin, *context) -> what the replaced module returns``, from ``[S, D]`` (``[B, S, D]``)
             tables (e.g. Wan's ``[1, S, 1, D]``).
         sizing: per-forward sizing (``mode``, ``train_size``), or ``None``.
-        time_dependent: hold the sampling time in the ``time`` buffer (set by :func:`time_hook`).
+        time_dependent: hold the sampling time in the ``time`` buffer (set before each forward by the installation: :func:`~axial_rope.integrations.diffusers_sites.time_step`).
         stock: the module replaced (kept to be put back, not a submodule: the state dict is unchanged);
             its attributes stay readable here (``transformer.rope.patch_size``), as code reading them expects.
-        grid_axes: hold this forward's token grid (``grid_axes`` extents, set by :func:`grid_hook`) in the
+        grid_axes: hold this forward's token grid (``grid_axes`` extents, set by :func:`~axial_rope.integrations.diffusers_sites.grid_step`) in the
             ``grid`` buffer, and size by it (``sizing.grid``): for models computing their tables in several calls.
         frequencies: ``(*inputs, **kwargs) -> F`` (``[A, n]`` or per head ``[H, A, n]``): the frequency matrix the
             replaced module receives (a learned weight), used in place of the rope's; ``None``: the rope's.
@@ -87,6 +75,9 @@ class RotaryTables(nn.Module):
         if sizing is not None and self.sized_by_grid:
             sizing = dataclasses.replace(sizing, grid=self.grid)
         pos, scaling, *context = self.positions(self.rope, sizing, *inputs, **kwargs)
+        if sizing is not None and isinstance(scaling, tuple) and len(scaling) == len(self.rope.scaling):
+            # an axis the sizing leaves unscaled keeps the rope's own method (the policy's RIFLEx on time)
+            scaling = tuple(s if s is not None else own for s, own in zip(scaling, self.rope.scaling))
         if self.columns is not None:  # the unrotated columns go: their scaling (sized) too; the rope's has none
             scaling = tuple(scaling[c] for c in self.columns) if len(scaling) == pos.shape[-1] else scaling
             pos = pos[..., list(self.columns)]
@@ -110,36 +101,6 @@ class RotaryTables(nn.Module):
     def extra_repr(self) -> str:
         sizing = "" if self.sizing is None else f", sizing={self.sizing}"
         return f"time_dependent={self.time_dependent}{sizing}"
-
-
-class _Answer(ModelHook):
-    """``new_forward`` stands for the stock module's forward: ``tables`` answers the call."""
-
-    def __init__(self, tables: RotaryTables):
-        super().__init__()
-        self.tables = tables
-
-    def new_forward(self, module: nn.Module, *args, **kwargs):
-        return self.tables(*args, **kwargs)
-
-
-def answer_with(stock: nn.Module, tables: RotaryTables) -> Callable[[], None]:
-    """Make the stock tables module ``stock`` answer every call with ``tables`` (same inputs, same outputs), through
-    diffusers' own extension point for a module's forward (``diffusers.hooks.HookRegistry``); ``stock`` keeps its
-    place, class and state. ``tables`` becomes its child (non-persistent buffers only: the state dict is unchanged).
-
-    Returns:
-        the undo: removes the hook and the child, so ``stock`` computes its own tables again.
-    """
-    registry = HookRegistry.check_if_exists_or_initialize(stock)
-    stock.add_module(HOOK, tables)
-    registry.register_hook(_Answer(tables), HOOK)
-
-    def undo() -> None:
-        registry.remove_hook(HOOK, recurse=False)
-        del stock._modules[HOOK]
-
-    return undo
 
 
 def rotation_channel_tables(rotation, *, batched: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,62 +128,25 @@ def _get(args, kwargs, name: str, slot: int | None):
     return args[slot] if slot is not None and slot < len(args) else None
 
 
-def _each(tables) -> list:
-    return list(tables) if isinstance(tables, (list, tuple)) else [tables]
+def forward_argument(module: nn.Module, name: str) -> Callable[[tuple, dict], object]:
+    """``(args, kwargs) -> module.forward``'s argument ``name`` as a call passes it (``None`` if absent); its slot is
+    read here, once: compiled code cannot trace ``inspect``."""
+    slot = _slot(module, name)
+    return lambda args, kwargs: _get(args, kwargs, name, slot)
 
 
-def time_hook(
-    transformer: nn.Module, tables: RotaryTables | list[RotaryTables], noise_timestep: float,
-    clean_timestep: float = 0.0, name: str = "timestep",
-):  # fmt: skip
-    """A forward pre-hook writing ``max((timestep - clean) / (noise - clean))`` into ``tables.time`` (each of a list of
-    tables modules; torch ops: no host sync): 1 at pure noise, 0 at a clean sample, ``timestep`` read from the
-    forward argument ``name``.
+def replace_argument(module: nn.Module, name: str, tables: RotaryTables, source: str):
+    """``(args, kwargs) -> (args, kwargs)`` of a call of ``module`` with its argument ``name`` (the tables a pipeline or
+    a model function passes in) replaced by ``tables(argument source)``; ``None`` stays ``None`` (stock would not
+    rotate either)."""
+    slot, read_source = _slot(module, name), forward_argument(module, source)
 
-    The batch (both halves of guidance) shares the step's time; per-token timesteps (Wan 2.2) give their
-    maximum, the noised tokens'. A forward without ``timestep`` is refused: the scaling would have no time.
-    """
-    slot, every = _slot(transformer, name), _each(tables)
-
-    def hook(module, args, kwargs):
-        timestep = _get(args, kwargs, name, slot)
-        if timestep is None:
-            raise ValueError(f"a time-dependent scaling reads each forward's `{name}`; this forward got none")
-        ts = torch.as_tensor(timestep).detach().to(torch.float32)
-        level = ((ts - clean_timestep) / (noise_timestep - clean_timestep)).amax()
-        for each in every:
-            each.time.copy_(level.to(each.time.device))
-
-    return transformer.register_forward_pre_hook(hook, with_kwargs=True)
-
-
-def argument_hook(transformer: nn.Module, name: str, tables: RotaryTables, source: str):
-    """A forward pre-hook replacing the forward argument ``name`` (the tables a pipeline passes in) by
-    ``tables(argument source)``: for models whose tables come from outside (CogVideoX: from ``hidden_states``)."""
-    slot, source_slot = _slot(transformer, name), _slot(transformer, source)
-
-    def hook(module, args, kwargs):
-        if _get(args, kwargs, name, slot) is None:  # the stock model would not rotate: neither do we
-            return None
-        new = tables(_get(args, kwargs, source, source_slot))
+    def step(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if _get(args, kwargs, name, slot) is None:
+            return args, kwargs
+        new = tables(read_source(args, kwargs))
         if name in kwargs or slot is None or slot >= len(args):
             return args, {**kwargs, name: new}
         return (*args[:slot], new, *args[slot + 1 :]), kwargs
 
-    return transformer.register_forward_pre_hook(hook, with_kwargs=True)
-
-
-def grid_hook(
-    transformer: nn.Module, tables: RotaryTables | list[RotaryTables], names: tuple[str, ...], read: Callable
-):  # fmt: skip
-    """A forward pre-hook writing ``read(*arguments names)`` (the forward's token grid) into ``tables.grid`` (each of a
-    list of tables modules): for models that compute their tables in several calls (or modules), so that every call
-    is sized by the one grid."""
-    slots, every = [_slot(transformer, name) for name in names], _each(tables)
-
-    def hook(module, args, kwargs):
-        grid = read(*(_get(args, kwargs, name, slot) for name, slot in zip(names, slots)))
-        for each in every:
-            each.grid.copy_(torch.as_tensor(grid, dtype=torch.long).to(each.grid.device))
-
-    return transformer.register_forward_pre_hook(hook, with_kwargs=True)
+    return step
