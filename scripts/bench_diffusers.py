@@ -1,8 +1,9 @@
 """Stock vs scaled forward of every served diffusers family: ``python -m scripts.bench --diffusers``.
 
 Each family's tiny model (``models/tiny_diffusers.py``) at twice its training token grid (twice the frames
-for video), stock and with ``set_rope_processors(mode="interpolate", train_size=...)``, which replaces the
-model's tables module by axial_rope's: the cost of the table-producer path. Interleaved rounds in one
+for video): stock; unscaled ``set_rope_processors(model)`` ("hooked": the installation's diffusers hook and, where
+the family has one, our processors, on the model's own tables); and ``set_rope_processors(mode="interpolate",
+train_size=...)``, whose tables axial_rope computes: the cost of the hook and of the table-producer path. Interleaved rounds in one
 process (``--repeat`` forwards each, medians); ``--compiled`` times both compiled with inductor too.
 Ratios are the figure to read: absolute times on a shared CPU move by a factor of 2 between runs.
 """
@@ -40,11 +41,13 @@ def time_family(name: str, repeat: int, rounds: int, compiled: bool, *, depth: i
     inputs = tiny.inputs(name, factor * h, factor * w, frames=factor * frames if spec.video else frames)
     stock, _ = tiny.build(name, depth=depth)
     scaled, _ = tiny.build(name, depth=depth)
+    hooked, _ = tiny.build(name, depth=depth)
     if DIFFUSERS[name].grid_axes:
         set_rope_processors(scaled, mode="interpolate", train_size=tiny.train_size(name))
     else:  # positions the pipeline computes: no grid to size, scale every axis
         set_rope_processors(scaled, scaling=ar.scaling.Linear(float(factor)))
-    runs = {"stock": stock, "scaled": scaled}
+    set_rope_processors(hooked)  # the installation's hook and processors alone, on the model's own tables
+    runs = {"stock": stock, "hooked": hooked, "scaled": scaled}
     if compiled:
         torch._dynamo.reset()
         runs |= {"stock compiled": torch.compile(stock), "scaled compiled": torch.compile(scaled)}
@@ -62,6 +65,7 @@ def time_family(name: str, repeat: int, rounds: int, compiled: bool, *, depth: i
         **{f"{k} ms": round(statistics.median(v), 3) for k, v in ms.items()},
     }
     row["scaled / stock"] = round(row["scaled ms"] / row["stock ms"], 3)
+    row["hooked / stock"] = round(row["hooked ms"] / row["stock ms"], 3)
     if compiled:
         row["compiled scaled / stock"] = round(row["scaled compiled ms"] / row["stock compiled ms"], 3)
     return row
