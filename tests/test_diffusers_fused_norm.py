@@ -2,7 +2,9 @@
 
 Our processors serve Flux (per-head RMSNorm, its text tokens by their own norms), HunyuanVideo (per-head
 RMSNorm, video tokens), Wan (RMSNorm across heads), CogVideoX (per-head LayerNorm, video tokens) and LTX-Video
-(RMSNorm across heads, its table over the hidden size as one head). For each, unscaled and scaled: the fused
+(RMSNorm across heads, its table over the hidden size as one head), and the families whose stock attention is one
+of those: Chroma (Flux's), ConsisID (CogVideoX's), Wan VACE, Wan Animate and ChronoEdit (Wan's, copied into their
+files: the same code). For each, unscaled and scaled: the fused
 call is taken; in float64 the output equals the processor's unfused path (the model's norm modules called in
 float64, then the float64 rotation), an equality of two float64 evaluations; in float32 it is within a stated
 bound of the stock model's (whose rotation, diffusers' ``apply_rotary_emb``, computes in float32 even for
@@ -21,12 +23,16 @@ diffusers = pytest.importorskip("diffusers")
 
 from test_conventions_integration import _ltx  # noqa: E402
 
+from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
 from axial_rope.integrations import diffusers_ltx, diffusers_processors  # noqa: E402
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 
-FAMILIES = ("flux", "hunyuan_video", "wan", "cogvideox", "ltx_video")
-SCALABLE = FAMILIES[:4]  # LTX-Video's per-head schedule takes no scaling (axial_rope.integrations.diffusers_ltx)
+# the five processors' own families, then the classes whose record names one of them for its stock processor
+FAMILIES = ("flux", "hunyuan_video", "wan", "cogvideox", "ltx_video", "ChromaTransformer2DModel",
+            "ConsisIDTransformer3DModel", "WanVACETransformer3DModel", "WanAnimateTransformer3DModel",
+            "ChronoEditTransformer3DModel")  # fmt: skip
+SCALABLE = tuple(f for f in FAMILIES if f != "ltx_video")  # LTX-Video's per-head schedule takes no scaling
 _POSITIONAL = ("img_ids", "txt_ids", "image_rotary_emb")  # positions and upstream's tables keep their dtype
 
 
@@ -76,8 +82,8 @@ def _float64_norms(model) -> None:
                 setattr(module, name, exact)
 
 
-def _scaling(family: str):
-    n_axes = {"flux": 3, "hunyuan_video": 3, "wan": 3, "cogvideox": 3}[family]
+def _scaling(family: str, model):
+    n_axes = DIFFUSERS[tiny.ALIASES.get(family, family)].rope(model.config).n_axes
     return (None,) * (n_axes - 1) + (ar.scaling.Linear(2.0),)
 
 
@@ -89,7 +95,7 @@ def test_fused_equals_norm_then_rotation_in_float64(family, scaled, fused_calls,
     # the float64 norm (the model's modules, called) then the float64 rotation, against the fused call
     model, inputs = _model(family, torch.float64)
     stock = _run(model, inputs)
-    handle = set_rope_processors(model, scaling=_scaling(family) if scaled else None)
+    handle = set_rope_processors(model, scaling=_scaling(family, model) if scaled else None)
     _float64_norms(model)  # also the norm of unrotated tokens (HunyuanVideo's text), which calls the module
     fused = _run(model, inputs)
     assert fused_calls, f"{family}: no fused QK-norm + rotation call"

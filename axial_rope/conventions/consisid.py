@@ -37,6 +37,7 @@ register_diffusers(
         tables=("argument", "image_rotary_emb"),  # the pipeline's (cos, sin) over the crop grid; ours: integer grid
         positions=latent_positions(lambda c: (1, size(c, "patch_size"), size(c, "patch_size")), channels_first=False),
         stock=("CogVideoXAttnProcessor2_0",),
+        processor="CogVideoXRopeProcessor",  # CogVideoX's processor class (attention_processor.py), as stock
         blocks=("transformer_blocks.",),
         qk_norm="layer",  # CogVideoXAttnProcessor2_0: norm_q, norm_k (LayerNorm over D), then apply_rotary_emb
         max_diff=8e-9,  # float64 models, tables replaced: 7.6e-9 measured (the pipeline's float32 tables)

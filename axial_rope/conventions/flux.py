@@ -116,6 +116,7 @@ register_diffusers(
         time_axis=None,
         widths=axes_widths,
         stock=("FluxAttnProcessor",),
+        processor="FluxRopeProcessor",  # Chroma's attention is Flux's: FluxAttention with FluxAttnProcessor
         qk_norm="rms",  # FluxAttnProcessor (transformer_flux.py): RMSNorms over D, then apply_rotary_emb
         noise_timestep=1.0,  # ChromaPipeline passes timestep / 1000; the transformer multiplies by 1000
         max_diff=0.0,

@@ -1,6 +1,9 @@
 """Wan's rotary tables in other diffusers models: ``rope(hidden_states)`` returning ``[1, S, 1, D]`` cos and sin
-over the latent video's ``(t, y, x)`` grid (copies of ``WanRotaryPosEmbed``), rotated by the models' own
-processors (no fused processor: ``processor=None``)."""
+over the latent video's ``(t, y, x)`` grid (copies of ``WanRotaryPosEmbed``). Where a model's attention is Wan's
+(``WanAttention`` with ``WanAttnProcessor``, the same code: Wan VACE, Wan Animate, ChronoEdit) our
+``WanRopeProcessor`` replaces the stock processor and fuses its RMSNorm across heads with the rotation; the others
+keep their own processors (SkyReels-V2's passes its context-parallel config to cross-attention too, SANA-Video's
+is linear attention)."""
 
 from __future__ import annotations
 
@@ -61,6 +64,7 @@ _wan_copy("skyreels_v2", ("SkyReelsV2Transformer3DModel",), ("SkyReelsV2AttnProc
                    TrainedGrid("SkyReels-V2 720P", (121, 720, 1280), SKYREELS_V2_TRAINED_SOURCE)))  # fmt: skip
 _wan_copy("wan_vace", ("WanVACETransformer3DModel",), ("WanAttnProcessor",),
           _DIFFUSERS + "transformer_wan_vace.py` (`WanRotaryPosEmbed`)", 0.0, ("blocks.", "vace_blocks."),
+          processor="WanRopeProcessor",  # transformer_wan.py's WanAttention and WanAttnProcessor
           trained=(TrainedGrid("Wan2.1-VACE-1.3B", (81, 480, 832), WAN_VACE_TRAINED_SOURCE),
                    TrainedGrid("Wan2.1-VACE-14B", (81, 720, 1280), WAN_VACE_TRAINED_SOURCE)))  # fmt: skip
 # Sana-Video: linear attention that rotates the ReLU'd q and k of its numerator by Wan's tables
@@ -70,6 +74,7 @@ _wan_copy("sana_video", ("SanaVideoTransformer3DModel",), ("SanaLinearAttnProces
           trained=(TrainedGrid("SANA-Video 2B 480p", (81, 480, 832), SANA_VIDEO_TRAINED_SOURCE),))  # fmt: skip
 _wan_copy("wan_animate", ("WanAnimateTransformer3DModel",), ("WanAttnProcessor",),
           _DIFFUSERS + "transformer_wan_animate.py` `WanRotaryPosEmbed`", 0.0,
+          processor="WanRopeProcessor",  # its WanAttnProcessor and WanAttention: copies of transformer_wan.py's
           trained=(TrainedGrid("Wan2.2-Animate-14B", (77, 720, 1280), WAN_ANIMATE_TRAINED_SOURCE),
                    TrainedGrid("Wan2.2-Animate-14B", (77, 1280, 720), WAN_ANIMATE_TRAINED_SOURCE)))  # fmt: skip
 
@@ -114,6 +119,7 @@ register_diffusers(
         positions=_chronoedit_positions,
         layout=lambda cos, sin: (cos[None, :, None], sin[None, :, None]),  # [1, S, 1, D]
         stock=("WanAttnProcessor",),
+        processor="WanRopeProcessor",  # its WanAttnProcessor and WanAttention: copies of transformer_wan.py's
         blocks=("blocks.",),
         qk_norm="rms across heads",  # WanAttnProcessor (transformer_chronoedit.py): RMSNorm over H * D, then rotation
         max_diff=0.0,
