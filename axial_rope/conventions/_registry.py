@@ -17,7 +17,7 @@ from torch import nn
 from ._auxiliary import DIFFUSERS_AUXILIARY
 
 __all__ = [
-    "Convention", "DiffusersFamily", "PipelineUnits", "TablesProducer", "TrainedGrid", "DIFFUSERS", "DIFFUSERS_AUXILIARY", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "QK_NORMS", "REGISTRY", "builds_rope",
+    "Convention", "DiffusersFamily", "PipelineUnits", "TablesProducer", "Timing", "TrainedGrid", "DIFFUSERS", "DIFFUSERS_AUXILIARY", "DIFFUSERS_UNSUPPORTED", "FAMILIES", "QK_NORMS", "REGISTRY", "builds_rope",
     "diffusers_family", "diffusers_table", "register", "register_diffusers", "table", "trained_table",
 ]  # fmt: skip
 
@@ -123,6 +123,22 @@ class TablesProducer:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """How a family's forward tells the sampling time, which a time-dependent scaling follows: ``t = max((timestep -
+    clean) / (noise - clean))`` from the forward argument ``argument`` (1 at pure noise, 0 clean).
+
+    Attributes:
+        argument: the forward argument carrying the step's timestep.
+        noise: its value at pure noise (1000 for 1000-step schedulers' timesteps, 1 where pipelines pass sigma).
+        clean: its value at a clean sample (0 unless the model's time runs from noise at 0 to clean at 1).
+    """
+
+    argument: str = "timestep"
+    noise: float = 1000.0
+    clean: float = 0.0
+
+
+@dataclass(frozen=True)
 class TrainedGrid:
     """A released checkpoint's training size, what the automatic policy (:mod:`axial_rope.policy`) plans against.
 
@@ -217,10 +233,7 @@ class DiffusersFamily:
             ``D``), ``"layer across heads"``; ``None``: q and k reach the rotation unnormalised, or through
             something else after the norm (SANA's ReLU kernel). What a fused norm + rotation
             (:func:`axial_rope.ops.norm_apply_rope`) computes where :attr:`processor` is ours; the docs table shows it.
-        noise_timestep: the transformer's ``timestep`` at pure noise (time-dependent scaling reads ``t =
-            max((timestep - clean_timestep) / (noise_timestep - clean_timestep))``).
-        clean_timestep: the ``timestep`` of a clean sample (0 unless the model's time runs from noise at 0).
-        timestep: the name of the forward argument carrying the step's timestep.
+        timing: how the forward tells the sampling time (:class:`Timing`), for time-dependent scaling.
         grid: ``(argument names, config -> (*arguments) -> token grid)``, for a model that computes its tables in
             several calls (text apart from image tokens): the forward's image grid (int64 ``[len(grid_axes)]``,
             the extent of every image the forward holds), read from its arguments, so that ``mode`` sizes every
@@ -263,9 +276,7 @@ class DiffusersFamily:
     processor: str | None = None
     blocks: tuple[str, ...] = ("transformer_blocks.", "single_transformer_blocks.")
     qk_norm: str | None = None
-    noise_timestep: float = 1000.0
-    clean_timestep: float = 0.0
-    timestep: str = "timestep"
+    timing: Timing = Timing()
     grid: tuple[tuple[str, ...], Callable] | None = None
     frequencies: Callable | None = None
     producers: tuple[TablesProducer, ...] = ()

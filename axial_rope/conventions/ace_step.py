@@ -13,7 +13,7 @@ import torch
 
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, PipelineUnits, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, register_diffusers
 from ._tables import grid_positions
 
 __all__: list[str] = []
@@ -45,7 +45,7 @@ register_diffusers(
         time_axis=0,
         blocks=("layers.",),
         qk_norm="rms",  # AceStepAttnProcessor2_0: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb
-        noise_timestep=1.0,  # its timestep is the flow time in [0, 1]: 1 pure noise
+        timing=Timing(noise=1.0),  # its timestep is the flow time in [0, 1]: 1 pure noise
         max_diff=2e-8,  # float64 models, tables replaced: 1.2e-8 measured (upstream float32 tables)
         source=SOURCE,
         axes="(t): `head_dim`, `rope_theta`",

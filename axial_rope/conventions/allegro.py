@@ -14,7 +14,7 @@ import torch
 
 from ..rope import AxialRoPE
 from ._fields import field, kind, size
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import grid_positions, latent_grid
 
 __all__: list[str] = []
@@ -74,7 +74,7 @@ register_diffusers(
         layout=_layout,
         stock=("AllegroAttnProcessor2_0",),
         blocks=("transformer_blocks.",),
-        noise_timestep=1000.0,
+        timing=Timing(noise=1000.0),
         max_diff=2e-9,  # float64 models, tables replaced: 1.1e-9 measured (the pipeline's float32 tables)
         source=SOURCE,
         axes="(t, y, x): D/3 each, theta 10000, each third half-paired; indices / `interpolation_scale_{t,h,w}`",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import field
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import axes_widths, turned_axes_rope
 from .z_image import _rope as z_image_rope
@@ -27,13 +27,13 @@ def _record(name: str, cls: str, processor: str, source: str, trained: tuple[Tra
         classes=(cls,),
         rope=_rope,
         tables=("module", "pos_embed"),  # pos_embed(cat([txt_ids, img_ids])): text (0, 0, 0), image (0, y, x)
+        timing=Timing(noise=1000.0),  # the pipelines pass the scheduler's timestep (1000 sigma)
         positions=lambda c: lambda rope, sizing, ids: ids_positions(ids, rope, sizing),
         grid_axes=(1, 2),
         time_axis=None,
         widths=axes_widths,
         stock=(processor,),
         qk_norm="rms",  # BriaAttnProcessor, BriaFiboAttnProcessor: RMSNorms over D, then apply_rotary_emb
-        noise_timestep=1000.0,  # the pipelines pass the scheduler's timestep (1000 sigma)
         max_diff=0.0,
         source=source,
         axes="(index, y, x): `axes_dims_rope`, `rope_theta`",
@@ -101,7 +101,7 @@ register_diffusers(
         time_axis=None,
         blocks=("noise_refiner.", "layers."),
         qk_norm="rms",  # BriaFibo2AttnProcessor: norm_q, norm_k (RMSNorm over D), then its apply_rotary_emb
-        noise_timestep=1.0,  # its timestep is the noise level in [0, 1]: 1 pure noise, 0 clean
+        timing=Timing(noise=1.0),  # its timestep is the noise level in [0, 1]: 1 pure noise, 0 clean
         grid=(("hidden_states",), _fibo2_grid),
         max_diff=4e-8,  # float64 models, tables replaced: 3.0e-8 measured (upstream float32 lookup tables)
         source=FIBO2_SOURCE,

@@ -14,7 +14,7 @@ import torch
 
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, builds_rope, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, builds_rope, register_diffusers
 from ._tables import grid_coordinates, grid_positions
 
 __all__ = ["cogview4", "cogview4_positions"]
@@ -95,7 +95,7 @@ register_diffusers(
         positions=_cogview4_positions,
         stock=("CogView4AttnProcessor", "CogView4TrainingAttnProcessor"),
         qk_norm="layer",  # CogView4AttnProcessor: norm_q, norm_k (LayerNorm over D, no affine), then apply_rotary_emb
-        noise_timestep=1000.0,  # CogView4Pipeline: flow-match timesteps = 1000 sigma
+        timing=Timing(noise=1000.0),  # CogView4Pipeline: flow-match timesteps = 1000 sigma
         refused_modes=(("interpolate", "its own rows interpolate already (every size spans `rope_axes_dim` rows, "
                         "floor(i L / n)), so 'interpolate' would leave a grid larger than train_size at the stock "
                         "positions; use 'yarn' or 'ntk' to change them, or 'none' to continue the training "
@@ -116,7 +116,7 @@ register_diffusers(
         positions=_glm_positions,
         stock=("GlmImageAttnProcessor",),
         qk_norm="layer",  # GlmImageAttnProcessor: norm_q, norm_k (LayerNorm over D, no affine), then apply_rotary_emb
-        noise_timestep=1000.0,  # GlmImagePipeline passes 1000 sigma - 1
+        timing=Timing(noise=1000.0),  # GlmImagePipeline passes 1000 sigma - 1
         max_diff=3e-9,
         source=GLM_SOURCE,
         axes="(y, x): D/2, D/2, theta 10000",

@@ -16,7 +16,7 @@ import torch
 
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, builds_rope, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, builds_rope, register_diffusers
 from ._tables import grid_positions, latent_grid
 
 __all__ = ["cosmos"]
@@ -66,8 +66,8 @@ register_diffusers(
         stock=("CosmosAttnProcessor2_0", "CosmosAttnProcessor2_5"),
         qk_norm="rms",  # CosmosAttnProcessor2_0/2_5: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb
         # Cosmos Predict 2 / 2.5 pass timestep = sigma / (sigma + 1) or sigma: 1 at pure noise (Cosmos 1.0's
-        # EDM c_noise is no fraction of time: pass noise_timestep for a time-dependent scaling there)
-        noise_timestep=1.0,
+        # EDM c_noise is no fraction of time: pass set_rope_processors' noise_timestep for a time-dependent scaling there)
+        timing=Timing(noise=1.0),
         max_diff=7e-9,  # float64 models, tables replaced: 6.5e-9 measured (upstream float32 tables at 30 fps)
         source=SOURCE,
         axes="(t, y, x): D - 4 floor(D/6), 2 floor(D/6), 2 floor(D/6), bases 10000 `rope_scale` ** (d/(d-2)), half",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import field, size
-from ._registry import DiffusersFamily, PipelineUnits, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, register_diffusers
 from .qwen_vl import qwen3_vl
 
 __all__: list[str] = []
@@ -53,14 +53,14 @@ register_diffusers(
         classes=("Cosmos3OmniTransformer",),
         rope=_rope,
         tables=("module", "rotary_emb"),  # rotary_emb(position_ids [3, 1, N], device, dtype) -> (cos, sin) [1, N, D]
+        # vision_timesteps: per noisy vision token, UniPC's 999 .. 0; the model multiplies by 0.001
+        timing=Timing(argument="vision_timesteps", noise=1000.0),
         positions=_positions,
         layout=_layout,
         grid_axes=(),  # positions are the pipeline's packed coordinates: scaling, no mode
         time_axis=0,
         blocks=("layers.",),
         qk_norm="rms",  # Cosmos3AttnProcessor: norm_q/k, norm_added_q/k (RMSNorms over D), then the rotation
-        timestep="vision_timesteps",  # per noisy vision token, UniPC's 999 .. 0; the model multiplies by 0.001
-        noise_timestep=1000.0,
         # float64 models, tables replaced: 1.9e-7 measured; the stock angles are float32 products at positions past
         # the 15000 margin, ours float64
         max_diff=2e-7,

@@ -13,6 +13,7 @@ from ._registry import (
     Convention,
     DiffusersFamily,
     PipelineUnits,
+    Timing,
     TrainedGrid,
     builds_rope,
     register,
@@ -86,7 +87,7 @@ register_diffusers(
         stock=("FluxAttnProcessor",),
         processor="FluxRopeProcessor",
         qk_norm="rms",  # FluxAttnProcessor: norm_q/k, norm_added_q/k (RMSNorm over D), then apply_rotary_emb
-        noise_timestep=1.0,  # FluxPipeline passes timestep = sigma
+        timing=Timing(noise=1.0),  # FluxPipeline passes timestep = sigma
         max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=SOURCE,
         axes="(index, y, x): `axes_dims_rope`, theta 10000",
@@ -118,7 +119,7 @@ register_diffusers(
         stock=("FluxAttnProcessor",),
         processor="FluxRopeProcessor",  # Chroma's attention is Flux's: FluxAttention with FluxAttnProcessor
         qk_norm="rms",  # FluxAttnProcessor (transformer_flux.py): RMSNorms over D, then apply_rotary_emb
-        noise_timestep=1.0,  # ChromaPipeline passes timestep / 1000; the transformer multiplies by 1000
+        timing=Timing(noise=1.0),  # ChromaPipeline passes timestep / 1000; the transformer multiplies by 1000
         max_diff=0.0,
         source=CHROMA_SOURCE,
         axes="(index, y, x): `axes_dims_rope`, theta 10000",

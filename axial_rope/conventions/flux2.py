@@ -10,7 +10,7 @@ reference ids), and the tables concatenated; so a sized forward reads its image 
 from __future__ import annotations
 
 from ._fields import axes_sum, field
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import id_extent, ids_positions
 from .flux import flux
 
@@ -43,7 +43,7 @@ register_diffusers(
         time_axis=None,
         stock=("Flux2AttnProcessor", "Flux2ParallelSelfAttnProcessor"),
         qk_norm="rms",  # Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor: RMSNorms over D, then apply_rotary_emb
-        noise_timestep=1.0,  # the pipeline passes timestep / 1000; the transformer multiplies by 1000
+        timing=Timing(noise=1.0),  # the pipeline passes timestep / 1000; the transformer multiplies by 1000
         grid=(("img_ids",), lambda c: lambda img_ids: id_extent(img_ids)),  # the image and its references
         max_diff=0.0,
         source=FLUX2_SOURCE,
@@ -68,7 +68,7 @@ register_diffusers(
         stock=("Flux3AttnProcessor",),
         blocks=("txt_mode_blocks.", "mode_blocks.", "single_transformer_blocks."),
         qk_norm="rms",  # Flux3AttnProcessor: norm_q, norm_k (RMSNorm over D, of float32 q, k), then apply_rotary_emb
-        noise_timestep=1.0,  # the flow timestep in [0, 1]; the transformer multiplies by 1000
+        timing=Timing(noise=1.0),  # the flow timestep in [0, 1]; the transformer multiplies by 1000
         grid=(("img_ids", "image_cond_ids"), lambda c: lambda img_ids, cond_ids: id_extent(img_ids, cond_ids)),
         max_diff=0.0,
         source=FLUX3_SOURCE,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import field, kind, size
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 
@@ -53,8 +53,7 @@ register_diffusers(
         stock=("HiDreamAttnProcessor",),
         blocks=("double_stream_blocks.", "single_stream_blocks."),
         qk_norm="rms across heads",  # HiDreamAttnProcessor: q_rms_norm, k_rms_norm(_t) (over H * D), then apply_rope
-        timestep="timesteps",
-        noise_timestep=1000.0,  # the pipeline passes the scheduler's timestep
+        timing=Timing(argument="timesteps", noise=1000.0),  # the pipeline passes the scheduler's timestep
         max_diff=0.0,
         source=SOURCE,
         axes="(index, y, x): `axes_dims_rope` (the head or its first half), theta 10000",

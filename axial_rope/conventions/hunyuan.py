@@ -13,6 +13,7 @@ from ._registry import (
     Convention,
     DiffusersFamily,
     PipelineUnits,
+    Timing,
     TrainedGrid,
     builds_rope,
     register,
@@ -209,7 +210,7 @@ register_diffusers(
         stock=("HunyuanAttnProcessor2_0",),
         blocks=("blocks.",),
         qk_norm="layer",  # HunyuanAttnProcessor2_0: norm_q, norm_k (LayerNorm over D, qk_norm=True), then rotation
-        noise_timestep=1000.0,  # DDPM timesteps
+        timing=Timing(noise=1000.0),  # DDPM timesteps
         max_diff=5e-7,  # float64 models: the pipeline's positions are float32 linspace values (1 ulp at 32)
         source=DIT_SOURCE,
         axes="(y, x): D/2 each, x's planes first, theta 10000; the pipeline's crop grid",

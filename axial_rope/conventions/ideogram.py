@@ -9,7 +9,7 @@ the image rows' ``(y, x)`` (counted from their origin, 65536) and keeps the text
 from __future__ import annotations
 
 from ._fields import field, size
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .qwen_vl import qwen3_vl
 
@@ -53,8 +53,7 @@ register_diffusers(
         time_axis=None,
         blocks=("layers.",),
         qk_norm="rms",  # Ideogram4AttnProcessor: norm_q, norm_k (RMSNorm over D), then the rotation
-        noise_timestep=0.0,  # flow-matching time in [0, 1]: 0 pure noise, 1 clean
-        clean_timestep=1.0,
+        timing=Timing(noise=0.0, clean=1.0),  # flow-matching time in [0, 1]: 0 pure noise, 1 clean
         # float64 models, tables replaced: 7.2e-6 measured; the stock angles are float32 products at positions past
         # 65536 (|error| up to 2**-23 x 65552 = 8e-3 rad on the fastest plane), ours float64
         max_diff=1e-5,

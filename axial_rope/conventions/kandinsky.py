@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import field
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import at_index, grid_coordinates
 from .flux import flux
 from .hidream import rotation_matrices
@@ -85,7 +85,7 @@ register_diffusers(
         stock=("Kandinsky5AttnProcessor",),
         blocks=("visual_transformer_blocks.",),
         qk_norm="rms",  # Kandinsky5AttnProcessor: query_norm, key_norm (RMSNorm over D, float32), then apply_rotary
-        noise_timestep=1000.0,  # the pipeline passes the scheduler's timestep
+        timing=Timing(noise=1000.0),  # the pipeline passes the scheduler's timestep
         max_diff=0.0,
         source=SOURCE,
         axes="(t, y, x): `axes_dims` (the head), theta 10000, positions / the pipeline's `scale_factor`",
@@ -113,7 +113,7 @@ register_diffusers(
         stock=("Kandinsky6AttnProcessor", "Kandinsky6SRAttnProcessor"),
         blocks=("visual_transformer_blocks.",),
         qk_norm="rms",  # Kandinsky6(SR)AttnProcessor: query_norm, key_norm (RMSNorm over D), then apply_rotary
-        noise_timestep=1000.0,  # the timestep on the [0, num_train_timesteps] scale
+        timing=Timing(noise=1000.0),  # the timestep on the [0, num_train_timesteps] scale
         max_diff=5e-8,  # float64 models, tables replaced: 4.4e-8 measured (6 SR at 8 x 8; 6: bit for bit)
         source=SOURCE6,
         axes="(t, y, x): `axes_dims` (the head), theta 10000, positions / `scale_factor`",

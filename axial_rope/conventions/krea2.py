@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._fields import axes_sum, field
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 
@@ -27,7 +27,7 @@ register_diffusers(
         stock=("Krea2AttnProcessor",),
         blocks=("transformer_blocks.",),
         qk_norm="rms",  # Krea2AttnProcessor: norm_q, norm_k (Krea2RMSNorm over D), then apply_rotary_emb
-        noise_timestep=1.0,  # the pipeline passes timestep / num_train_timesteps
+        timing=Timing(noise=1.0),  # the pipeline passes timestep / num_train_timesteps
         max_diff=0.0,
         source=SOURCE,
         axes="(index, y, x): `axes_dims_rope`, `rope_theta` (1000)",

@@ -8,7 +8,7 @@ starts after the text on both axes.
 from __future__ import annotations
 
 from ._fields import axes_sum
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 
@@ -40,7 +40,7 @@ register_diffusers(
         time_axis=None,
         stock=("LongCatImageAttnProcessor",),
         qk_norm="rms",  # LongCatImageAttnProcessor: norm_q/k, norm_added_q/k (RMSNorm over D), then rotation
-        noise_timestep=1.0,  # the pipeline passes timestep / 1000; the transformer multiplies by 1000
+        timing=Timing(noise=1.0),  # the pipeline passes timestep / 1000; the transformer multiplies by 1000
         max_diff=0.0,
         source=SOURCE,
         axes="(modality, y, x): `axes_dims_rope`, theta 10000; text on the y = x diagonal, image after it",

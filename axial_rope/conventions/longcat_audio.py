@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import kind, size
-from ._registry import DiffusersFamily, PipelineUnits, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, register_diffusers
 from ._tables import at_index, grid_coordinates, grid_positions
 from .llm import llama
 
@@ -55,6 +55,7 @@ register_diffusers(
         classes=("LongCatAudioDiTTransformer",),
         rope=_rope,
         tables=("module", "rotary_embed"),  # rotary_embed(hidden_states, seq_len) -> (cos, sin) [S, D], twice
+        timing=Timing(noise=0.0, clean=1.0),
         positions=_positions,
         layout=_layout,
         grid_axes=(0,),
@@ -63,8 +64,6 @@ register_diffusers(
         qk_norm="rms across heads",  # AudioDiTSelfAttnProcessor: q_norm, k_norm (RMSNorm over H * D), then rotation
         # LongCatAudioDiTPipeline: FlowMatchEulerDiscreteScheduler(invert_sigmas=True), timestep = t / 1000 from 0
         # (pure noise) towards 1 (clean)
-        noise_timestep=0.0,
-        clean_timestep=1.0,
         grid=(("hidden_states",), lambda c: lambda hidden_states: torch.tensor([hidden_states.shape[1]])),
         max_diff=3e-7,  # float64 models, tables replaced: 2.0e-7 measured (upstream float32 tables)
         source=SOURCE,

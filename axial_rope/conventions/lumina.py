@@ -14,6 +14,7 @@ from ._registry import (
     Convention,
     DiffusersFamily,
     PipelineUnits,
+    Timing,
     TrainedGrid,
     builds_rope,
     register,
@@ -133,7 +134,7 @@ def _lumina_next_positions(config):
     return positions
 
 
-_REVERSED_TIME = dict(noise_timestep=0.0, clean_timestep=1.0)  # the pipelines pass 1 - t / 1000 (0 is noise)
+_REVERSED_TIME = dict(timing=Timing(noise=0.0, clean=1.0))  # the pipelines pass 1 - t / 1000 (0 is noise)
 LUMINA2_TRAINED_SOURCE = "github.com/Alpha-VLLM/Lumina-Image-2.0 README model table (resolution 1024); arXiv:2503.21758"
 register_diffusers(
     DiffusersFamily(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..rope import AxialRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, PipelineUnits, builds_rope, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, builds_rope, register_diffusers
 from .llm import llama
 from .stable_audio import _sequence_positions
 
@@ -51,12 +51,11 @@ register_diffusers(
         classes=("MiniMaxH3Transformer3DModel",),
         rope=_minimax_h3,
         tables=("module", "rope"),  # MiniMaxH3RotaryPosEmbed(position_ids): (cos, sin) [S, 6 F]
+        timing=Timing(noise=0.0, clean=1.0),  # MiniMaxH3Scheduler: timestep = 1 - sigma, 1 is clean
         positions=_position_ids,
         grid_axes=(),  # positions are the pipeline's coordinates: scaling, no mode
         time_axis=0,
         qk_norm="rms",  # MiniMaxH3AttnProcessor: norm_q, norm_k (RMSNorm over D), then _apply_rotary_emb
-        noise_timestep=0.0,  # MiniMaxH3Scheduler: timestep = 1 - sigma, 1 is clean
-        clean_timestep=1.0,
         max_diff=2e-9,  # float64 models, tables replaced; the float32 tables
         source=H3_SOURCE,
         axes="(t, h, w): 2 `rope_freq_dim` channels each, half-paired, `rope_theta`; packed pipeline coordinates",
@@ -71,11 +70,10 @@ register_diffusers(
         classes=("MiniMaxMusic3Transformer1DModel",),
         rope=_music3,
         tables=("module", "rotary_emb"),  # MiniMaxMusic3RotaryEmbedding(seq_len, device): (cos, sin) [S, r]
+        timing=Timing(noise=0.0, clean=1.0),  # flow-matching time from 0 (noise) to 1 (data)
         positions=_sequence_positions,
         grid_axes=(0,),
         time_axis=0,
-        noise_timestep=0.0,  # flow-matching time from 0 (noise) to 1 (data)
-        clean_timestep=1.0,
         max_diff=2e-9,  # float64 models, tables replaced; the float32 tables
         source=MUSIC3_SOURCE,
         axes="t: `rotary_dim` channels half-paired (timestep token at 0), theta 10000",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import axes_sum
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from .flux import flux
 from .qwen_image import _complex, _image, _spacing, _text
 
@@ -55,7 +55,7 @@ register_diffusers(
         stock=("NucleusMoEAttnProcessor2_0",),
         blocks=("transformer_blocks.",),
         qk_norm="rms",  # NucleusMoEAttnProcessor2_0: norm_q, norm_k, norm_added_k (RMSNorm over D), then rotation
-        noise_timestep=1.0,  # the pipeline passes timestep / 1000 = sigma
+        timing=Timing(noise=1.0),  # the pipeline passes timestep / 1000 = sigma
         max_diff=3e-9,  # float64 models, tables replaced: 2.5e-9 measured (upstream complex64 tables)
         source=SOURCE,
         axes="(frame, y, x): `axes_dims_rope`, theta 10000; y, x centred",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..rope import AxialRoPE
 from ..scaling import LongRoPE
 from ._fields import field, size
-from ._registry import DiffusersFamily, PipelineUnits, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, register_diffusers
 from ._tables import ids_positions
 
 __all__: list[str] = []
@@ -46,12 +46,12 @@ register_diffusers(
         classes=("OmniGenTransformer2DModel",),
         rope=_rope,
         tables=("module", "rope"),  # rope(hidden_states, position_ids)
+        timing=Timing(noise=1000.0),  # the flow-matching scheduler's timestep, sigma 1 -> 1000
         positions=_positions,
         grid_axes=(0,),
         time_axis=None,
         stock=("OmniGenAttnProcessor2_0",),
         blocks=("layers.",),
-        noise_timestep=1000.0,  # the flow-matching scheduler's timestep, sigma 1 -> 1000
         max_diff=9e-9,  # float64 models, tables replaced: 8.4e-9 measured (upstream float32 tables)
         source=SOURCE,
         axes="(sequence,): the head, `rope_base`, LongRoPE (`rope_scaling`), half",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import axes_sum
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 
@@ -48,7 +48,7 @@ register_diffusers(
         time_axis=None,
         stock=("OvisImageAttnProcessor",),
         qk_norm="rms",  # OvisImageAttnProcessor: norm_q/k, norm_added_q/k (RMSNorm over D), then apply_rotary_emb
-        noise_timestep=1.0,  # the pipeline passes timestep / 1000
+        timing=Timing(noise=1.0),  # the pipeline passes timestep / 1000
         max_diff=0.0,
         source=SOURCE,
         axes="(index, y, x): `axes_dims_rope`, theta 10000; text on the y = x diagonal, image from the origin",

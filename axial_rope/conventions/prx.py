@@ -7,7 +7,7 @@ patches, ``[B, S, 2]``, and the tables ``[B, 1, S, D/2, 2, 2]`` (``bhsd``).
 from __future__ import annotations
 
 from ._fields import field, kind, size
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 from .hidream import rotation_matrices
@@ -41,7 +41,7 @@ register_diffusers(
         stock=("PRXAttnProcessor2_0",),
         blocks=("blocks.",),
         qk_norm="rms",  # PRXAttnProcessor2_0: norm_q, norm_k (RMSNorm over D) of the image tokens, then apply_rope
-        noise_timestep=1.0,  # the pipeline passes timestep / num_train_timesteps
+        timing=Timing(noise=1.0),  # the pipeline passes timestep / num_train_timesteps
         max_diff=0.0,
         source=SOURCE,
         axes="(y, x): `axes_dim`, `theta`",

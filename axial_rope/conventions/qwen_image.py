@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import axes_sum, field
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import grid_coordinates
 from .flux import flux
 
@@ -107,7 +107,7 @@ _COMMON = dict(
     grid_axes=(1, 2),
     time_axis=None,
     blocks=("transformer_blocks.",),
-    noise_timestep=1.0,  # the pipelines pass timestep / 1000 = sigma
+    timing=Timing(noise=1.0),  # the pipelines pass timestep / 1000 = sigma
     axes="(frame, y, x): `axes_dims_rope`, theta 10000; y, x centred",
 )
 QWEN_IMAGE_TRAINED_SOURCE = (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import kind, size
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import grid_positions
 from .llm import llama
 
@@ -74,7 +74,7 @@ register_diffusers(
         positions=_stable_audio_positions,
         grid_axes=(0,),
         time_axis=0,
-        noise_timestep=1.0,  # CosineDPMSolverMultistepScheduler: timestep = atan(sigma) / (pi / 2)
+        timing=Timing(noise=1.0),  # CosineDPMSolverMultistepScheduler: timestep = atan(sigma) / (pi / 2)
         max_diff=1.2e-8,  # float64 models: the rotation in float32 (the processor casts q, k); 1.13e-8 measured
         source=SOURCE,
         axes="t: `attention_head_dim / 2` channels half-paired (global token at 0), theta 10000",
@@ -89,13 +89,13 @@ register_diffusers(
         classes=("StableAudio3DiTModel",),
         rope=lambda c: llama(_stable_audio_3_head(c), 10000.0),
         tables=("module", "rotary_pos_emb"),  # StableAudio3RotaryEmbedding(seq_len, device): angles [S, r]
+        timing=Timing(noise=1.0),  # rectified flow: timestep = sigma in [0, 1]
         positions=_sequence_positions,
         layout=_angles,
         grid_axes=(0,),
         time_axis=0,
         amplitude=False,
         qk_norm="rms",  # StableAudio3SelfAttnProcessor: q_norm, k_norm (StableAudio3RMSNorm over D), then rotation
-        noise_timestep=1.0,  # rectified flow: timestep = sigma in [0, 1]
         max_diff=7e-9,  # float64 models, tables replaced at the training size
         source=SOURCE_3,
         axes="t: `head_dim / 2` channels half-paired (memory tokens first), theta 10000",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._fields import axes_sum, field
-from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
+from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
 from ._tables import ids_positions
 from .flux import flux
 
@@ -55,9 +55,8 @@ register_diffusers(
         stock=("ZSingleStreamAttnProcessor",),
         blocks=("noise_refiner.", "context_refiner.", "layers."),
         qk_norm="rms",  # ZSingleStreamAttnProcessor: norm_q, norm_k (RMSNorm over D), then its apply_rotary_emb
-        timestep="t",
-        noise_timestep=0.0,  # the pipeline passes t = (1000 - timestep) / 1000: 0 at pure noise, 1 when clean
-        clean_timestep=1.0,
+        # the pipeline passes t = (1000 - timestep) / 1000: 0 at pure noise, 1 when clean
+        timing=Timing(argument="t", noise=0.0, clean=1.0),
         grid=(("x", "patch_size"), _grid),
         max_diff=2e-8,  # float64 models, tables replaced: 1.3e-8 measured (upstream float32 lookup tables)
         source=SOURCE,

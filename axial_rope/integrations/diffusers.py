@@ -171,9 +171,10 @@ def set_rope_processors(
             timestep token included). A forward at that grid equals the stock model.
         backend: axial_rope backend (``None`` automatic, ``"torch"``, ``"triton"``, ``"reference"``).
         noise_timestep: with a time-dependent scaling, the transformer's ``timestep`` at pure noise:
-            the sampling time is ``max((timestep - clean) / (noise_timestep - clean))``, ``clean`` the family's
-            ``clean_timestep`` (0; 1 where time runs from noise at 0 to clean at 1: Lumina, MiniMax). Default:
-            the family's (Flux 1, the others 1000; Lumina 0; the module docstring lists why).
+            the sampling time is ``max((timestep - clean) / (noise_timestep - clean))``, ``clean`` from the family's
+            :class:`~axial_rope.conventions._registry.Timing` (0; 1 where time runs from noise at 0 to clean at 1:
+            Lumina, MiniMax). Default: the family's (Flux 1, the others 1000; Lumina 0; the module docstring says
+            why).
         policy: ``"auto"``: plan the scaling per axis from the record's training size (or ``train_size``) with
             :mod:`axial_rope.policy`'s decision table, for ``size``; an explicit ``scaling`` or ``mode`` overrides
             the plan (which ``handle.plan`` then shows as not applied).
@@ -239,11 +240,12 @@ def set_rope_processors(
             f"attention factor ({rope.scaling}) cannot be served; use one without (Linear, NTK, ...)"
         )
     rope.backend = backend
-    clean = family.clean_timestep
+    timing = family.timing
+    clean = timing.clean
     if noise_timestep is not None and (
-        not rope.time_dependent or not (noise_timestep - clean) * (family.noise_timestep - clean) > 0
+        not rope.time_dependent or not (noise_timestep - clean) * (timing.noise - clean) > 0
     ):
-        side = "> 0" if clean == 0 else f"on the side of {family.noise_timestep} from the clean {clean}"
+        side = "> 0" if clean == 0 else f"on the side of {timing.noise} from the clean {clean}"
         raise ValueError(f"noise_timestep ({side}) goes with a time-dependent scaling, got {noise_timestep!r}")
     previous = getattr(transformer, _ATTR, None)
     if previous is not None:  # re-install from the stock model, not on top of ours
@@ -302,9 +304,10 @@ def _steps(transformer, family, made, rope, sizing, noise_timestep, config) -> l
     every = [tables for _, tables in made]
     steps = []
     if rope.time_dependent:
-        noise = family.noise_timestep if noise_timestep is None else noise_timestep
-        read = argument_value(transformer, family.timestep)
-        steps.append(time_step(every, read, noise, family.clean_timestep, family.timestep))
+        timing = family.timing
+        noise = timing.noise if noise_timestep is None else noise_timestep
+        read = argument_value(transformer, timing.argument)
+        steps.append(time_step(every, read, noise, timing.clean, timing.argument))
     if sizing is not None and family.grid is not None:
         names, grid_of = family.grid
         steps.append(grid_step(every, [argument_value(transformer, n) for n in names], grid_of(config)))
