@@ -1,0 +1,135 @@
+"""Qwen-Image's processor of ours (axial_rope.integrations.diffusers_qwen_image): each stream's QK-norm and rotation
+as one ``ops.norm_apply_rope`` call (issue 45).
+
+The adapter's installer swaps a family's processors for the class its record names from its own table of our
+processor classes; until that table holds ``QwenImageRopeProcessor`` the record names none, so these tests swap the
+rotary blocks' stock processors themselves, as the installer does (exact class ``QwenDoubleStreamAttnProcessor2_0``,
+the user's attention backend kept), over the model's own tables and over the adapter's scaled ones. They check what
+tests/test_diffusers_fused_norm.py checks for the installed families: the fused call is taken; in float64 the output
+equals the same processor with the model's norms called in float64 and then the rotation; in float32 it is within a
+stated bound of the stock model; putting the stock processors back gives the stock model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import U32, U64, chain_bound
+
+import axial_rope as ar
+
+diffusers = pytest.importorskip("diffusers")
+
+from test_diffusers_fused_norm import _float64_norms  # noqa: E402
+
+from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
+from axial_rope.integrations import diffusers_processors  # noqa: E402
+from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
+from axial_rope.integrations.diffusers_qwen_image import QwenImageRopeProcessor, complex_tables  # noqa: E402
+from models import tiny_diffusers as tiny  # noqa: E402
+
+NAME = "QwenImageTransformer2DModel"
+
+
+def _model(dtype: torch.dtype, depth: int = 1):
+    model, inputs = tiny.build(NAME, depth=depth)
+    cast = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
+    return model.to(dtype).eval(), cast
+
+
+def _run(model, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def _swap(model) -> tuple[list[str], callable]:
+    """Our processor in place of each stock one of the record's rotary blocks; returns the names and the undo."""
+    family = DIFFUSERS[NAME]
+    originals = dict(model.attn_processors)
+    names = [n for n, p in originals.items() if n.startswith(family.blocks) and type(p).__name__ in family.stock]
+    model.set_attn_processor({n: QwenImageRopeProcessor(None, p) if n in names else p for n, p in originals.items()})
+    return names, lambda: model.set_attn_processor(originals)
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    calls = []
+    real = diffusers_processors.norm_apply_rope
+    monkeypatch.setattr(diffusers_processors, "norm_apply_rope", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
+
+
+def test_complex_tables_are_the_interleaved_cos_sin_of_each_plane():
+    angles = torch.tensor([[0.5, -1.25], [2.0, 3.0]], dtype=torch.float64)  # [S, D/2]
+    tables = complex_tables(torch.polar(torch.ones_like(angles), angles), None)
+    torch.testing.assert_close(tables.cos, angles.cos().repeat_interleave(2, -1), atol=0, rtol=0)
+    torch.testing.assert_close(tables.sin, angles.sin().repeat_interleave(2, -1), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_fused_equals_norm_then_rotation_in_float64(scaled, fused_calls, monkeypatch):
+    model, inputs = _model(torch.float64, depth=2)
+    stock = _run(model, inputs)
+    handle = set_rope_processors(model, scaling=(None, None, ar.scaling.Linear(2.0)) if scaled else None)
+    names, undo = _swap(model)
+    assert len(names) == 2
+    _float64_norms(model)
+    fused = _run(model, inputs)
+    assert len(fused_calls) == 2 * len(names)  # image and text streams, each block
+    monkeypatch.setattr(diffusers_processors, "read_norm", lambda *a, **kw: None)  # the norm modules called
+    unfused = _run(model, inputs)
+    # two float64 evaluations of one model, the same arithmetic but for the order within the norm and the rotation:
+    # helpers.chain_bound(U64, 256 terms, 20 stages) of the outputs' scale
+    torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * float(unfused.abs().max()), rtol=0)
+    undo()
+    handle.remove()
+    assert all(type(p).__module__.startswith("diffusers") for p in model.attn_processors.values())
+    # (the norms now torch's float64 ones: close to the first stock run, not equal)
+    torch.testing.assert_close(_run(model, inputs), stock, atol=1e-5 * float(stock.abs().max()), rtol=0)
+
+
+def test_fused_equals_stock_in_float32_within_bound(fused_calls):
+    model, inputs = _model(torch.float32, depth=2)
+    stock = _run(model, inputs)
+    names, undo = _swap(model)
+    out = _run(model, inputs)
+    assert fused_calls
+    # q and k of each stream: the norm within (D / 2 + 8) u of its row, the rotation 6 u (tests/helpers.py TOL), so
+    # the two differ by delta = 2 (D / 2 + 14) u relative; an attention output with O(1) logits moves by 4 delta of
+    # the values' scale (tests/test_integrations_diffusers.py), once per rotary attention layer
+    delta = 2 * (model.transformer_blocks[0].attn.norm_q.weight.numel() / 2 + 14) * U32
+    torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+    undo()
+    assert torch.equal(_run(model, inputs), stock)  # the stock processors back: the stock model
+
+
+def test_the_stock_processors_refusals_are_kept():
+    model, inputs = _model(torch.float32)
+    _swap(model)
+    attn = model.transformer_blocks[0].attn
+    x = torch.zeros(1, 4, 32)
+    with pytest.raises(ValueError, match="encoder_hidden_states"):
+        attn.processor(attn, x)
+    with pytest.raises(ValueError, match="attention_mask"):
+        attn.processor(attn, x, x, attention_mask=torch.ones(1, 8, dtype=torch.bool))
+
+
+def test_compiles_whole_and_over_sizes_without_recompiling():
+    # tests/test_compile_diffusers.py's fullgraph and dynamic checks (diffusers' TorchCompileTesterMixin) with our
+    # processor in place of the stock one, on the model's own tables
+    from test_compile_diffusers import _close
+    from torch._dynamo.testing import CompileCounter
+
+    model, inputs = tiny.build(NAME)
+    _swap(model)
+    later = dict(inputs, timestep=inputs["timestep"] * 0.5)  # the next sampling step
+    for dynamic, steps in ((False, (inputs, later)),
+                           (True, [tiny.inputs(NAME, h, w) for h, w in ((4, 4), (4, 8), (8, 8))])):  # fmt: skip
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        compiled = torch.compile(model, fullgraph=True, dynamic=dynamic or None, backend=counter)
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            for step in steps:
+                with torch._dynamo.config.patch(error_on_recompile=True):
+                    _close(_run(compiled, step), _run(model, step))
+        assert counter.frame_count == 1
