@@ -147,6 +147,18 @@ class FluxRopeProcessor(_RopeProcessor):
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ):
+        out = self.joint_attention(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        if encoder_hidden_states is None:
+            return out
+        txt, img = out.split_with_sizes(
+            [encoder_hidden_states.shape[1], out.shape[1] - encoder_hidden_states.shape[1]], 1
+        )
+        img = attn.to_out[1](attn.to_out[0](img.contiguous()))
+        return img, attn.to_add_out(txt.contiguous())
+
+    def joint_attention(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb):
+        """Flux's projections, QK-norms, rotation and attention over ``[text, image]``: ``[B, S, H * D]``, before
+        the output projections (FLUX.2's double-stream blocks share it: ``diffusers_flux2``)."""
         if attn.fused_projections:
             q, k, v = attn.to_qkv(hidden_states).chunk(3, dim=-1)  # [B, S, H * D] each
         else:
@@ -178,15 +190,7 @@ class FluxRopeProcessor(_RopeProcessor):
                 q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
             if rotation is not None:
                 q, k = rotation(q, k, "bshd")
-
-        out = self._attend(q, k, v, attention_mask)
-        if encoder_hidden_states is None:
-            return out
-        txt, img = out.split_with_sizes(
-            [encoder_hidden_states.shape[1], out.shape[1] - encoder_hidden_states.shape[1]], 1
-        )
-        img = attn.to_out[1](attn.to_out[0](img.contiguous()))
-        return img, attn.to_add_out(txt.contiguous())
+        return self._attend(q, k, v, attention_mask)
 
 
 class HunyuanVideoRopeProcessor(_RopeProcessor):

@@ -1,13 +1,14 @@
-"""Qwen-Image's processor of ours (axial_rope.integrations.diffusers_qwen_image): each stream's QK-norm and rotation
-as one ``ops.norm_apply_rope`` call (issue 45).
+"""Our processors for Qwen-Image (``diffusers_qwen_image``) and FLUX.2 (``diffusers_flux2``): QK-norm and rotation as
+one ``ops.norm_apply_rope`` call (issue 45), swapped in by hand.
 
-The adapter's installer swaps a family's processors for the class its record names from its own table of our
-processor classes; until that table holds ``QwenImageRopeProcessor`` the record names none, so these tests swap the
-rotary blocks' stock processors themselves, as the installer does (exact class ``QwenDoubleStreamAttnProcessor2_0``,
-the user's attention backend kept), over the model's own tables and over the adapter's scaled ones. They check what
+The adapter's installer swaps a family's processors for the class its record names, from its own table of our
+processor classes; until that table holds these two, their records name none, so these tests swap the rotary
+blocks' stock processors themselves, as the installer does (the exact stock classes the record lists, the user's
+attention backend kept), over the model's own tables and over the adapter's scaled ones. They check what
 tests/test_diffusers_fused_norm.py checks for the installed families: the fused call is taken; in float64 the output
 equals the same processor with the model's norms called in float64 and then the rotation; in float32 it is within a
-stated bound of the stock model; putting the stock processors back gives the stock model.
+stated bound of the stock model; putting the stock processors back gives the stock model; and the model compiles
+whole and over sizes without recompiling (tests/test_compile_diffusers.py's checks).
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ from test_diffusers_fused_norm import _float64_norms  # noqa: E402
 from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
 from axial_rope.integrations import diffusers_processors  # noqa: E402
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
+from axial_rope.integrations.diffusers_flux2 import Flux2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_qwen_image import QwenImageRopeProcessor, complex_tables  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 
-NAME = "QwenImageTransformer2DModel"
+PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Transformer2DModel": Flux2RopeProcessor}
+CLASSES = tuple(PROCESSORS)
 
 
-def _model(dtype: torch.dtype, depth: int = 1):
-    model, inputs = tiny.build(NAME, depth=depth)
+def _model(name: str, dtype: torch.dtype, depth: int = 1):
+    model, inputs = tiny.build(name, depth=depth)
     cast = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
     return model.to(dtype).eval(), cast
 
@@ -44,11 +47,18 @@ def _run(model, inputs) -> torch.Tensor:
 
 def _swap(model) -> tuple[list[str], callable]:
     """Our processor in place of each stock one of the record's rotary blocks; returns the names and the undo."""
-    family = DIFFUSERS[NAME]
+    name = type(model).__name__
+    family, ours = DIFFUSERS[name], PROCESSORS[name]
     originals = dict(model.attn_processors)
     names = [n for n, p in originals.items() if n.startswith(family.blocks) and type(p).__name__ in family.stock]
-    model.set_attn_processor({n: QwenImageRopeProcessor(None, p) if n in names else p for n, p in originals.items()})
+    model.set_attn_processor({n: ours(None, p) if n in names else p for n, p in originals.items()})
     return names, lambda: model.set_attn_processor(originals)
+
+
+def _norm_width(model) -> int:
+    return max(
+        m.norm_q.weight.numel() for m in model.modules() if isinstance(getattr(m, "norm_q", None), torch.nn.Module)
+    )
 
 
 @pytest.fixture
@@ -67,15 +77,17 @@ def test_complex_tables_are_the_interleaved_cos_sin_of_each_plane():
 
 
 @pytest.mark.parametrize("scaled", [False, True])
-def test_fused_equals_norm_then_rotation_in_float64(scaled, fused_calls, monkeypatch):
-    model, inputs = _model(torch.float64, depth=2)
+@pytest.mark.parametrize("name", CLASSES)
+def test_fused_equals_norm_then_rotation_in_float64(name, scaled, fused_calls, monkeypatch):
+    model, inputs = _model(name, torch.float64, depth=2)
     stock = _run(model, inputs)
-    handle = set_rope_processors(model, scaling=(None, None, ar.scaling.Linear(2.0)) if scaled else None)
+    n_axes = DIFFUSERS[name].rope(model.config).n_axes
+    handle = set_rope_processors(model, scaling=(None,) * (n_axes - 1) + (ar.scaling.Linear(2.0),) if scaled else None)
     names, undo = _swap(model)
-    assert len(names) == 2
+    assert len(names) >= 2
     _float64_norms(model)
     fused = _run(model, inputs)
-    assert len(fused_calls) == 2 * len(names)  # image and text streams, each block
+    assert len(fused_calls) >= len(names)  # every swapped processor fused (a joint block: once per stream)
     monkeypatch.setattr(diffusers_processors, "read_norm", lambda *a, **kw: None)  # the norm modules called
     unfused = _run(model, inputs)
     # two float64 evaluations of one model, the same arithmetic but for the order within the norm and the rotation:
@@ -88,8 +100,9 @@ def test_fused_equals_norm_then_rotation_in_float64(scaled, fused_calls, monkeyp
     torch.testing.assert_close(_run(model, inputs), stock, atol=1e-5 * float(stock.abs().max()), rtol=0)
 
 
-def test_fused_equals_stock_in_float32_within_bound(fused_calls):
-    model, inputs = _model(torch.float32, depth=2)
+@pytest.mark.parametrize("name", CLASSES)
+def test_fused_equals_stock_in_float32_within_bound(name, fused_calls):
+    model, inputs = _model(name, torch.float32, depth=2)
     stock = _run(model, inputs)
     names, undo = _swap(model)
     out = _run(model, inputs)
@@ -97,34 +110,22 @@ def test_fused_equals_stock_in_float32_within_bound(fused_calls):
     # q and k of each stream: the norm within (D / 2 + 8) u of its row, the rotation 6 u (tests/helpers.py TOL), so
     # the two differ by delta = 2 (D / 2 + 14) u relative; an attention output with O(1) logits moves by 4 delta of
     # the values' scale (tests/test_integrations_diffusers.py), once per rotary attention layer
-    delta = 2 * (model.transformer_blocks[0].attn.norm_q.weight.numel() / 2 + 14) * U32
+    delta = 2 * (_norm_width(model) / 2 + 14) * U32
     torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
     undo()
     assert torch.equal(_run(model, inputs), stock)  # the stock processors back: the stock model
 
 
-def test_the_stock_processors_refusals_are_kept():
-    model, inputs = _model(torch.float32)
-    _swap(model)
-    attn = model.transformer_blocks[0].attn
-    x = torch.zeros(1, 4, 32)
-    with pytest.raises(ValueError, match="encoder_hidden_states"):
-        attn.processor(attn, x)
-    with pytest.raises(ValueError, match="attention_mask"):
-        attn.processor(attn, x, x, attention_mask=torch.ones(1, 8, dtype=torch.bool))
-
-
-def test_compiles_whole_and_over_sizes_without_recompiling():
-    # tests/test_compile_diffusers.py's fullgraph and dynamic checks (diffusers' TorchCompileTesterMixin) with our
-    # processor in place of the stock one, on the model's own tables
+@pytest.mark.parametrize("name", CLASSES)
+def test_compiles_whole_and_over_sizes_without_recompiling(name):
     from test_compile_diffusers import _close
     from torch._dynamo.testing import CompileCounter
 
-    model, inputs = tiny.build(NAME)
+    model, inputs = tiny.build(name)
     _swap(model)
     later = dict(inputs, timestep=inputs["timestep"] * 0.5)  # the next sampling step
     for dynamic, steps in ((False, (inputs, later)),
-                           (True, [tiny.inputs(NAME, h, w) for h, w in ((4, 4), (4, 8), (8, 8))])):  # fmt: skip
+                           (True, [tiny.inputs(name, h, w) for h, w in ((4, 4), (4, 8), (8, 8))])):  # fmt: skip
         torch._dynamo.reset()
         counter = CompileCounter()
         compiled = torch.compile(model, fullgraph=True, dynamic=dynamic or None, backend=counter)
@@ -133,3 +134,14 @@ def test_compiles_whole_and_over_sizes_without_recompiling():
                 with torch._dynamo.config.patch(error_on_recompile=True):
                     _close(_run(compiled, step), _run(model, step))
         assert counter.frame_count == 1
+
+
+def test_qwen_image_keeps_the_stock_processors_refusals():
+    model, _ = _model("QwenImageTransformer2DModel", torch.float32)
+    _swap(model)
+    attn = model.transformer_blocks[0].attn
+    x = torch.zeros(1, 4, 32)
+    with pytest.raises(ValueError, match="encoder_hidden_states"):
+        attn.processor(attn, x)
+    with pytest.raises(ValueError, match="attention_mask"):
+        attn.processor(attn, x, x, attention_mask=torch.ones(1, 8, dtype=torch.bool))
