@@ -38,8 +38,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .ops import rotate
-from .ops.common import check_grouped_heads
+from .ops import check_grouped_heads, rotate
 from .ops.rotation import QKRotation, Rotation
 
 __all__ = ["KVCache", "check_rollable", "check_window", "roll_shift"]

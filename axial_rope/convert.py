@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops.common import PAIRINGS, check_choice
+from .ops import PAIRINGS, check_choice
 
 __all__ = ["pairing_permutation", "permute_pairing"]
 

@@ -25,8 +25,7 @@ from torch import nn
 from .frequencies import SPECTRA, Frequencies, plane_axes, spectrum_frequencies
 from .frequencies import per_axis as _per_axis
 from .frequencies import scaling_method as _scaling_method
-from .ops import PAIRINGS, preload
-from .ops.common import check_choice, has_float64
+from .ops import PAIRINGS, check_choice, has_float64, preload
 from .ops.rotation import Rotation
 from .ops.turns import fixed_turns
 from .position_checks import check_positions

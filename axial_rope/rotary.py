@@ -23,8 +23,17 @@ from collections.abc import Sequence
 
 import torch
 
-from .ops import norm_rotate, rotate, rotation_tables
-from .ops.common import channel_table, check_grouped_heads, check_qk, check_tensor, head_axis, seq_dim
+from .ops import (
+    channel_table,
+    check_grouped_heads,
+    check_qk,
+    check_tensor,
+    head_axis,
+    norm_rotate,
+    rotate,
+    rotation_tables,
+    seq_dim,
+)
 from .ops.rotation import QKRotation, Rotation, check_qk_rotation
 from .position_checks import check_positions
 

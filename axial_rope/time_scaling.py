@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import torch
 
-from .ops.common import has_float64
+from .ops import has_float64
 from .scaling import Scaling, _yarn_mscale, base_inv_freq, inv_freq
 from .scaling_checks import check_theta_above_one
 

@@ -16,8 +16,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import axial_rope as ar
-from axial_rope.ops import common
-from axial_rope.ops.common import rope_angles
+from axial_rope.ops import _common as common
+from axial_rope.ops import rope_angles
 from axial_rope.ops.turns import fixed_turns, turn_angles
 from axial_rope.packing import Item, pack
 from axial_rope.time_scaling import DyPE

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import axial_rope as ar
+from axial_rope.ops import _common as common
 from axial_rope.ops import _torch as torch_backend
-from axial_rope.ops import common
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 LAYOUTS = ["bshd", "bhsd"]

@@ -428,8 +428,8 @@ else:  # ------------------------------------------------------------------- the
 # -- the torch backend's eager path ---------------------------------------------------------------
 
 if not INTERPRETER:
+    from axial_rope.ops import _common as common
     from axial_rope.ops import _torch as torch_backend
-    from axial_rope.ops import common
 
     @pytest.mark.parametrize("pairing", PAIRINGS)
     @pytest.mark.parametrize("layout", LAYOUTS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.common import has_float64
+from ..ops import has_float64
 from ._fields import field, kind, size
 from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
 from ._tables import grid_coordinates, grid_positions

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..ops import rotation_tables
-from ..ops.common import rope_angles
+from ..ops import rope_angles, rotation_tables
 from ..ops.rotation import Rotation
 from ..rope import AxialRoPE
 

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from ..conventions._registry import diffusers_family
-from ..ops import rotation_tables
-from ..ops.common import channel_table
+from ..ops import channel_table, rotation_tables
 from .observe import Observation
 
 __all__ = ["DiffusersSite", "family_axes"]

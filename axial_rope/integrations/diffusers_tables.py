@@ -25,8 +25,7 @@ import torch
 from torch import nn
 
 from ..conventions._tables import Sizing
-from ..ops import rotation_tables
-from ..ops.common import channel_table
+from ..ops import channel_table, rotation_tables
 from ..rope import AxialRoPE
 
 __all__ = ["RotaryTables", "forward_argument", "replace_argument", "rotation_channel_tables"]

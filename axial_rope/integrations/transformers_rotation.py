@@ -31,8 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..ops import apply_rope, rotation_tables
-from ..ops.common import rms_norm
+from ..ops import apply_rope, rms_norm, rotation_tables
 from ..rope import AxialRoPE
 
 __all__ = ["AGREEMENT", "BODIES", "FORMS", "NORMS", "KINDS", "ROPE_CHILD", "ConfigRotary", "FusedForm", "digest",

@@ -27,27 +27,40 @@ import os
 import torch
 
 from . import backend as backends
-from .backend import Backend, Call, load
-from .common import (
+from ._common import (
+    FLOAT_DTYPES,
     LAYOUTS,
     PAIRINGS,
+    channel_table,
     check_choice,
+    check_grouped_heads,
     check_head_tables,
+    check_inplace,
     check_qk,
     check_table_pair,
     check_tensor,
+    compute_dtype,
+    has_float64,
     head_axis,
     plane_cos_sin,
     plane_table,
+    qk_norm,
     rms_norm,
+    rope_angles,
+    seq_dim,
     table_for_layout,
 )
+from .backend import Backend, Call, load
 from .norm import QKNorm, check_norm
 from .rotation import QKRotation, Rotation, check_qk_rotation
 
 __all__ = [
     "apply_rope", "norm_apply_rope", "rotate", "norm_rotate", "rotation_tables", "rotate_qk", "norm_rotate_qk",
     "Rotation", "QKRotation", "QKNorm", "select_backend", "preload", "BACKENDS", "ENV_VAR",
+    # what the floors above share (ops/_common.py): choices, checks, layouts, tables, angles, norms
+    "PAIRINGS", "LAYOUTS", "FLOAT_DTYPES", "check_choice", "check_tensor", "check_qk", "check_grouped_heads",
+    "check_table_pair", "check_head_tables", "check_inplace", "seq_dim", "head_axis", "compute_dtype", "has_float64",
+    "plane_table", "channel_table", "table_for_layout", "rope_angles", "plane_cos_sin", "rms_norm", "qk_norm",
 ]  # fmt: skip
 
 BACKENDS = tuple(backends.REGISTRY)  # the built-in names (the registry may grow)
@@ -95,57 +108,6 @@ def _grads(**tensors: torch.Tensor | None) -> frozenset[str]:
     return frozenset(name for name, t in tensors.items() if t is not None and t.requires_grad)
 
 
-def _check_inplace(**targets: torch.Tensor | None) -> None:
-    """In-place targets must own their memory: a broadcast (zero-stride) view would be written many times,
-    and two targets sharing an element would rotate it twice. (Eager only: compiled code has no addresses.)"""
-    present = [(name, x) for name, x in targets.items() if x is not None]
-    for name, x in present:
-        if any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
-            raise ValueError(
-                f"inplace=True needs {name} to own every element's memory; got a broadcast view "
-                f"(shape {tuple(x.shape)}, strides {tuple(x.stride())})"
-            )
-    if len(present) == 2 and not torch.compiler.is_compiling():
-        (a_name, a), (b_name, b) = present
-        shared = _overlap(a, b)
-        if shared is not False:
-            why = "share memory" if shared else "may share memory (their strides differ, so it cannot be ruled out)"
-            raise ValueError(
-                f"inplace=True with {a_name} and {b_name} that {why} would rotate shared elements twice; "
-                "pass disjoint views (e.g. the q and k slices of one qkv buffer) or inplace=False"
-            )
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool | None:
-    """Whether two strided views share an element: True, False, or None (cannot tell cheaply)."""
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() or a.numel() == 0 or b.numel() == 0:
-        return False
-
-    def span(t):  # [first, last] element offsets in the storage
-        last = t.storage_offset() + sum(st * (n - 1) for st, n in zip(t.stride(), t.shape))
-        return t.storage_offset(), last
-
-    (lo_a, hi_a), (lo_b, hi_b) = span(a), span(b)
-    if a.dtype != b.dtype:
-        return None if not (hi_a < lo_b or hi_b < lo_a) else False  # offsets in different units: spans only
-    if hi_a < lo_b or hi_b < lo_a:
-        return False
-    if a.shape != b.shape or a.stride() != b.stride():
-        return None
-    # same geometry, shifted by delta: they share an element iff delta = sum_d i_d stride_d with |i_d| < n_d.
-    # With nested strides (each larger than the span of the smaller ones, true of slices of a dense tensor)
-    # that representation is unique and the greedy digits find it.
-    delta, dims, covered = abs(a.storage_offset() - b.storage_offset()), [], 0
-    for st, n in sorted((st, n) for st, n in zip(a.stride(), a.shape) if n > 1):
-        if st <= covered:
-            return None
-        dims.append((st, n))
-        covered += st * (n - 1)
-    for st, n in reversed(dims):
-        delta -= min(delta // st, n - 1) * st
-    return delta == 0
-
-
 def apply_rope(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -182,7 +144,7 @@ def apply_rope(
     sin = table_for_layout(plane_table(sin, pairing), layout)
     grads = _grads(x=x, cos=cos, sin=sin)
     if inplace:
-        _check_inplace(x=x)
+        check_inplace(x=x)
     call = Call("rotate_table", x.device, x.dtype, grads, inplace and not grads, per_head=per_head)
     chosen = select_backend(backend, call)
     out = chosen.rotate_table(x, cos, sin, pairing, layout, inplace=call.inplace)
@@ -270,7 +232,7 @@ def rotate_qk(
         return rotate(q, k, QKRotation(query, key), layout, backend, inplace=inplace)
     grads = _grads(q=q, k=k, pos=pos, freqs=freqs, scale=scale)
     if inplace:
-        _check_inplace(q=q, k=k)
+        check_inplace(q=q, k=k)
     call = Call("rotate_qk", q.device, q.dtype, grads, inplace and not grads, per_head=freqs.ndim == 3)
     chosen = select_backend(backend, call)
     q_out, k_out = chosen.rotate_qk(q, k, pos, freqs, scale, pairing, layout, inplace=call.inplace)
@@ -343,14 +305,14 @@ def rotate(
     if isinstance(rotation, QKRotation):
         check_qk_rotation(rotation)
         if inplace:
-            _check_inplace(q=q, k=k)
+            check_inplace(q=q, k=k)
         q_out = rotate(q, None, rotation.query, layout, backend, inplace=inplace)[0]
         if k is None:
             return q_out, None
         return q_out, rotate(k, None, rotation.key, layout, backend, inplace=inplace)[0]
     if rotation.per_token_factor or rotation.turns is not None:
         if inplace:
-            _check_inplace(q=q, k=k)
+            check_inplace(q=q, k=k)
         tables = rotation_tables(rotation, torch.float32 if q.dtype != torch.float64 else torch.float64)
         q_out = _by_tables(q, tables, rotation, layout, backend, inplace)
         return q_out, (None if k is None else _by_tables(k, tables, rotation, layout, backend, inplace))

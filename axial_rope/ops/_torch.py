@@ -29,8 +29,8 @@ import threading
 
 import torch
 
+from ._common import compute_dtype, head_axis, plane_cos_sin, qk_norm, rms_norm, table_for_layout
 from .backend import Call
-from .common import compute_dtype, head_axis, plane_cos_sin, qk_norm, rms_norm, table_for_layout
 
 CHUNK = 1 << 19  # elements per CPU chunk: two float32 work buffers of 2 MiB, cache-resident
 EAGER_DEVICES = ("cpu", "cuda")  # full complex support; elsewhere (MPS) the expression path

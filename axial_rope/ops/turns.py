@@ -53,7 +53,7 @@ def turn_angles(pos: torch.Tensor, freqs: torch.Tensor, turns: torch.Tensor) -> 
         turns: :func:`fixed_turns` of the same ``F``, int64, same shape.
 
     Returns:
-        float32 ``[..., S, n]`` (per head ``[..., S, H, n]``), as :func:`~axial_rope.ops.common.rope_angles`.
+        float32 ``[..., S, n]`` (per head ``[..., S, H, n]``), as :func:`~axial_rope.ops.rope_angles`.
     """
     per_head = turns.ndim == 3
     if pos.is_floating_point():

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from ..ops.common import compute_dtype
+from ..ops import compute_dtype
 from .comm import RingShift
 
 __all__ = ["ring_attention", "block_pairs", "TILE"]

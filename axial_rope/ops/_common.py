@@ -1,4 +1,7 @@
-"""What the dispatcher and the fast backends share: argument checks, layouts, angles from positions.
+"""What the dispatcher, the backends and the floors above share: checks, layouts, tables, angles, norms.
+
+Private to :mod:`axial_rope.ops`, which exports every name here that another module uses (`from axial_rope.ops
+import seq_dim`): the boundary the tree shows.
 
 Backends see *plane tables*: ``cos``/``sin`` with one entry per plane, ``[..., n_pairs]``,
 already shaped to broadcast against ``x`` with the plane axis last (``[B|1, S, H|1, n]``
@@ -259,3 +262,54 @@ def qk_norm(x: torch.Tensor, norm, weight: torch.Tensor | None, bias: torch.Tens
         return y
     y = y.unflatten(2, (-1, shape[-1]))  # [B, S, H, D]
     return y if layout == "bshd" else y.transpose(1, 2)
+
+
+def check_inplace(**targets: torch.Tensor | None) -> None:
+    """In-place targets must own their memory: a broadcast (zero-stride) view would be written many times,
+    and two targets sharing an element would rotate it twice. (Eager only: compiled code has no addresses.)"""
+    present = [(name, x) for name, x in targets.items() if x is not None]
+    for name, x in present:
+        if any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
+            raise ValueError(
+                f"inplace=True needs {name} to own every element's memory; got a broadcast view "
+                f"(shape {tuple(x.shape)}, strides {tuple(x.stride())})"
+            )
+    if len(present) == 2 and not torch.compiler.is_compiling():
+        (a_name, a), (b_name, b) = present
+        shared = overlap(a, b)
+        if shared is not False:
+            why = "share memory" if shared else "may share memory (their strides differ, so it cannot be ruled out)"
+            raise ValueError(
+                f"inplace=True with {a_name} and {b_name} that {why} would rotate shared elements twice; "
+                "pass disjoint views (e.g. the q and k slices of one qkv buffer) or inplace=False"
+            )
+
+
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """Whether two strided views share an element: True, False, or None (cannot tell cheaply)."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() or a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t):  # [first, last] element offsets in the storage
+        last = t.storage_offset() + sum(st * (n - 1) for st, n in zip(t.stride(), t.shape))
+        return t.storage_offset(), last
+
+    (lo_a, hi_a), (lo_b, hi_b) = span(a), span(b)
+    if a.dtype != b.dtype:
+        return None if not (hi_a < lo_b or hi_b < lo_a) else False  # offsets in different units: spans only
+    if hi_a < lo_b or hi_b < lo_a:
+        return False
+    if a.shape != b.shape or a.stride() != b.stride():
+        return None
+    # same geometry, shifted by delta: they share an element iff delta = sum_d i_d stride_d with |i_d| < n_d.
+    # With nested strides (each larger than the span of the smaller ones, true of slices of a dense tensor)
+    # that representation is unique and the greedy digits find it.
+    delta, dims, covered = abs(a.storage_offset() - b.storage_offset()), [], 0
+    for st, n in sorted((st, n) for st, n in zip(a.stride(), a.shape) if n > 1):
+        if st <= covered:
+            return None
+        dims.append((st, n))
+        covered += st * (n - 1)
+    for st, n in reversed(dims):
+        delta -= min(delta // st, n - 1) * st
+    return delta == 0
