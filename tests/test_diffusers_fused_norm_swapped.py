@@ -1,8 +1,9 @@
-"""Our processors for Qwen-Image (``diffusers_qwen_image``) and FLUX.2 (``diffusers_flux2``): QK-norm and rotation as
-one ``ops.norm_apply_rope`` call (issue 45), swapped in by hand.
+"""Our processors for Qwen-Image (``diffusers_qwen_image``), FLUX.2 (``diffusers_flux2``) and HunyuanVideo 1.5
+(``diffusers_hunyuan_video15``): QK-norm and rotation as one ``ops.norm_apply_rope`` call (issue 45), swapped in by
+hand.
 
 The adapter's installer swaps a family's processors for the class its record names, from its own table of our
-processor classes; until that table holds these two, their records name none, so these tests swap the rotary
+processor classes; until that table holds these, their records name none, so these tests swap the rotary
 blocks' stock processors themselves, as the installer does (the exact stock classes the record lists, the user's
 attention backend kept), over the model's own tables and over the adapter's scaled ones. They check what
 tests/test_diffusers_fused_norm.py checks for the installed families: the fused call is taken; in float64 the output
@@ -27,10 +28,12 @@ from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
 from axial_rope.integrations import diffusers_processors  # noqa: E402
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_flux2 import Flux2RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_qwen_image import QwenImageRopeProcessor, complex_tables  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 
-PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Transformer2DModel": Flux2RopeProcessor}
+PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Transformer2DModel": Flux2RopeProcessor,
+              "HunyuanVideo15Transformer3DModel": HunyuanVideo15RopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 
 
@@ -116,24 +119,38 @@ def test_fused_equals_stock_in_float32_within_bound(name, fused_calls):
     assert torch.equal(_run(model, inputs), stock)  # the stock processors back: the stock model
 
 
+@pytest.mark.parametrize("check", ["fullgraph", "dynamic", "repeated blocks"])
 @pytest.mark.parametrize("name", CLASSES)
-def test_compiles_whole_and_over_sizes_without_recompiling(name):
+def test_compiles_without_recompiling(name, check):
+    # tests/test_compile_diffusers.py's checks (diffusers' TorchCompileTesterMixin) with our processor in place of
+    # the stock one, on the model's own tables; skipped, with the reason, where the stock model fails them
     from test_compile_diffusers import _close
     from torch._dynamo.testing import CompileCounter
 
+    why = {"fullgraph": tiny.TINY[name].no_fullgraph, "dynamic": tiny.TINY[name].no_fullgraph or tiny.TINY[name].no_dynamic,
+           "repeated blocks": tiny.TINY[name].no_repeated}[check]  # fmt: skip
+    if why:
+        pytest.skip(f"stock {name}: {why}")
     model, inputs = tiny.build(name)
     _swap(model)
-    later = dict(inputs, timestep=inputs["timestep"] * 0.5)  # the next sampling step
-    for dynamic, steps in ((False, (inputs, later)),
-                           (True, [tiny.inputs(name, h, w) for h, w in ((4, 4), (4, 8), (8, 8))])):  # fmt: skip
-        torch._dynamo.reset()
-        counter = CompileCounter()
-        compiled = torch.compile(model, fullgraph=True, dynamic=dynamic or None, backend=counter)
-        with torch.fx.experimental._config.patch(use_duck_shape=False):
-            for step in steps:
-                with torch._dynamo.config.patch(error_on_recompile=True):
-                    _close(_run(compiled, step), _run(model, step))
-        assert counter.frame_count == 1
+    torch._dynamo.reset()
+    if check == "repeated blocks":
+        later = dict(inputs, timestep=inputs["timestep"] * 0.5)  # the next sampling step
+        expected = [_run(model, step) for step in (inputs, later)]
+        model.compile_repeated_blocks(fullgraph=True, backend="eager")
+        with torch._dynamo.config.patch(recompile_limit=1):
+            for step, want in zip((inputs, later), expected):
+                _close(_run(model, step), want)
+        return
+    steps = ((inputs, dict(inputs, timestep=inputs["timestep"] * 0.5)) if check == "fullgraph"
+             else [tiny.inputs(name, h, w) for h, w in ((4, 4), (4, 8), (8, 8))])  # fmt: skip
+    counter = CompileCounter()
+    compiled = torch.compile(model, fullgraph=True, dynamic=check == "dynamic" or None, backend=counter)
+    with torch.fx.experimental._config.patch(use_duck_shape=False):
+        for step in steps:
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                _close(_run(compiled, step), _run(model, step))
+    assert counter.frame_count == 1
 
 
 def test_qwen_image_keeps_the_stock_processors_refusals():
