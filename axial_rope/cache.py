@@ -325,7 +325,11 @@ class KVCache(nn.Module):
 
     def _check_rope(self, rope) -> _KeyTurn:
         """What a roll turns the kept keys by: the key rotation's ``F`` (a ``Rotation``, or a ``QKRotation``'s key),
-        or the rope's (a rope-like object whose angle is linear in the position: :func:`check_rollable`)."""
+        or the rope's (a rope-like object whose angle is linear in the position: :func:`check_rollable`). A rotation
+        with a ``roll_refusal`` (xPos's decays, :mod:`axial_rope.methods.xpos`) is refused with it."""
+        refusal = getattr(rope, "roll_refusal", None)
+        if refusal is not None and self.window is not None:
+            raise ValueError(f"KVCache: {refusal}")
         if isinstance(rope, QKRotation):
             rope = rope.key
         if isinstance(rope, Rotation):  # an angle linear in pos by construction: pos @ F
