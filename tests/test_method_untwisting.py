@@ -114,3 +114,17 @@ def test_bad_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="high"):
         Untwisting(high=(-0.1, 0.5))
     assert Untwisting(high=0.5, low=1.2).scale(bands).shape == (5,)  # unscheduled: no t needed
+
+
+def test_position_methods_page_examples_run():
+    """docs/position-methods.md's code blocks run as written, in one namespace as a reader's session would."""
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "position-methods.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert len(blocks) == 5
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "docs/position-methods.md:example", "exec"), namespace)
+    assert namespace["pair"].key.freqs.shape == (1, 8) and namespace["video_rope"].freqs.shape == (2, 3, 8)
