@@ -28,7 +28,7 @@ import math
 import torch
 from torch import nn
 
-from ..ops import PAIRINGS, apply_rope, channel_table, check_choice
+from ..ops import PAIRINGS, apply_rope, channel_table, check_choice, has_float64
 from ..scaling import inv_freq
 
 __all__ = ["FourierRoPE", "fope_inv_freq"]
@@ -72,7 +72,7 @@ class FourierRoPE(nn.Module):
 
     Attributes:
         cos_coef, sin_coef: float32 ``[H_kv, m, m]`` parameters, the names and shapes of FoPE checkpoints.
-        inv_freq: float64 ``[m]`` buffer, the kept frequencies.
+        inv_freq: float64 ``[m]`` buffer, the kept frequencies (float32 on a device without float64).
     """
 
     def __init__(
@@ -144,9 +144,12 @@ class FourierRoPE(nn.Module):
                 coef.add_(eye)
 
     def _apply(self, fn, recurse=True):
-        # the frequencies are recomputed on the new device in float64 (a .half() or .to(dtype) must not round them)
+        # the frequencies are recomputed on the new device from the CPU float64 copy (a .half() or .to(dtype) must not
+        # round them), moved as a float32 stand-in first: a device without float64 (MPS) keeps them in float32
+        self.inv_freq = self.inv_freq.float()
         super()._apply(fn, recurse)
-        self.inv_freq = self._kept.to(self.inv_freq.device)
+        device = self.inv_freq.device
+        self.inv_freq = self._kept.to(device, torch.float64 if has_float64(device) else torch.float32)
         return self
 
     def plane_tables(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
