@@ -56,8 +56,9 @@ from torch import nn
 
 from ..configs import rope_from_config
 from ..conventions import model_types as conventions
+from ..conventions.fields import text_config
 from ..ops import BACKENDS
-from . import transformers_rotation as rotation
+from . import transformers_rotation as rotary_code  # transformers' rotary code, recognised by digest
 
 __all__ = ["apply_axial_rope", "AxialRoPEHandle", "FAMILIES", "serves"]
 
@@ -79,21 +80,16 @@ FAMILIES = {
 }
 
 
-def _text_config(config):
-    get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
-
-
 def _modeling_module(config) -> ModuleType:
     return importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
 
 
-def _plan_rotation(config) -> tuple[str, conventions.ModelConvention, ModuleType, dict]:
+def _plan_functions(config) -> tuple[str, conventions.ModelConvention, ModuleType, dict]:
     """The text model type, its convention, its modeling module and {function name: (stock function, kind)}.
 
     Raises ``ValueError`` (the reason) when not served, ``RuntimeError`` when the module was patched.
     """
-    text = _text_config(config)
+    text = text_config(config)
     model_type = getattr(text, "model_type", None) or getattr(config, "model_type", None)
     convention = conventions.model_convention(model_type)  # ValueError naming it when not pinned
     try:
@@ -101,7 +97,7 @@ def _plan_rotation(config) -> tuple[str, conventions.ModelConvention, ModuleType
     except ImportError as error:
         raise ValueError(f"its modeling module does not import: {error}") from None
     found, seen = {}, []
-    for name in rotation.FUNCTION_NAMES:
+    for name in rotary_code.FUNCTION_NAMES:
         fn = vars(module).get(name)
         if fn is None:
             continue
@@ -116,11 +112,11 @@ def _plan_rotation(config) -> tuple[str, conventions.ModelConvention, ModuleType
                 "own: the model was patched by another library (Liger-Kernel, Unsloth, kernels' hub layer); "
                 "apply_axial_rope does not stack on it: load the model without that patch"
             )
-        seen.append(f"{name} (digest {rotation.digest(fn)})")
-        if rotation.digest(fn) in rotation.BODIES:
-            found[name] = (fn, rotation.BODIES[rotation.digest(fn)][0])
+        seen.append(f"{name} (digest {rotary_code.digest(fn)})")
+        if rotary_code.digest(fn) in rotary_code.BODIES:
+            found[name] = (fn, rotary_code.BODIES[rotary_code.digest(fn)][0])
     if not found:
-        what = ", ".join(seen) or f"none of {rotation.FUNCTION_NAMES}"
+        what = ", ".join(seen) or f"none of {rotary_code.FUNCTION_NAMES}"
         raise ValueError(f"its rotation function is not one of the pinned forms (found {what})")
     _check_classes(module)
     return model_type, convention, module, found
@@ -159,10 +155,10 @@ def _text_rotaries(model: nn.Module, module: ModuleType, text) -> list[tuple[str
             and type(getattr(m, "config", None)) is type(text)]  # fmt: skip
 
 
-def _rebuilt(text, convention, kind: str, stock: nn.Module | None = None) -> rotation.ConfigRotary:
+def _rebuilt(text, convention, kind: str, stock: nn.Module | None = None) -> rotary_code.ConfigRotary:
     """The model's rotary rebuilt from ``text`` (``ValueError`` when ``rope_from_config`` refuses it)."""
     ropes = _layer_ropes(text, getattr(text, "layer_types", None) or ())
-    return rotation.ConfigRotary(ropes, kind=kind, sign=convention.sign, mrope=convention.mrope is not None,
+    return rotary_code.ConfigRotary(ropes, kind=kind, sign=convention.sign, mrope=convention.mrope is not None,
                                  stock=stock)  # fmt: skip
 
 
@@ -170,15 +166,15 @@ def _on_meta(module: nn.Module) -> bool:
     return next(iter(module.buffers()), torch.empty(0)).device.type == "meta"
 
 
-def _disagreement(stock: nn.Module, rebuilt: rotation.ConfigRotary, text) -> str | None:
-    """:func:`rotation.disagreement` at the layer types the model calls ``stock`` with."""
+def _disagreement(stock: nn.Module, rebuilt: rotary_code.ConfigRotary, text) -> str | None:
+    """:func:`rotary_code.disagreement` at the layer types the model calls ``stock`` with."""
     if "layer_type" not in inspect.signature(stock.forward).parameters:
-        return rotation.disagreement(stock, rebuilt, [None])
+        return rotary_code.disagreement(stock, rebuilt, [None])
     own = [key for key in rebuilt.ropes if key != "None"]
-    return rotation.disagreement(stock, rebuilt, own or sorted(set(getattr(text, "layer_types", None) or ())) or [None])
+    return rotary_code.disagreement(stock, rebuilt, own or sorted(set(getattr(text, "layer_types", None) or ())) or [None])
 
 
-def _plan_rotaries(model, module, text, convention, kinds) -> list[tuple[str, rotation.ConfigRotary]]:
+def _plan_rotaries(model, module, text, convention, kinds) -> list[tuple[str, rotary_code.ConfigRotary]]:
     """from_config=True: each text rotary's replacement (``ValueError`` naming why one cannot be rebuilt)."""
     (kind,) = kinds if len(kinds) == 1 else (None,)
     if kind is None:
@@ -221,12 +217,12 @@ def _fusable(attn: nn.Module, module: ModuleType, digests: dict) -> tuple | None
     if cls.__module__ != module.__name__ or "forward" in vars(attn):  # e.g. accelerate's hooks: left alone
         return None
     if cls not in digests:
-        digests[cls] = rotation.digest(cls.forward)
-    form = rotation.FORMS.get(digests[cls])
+        digests[cls] = rotary_code.digest(cls.forward)
+    form = rotary_code.FORMS.get(digests[cls])
     norms = [getattr(attn, name, None) for name in ("q_norm", "k_norm")]
     if form is None or not all(isinstance(n, nn.Module) and _transformers_own(type(n).forward) for n in norms):
         return None
-    offsets = {rotation.NORMS.get(rotation.norm_digest(type(n))) for n in norms}
+    offsets = {rotary_code.NORMS.get(rotary_code.norm_digest(type(n))) for n in norms}
     eps = {getattr(n, "variance_epsilon", getattr(n, "eps", None)) for n in norms}
     if len(offsets) != 1 or None in offsets or len(eps) != 1 or None in eps:
         return None
@@ -263,8 +259,8 @@ class AxialRoPEHandle:
         for attn in self._fused:
             vars(attn).pop("forward", None)
             vars(attn).pop("__reduce_ex__", None)
-            if rotation.ROPE_CHILD in attn._modules:
-                delattr(attn, rotation.ROPE_CHILD)
+            if rotary_code.ROPE_CHILD in attn._modules:
+                delattr(attn, rotary_code.ROPE_CHILD)
         for parent, attr, rebuilt in self._rotaries:
             buffer = next(iter(rebuilt.buffers()), None)
             stock = rebuilt.stock if buffer is None else rebuilt.stock.to(buffer.device)  # where the model went
@@ -285,7 +281,7 @@ class AxialRoPEHandle:
 def _refused(config, model_name: str, error: ValueError) -> TypeError:
     families = ", ".join(f"{name} ({'/'.join(types)})" for name, (types, _) in FAMILIES.items())
     return TypeError(
-        f"apply_axial_rope does not serve model_type {getattr(_text_config(config), 'model_type', None)!r} "
+        f"apply_axial_rope does not serve model_type {getattr(text_config(config), 'model_type', None)!r} "
         f"({model_name}): {error}. Served: {families}, and every model type of "
         "axial_rope.conventions.MODEL_TYPES whose rotation function is a pinned form (serves(config) says why not)"
     )
@@ -297,10 +293,10 @@ def _plan(model: nn.Module, from_config: bool) -> tuple:
     if not isinstance(model, nn.Module) or config is None:
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
     try:
-        model_type, convention, module, functions = _plan_rotation(config)
+        model_type, convention, module, functions = _plan_functions(config)
     except ValueError as error:
         raise _refused(config, type(model).__name__, error) from None
-    text = _text_config(config)
+    text = text_config(config)
     kinds = {kind for _, kind in functions.values()}
     rotaries = _plan_rotaries(model, module, text, convention, kinds) if from_config else []
     return model_type, convention, module, functions, text, kinds, rotaries
@@ -318,9 +314,9 @@ def serves(config, *, from_config: bool = False) -> str | None:
         if isinstance(config, nn.Module):
             _plan(config, from_config)
             return None
-        _plan_rotation(config)
+        _plan_functions(config)
         if from_config:
-            text = _text_config(config)
+            text = text_config(config)
             _layer_ropes(text, getattr(text, "layer_types", None) or ())
     except (ValueError, RuntimeError, TypeError) as error:
         return str(error)
@@ -347,7 +343,8 @@ def apply_axial_rope(
         TypeError: the model is not served (its ``model_type`` and the reason, with the served families).
         RuntimeError: the model or its modeling module was patched by another library, or by another handle.
         ValueError: ``from_config=True`` and the model's rotary cannot be rebuilt from its config.
-        :func:`serves` (given the model) returns the reason of each of these without changing anything.
+
+    :func:`serves` (given the model) returns the reason of each of these without changing anything.
     """
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}")
@@ -364,7 +361,7 @@ def apply_axial_rope(
             _install_fused(handle, model, module, text, convention, backend)
         for name, (fn, kind) in functions.items():  # last: a failure above leaves the module untouched
             handle._functions[name] = fn
-            setattr(module, name, rotation.rotation_function(kind, convention.pairing, convention.sign, backend))
+            setattr(module, name, rotary_code.rotation_function(kind, convention.pairing, convention.sign, backend))
             handle.functions[name] = kind
     except BaseException:
         handle.remove()
@@ -381,15 +378,15 @@ def _install_fused(handle, model, module, text, convention, backend) -> None:
         if found is None:
             continue
         form, offset, eps = found
-        settings = rotation.FusedSettings(form, offset, eps, convention.pairing, backend,
+        settings = rotary_code.FusedSettings(form, offset, eps, convention.pairing, backend,
                                           module.eager_attention_forward, ALL_ATTENTION_FUNCTIONS)  # fmt: skip
         if ropes is None:
             ropes, handle.why_tables = _fused_ropes(model, module, text, convention)
         rope = ropes.get(getattr(attn, "layer_type", None), ropes.get(None))
         if rope is not None:
-            setattr(attn, rotation.ROPE_CHILD, rope.to(attn.q_proj.weight.device))
+            setattr(attn, rotary_code.ROPE_CHILD, rope.to(attn.q_proj.weight.device))
             handle.by_positions += 1
-        attn.forward = functools.partial(rotation.fused_forward, attn, settings)
-        attn.__reduce_ex__ = functools.partial(rotation.reduce_as_stock, attn)  # a copy of the model is stock
+        attn.forward = functools.partial(rotary_code.fused_forward, attn, settings)
+        attn.__reduce_ex__ = functools.partial(rotary_code.reduce_as_stock, attn)  # a copy of the model is stock
         handle._fused.append(attn)
         handle.fused.append(name)
