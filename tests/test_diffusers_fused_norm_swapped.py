@@ -1,6 +1,6 @@
-"""Our processors for Qwen-Image (``diffusers_qwen_image``), FLUX.2 (``diffusers_flux2``) and HunyuanVideo 1.5
-(``diffusers_hunyuan_video15``): QK-norm and rotation as one ``ops.norm_apply_rope`` call (issue 45), swapped in by
-hand.
+"""Our processors for Qwen-Image (``diffusers_qwen_image``), FLUX.2 (``diffusers_flux2``), HunyuanVideo 1.5
+(``diffusers_hunyuan_video15``) and HiDream (``diffusers_hidream``): QK-norm and rotation as one
+``ops.norm_apply_rope`` call (issue 45), swapped in by hand.
 
 The adapter's installer swaps a family's processors for the class its record names, from its own table of our
 processor classes; until that table holds these, their records name none, so these tests swap the rotary
@@ -28,13 +28,17 @@ from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
 from axial_rope.integrations import diffusers_processors  # noqa: E402
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_flux2 import Flux2RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_hidream import HiDreamRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_qwen_image import QwenImageRopeProcessor, complex_tables  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 
 PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Transformer2DModel": Flux2RopeProcessor,
-              "HunyuanVideo15Transformer3DModel": HunyuanVideo15RopeProcessor}  # fmt: skip
+              "HunyuanVideo15Transformer3DModel": HunyuanVideo15RopeProcessor,
+              "HiDreamImageTransformer2DModel": HiDreamRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
+# two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
+DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
 
 
 def _model(name: str, dtype: torch.dtype, depth: int = 1):
@@ -49,19 +53,22 @@ def _run(model, inputs) -> torch.Tensor:
 
 
 def _swap(model) -> tuple[list[str], callable]:
-    """Our processor in place of each stock one of the record's rotary blocks; returns the names and the undo."""
+    """Our processor in place of each stock one of the record's rotary blocks (by each attention module's
+    ``set_processor``: HiDream's transformer has no ``attn_processors``); returns their names and the undo."""
     name = type(model).__name__
     family, ours = DIFFUSERS[name], PROCESSORS[name]
-    originals = dict(model.attn_processors)
-    names = [n for n, p in originals.items() if n.startswith(family.blocks) and type(p).__name__ in family.stock]
-    model.set_attn_processor({n: ours(None, p) if n in names else p for n, p in originals.items()})
-    return names, lambda: model.set_attn_processor(originals)
+    stock = {path: (module, module.processor) for path, module in model.named_modules()
+             if (path + ".").startswith(family.blocks) and type(getattr(module, "processor", None)).__name__ in
+             family.stock}  # fmt: skip
+    for module, processor in stock.values():
+        module.set_processor(ours(None, processor))
+    return list(stock), lambda: [module.set_processor(processor) for module, processor in stock.values()]
 
 
 def _norm_width(model) -> int:
-    return max(
-        m.norm_q.weight.numel() for m in model.modules() if isinstance(getattr(m, "norm_q", None), torch.nn.Module)
-    )
+    """The widest query norm (``norm_q``; HiDream's ``q_rms_norm``, across heads): the ``n`` of its error bound."""
+    norms = [getattr(m, a) for m in model.modules() for a in ("norm_q", "q_rms_norm") if hasattr(m, a)]
+    return max(n.weight.numel() for n in norms if isinstance(n, torch.nn.Module))
 
 
 @pytest.fixture
@@ -82,7 +89,7 @@ def test_complex_tables_are_the_interleaved_cos_sin_of_each_plane():
 @pytest.mark.parametrize("scaled", [False, True])
 @pytest.mark.parametrize("name", CLASSES)
 def test_fused_equals_norm_then_rotation_in_float64(name, scaled, fused_calls, monkeypatch):
-    model, inputs = _model(name, torch.float64, depth=2)
+    model, inputs = _model(name, torch.float64, depth=DEPTH[name])
     stock = _run(model, inputs)
     n_axes = DIFFUSERS[name].rope(model.config).n_axes
     handle = set_rope_processors(model, scaling=(None,) * (n_axes - 1) + (ar.scaling.Linear(2.0),) if scaled else None)
@@ -98,21 +105,24 @@ def test_fused_equals_norm_then_rotation_in_float64(name, scaled, fused_calls, m
     torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * float(unfused.abs().max()), rtol=0)
     undo()
     handle.remove()
-    assert all(type(p).__module__.startswith("diffusers") for p in model.attn_processors.values())
+    assert not any(
+        type(m.processor).__module__.startswith("axial_rope") for m in model.modules() if hasattr(m, "processor")
+    )
     # (the norms now torch's float64 ones: close to the first stock run, not equal)
     torch.testing.assert_close(_run(model, inputs), stock, atol=1e-5 * float(stock.abs().max()), rtol=0)
 
 
 @pytest.mark.parametrize("name", CLASSES)
 def test_fused_equals_stock_in_float32_within_bound(name, fused_calls):
-    model, inputs = _model(name, torch.float32, depth=2)
+    model, inputs = _model(name, torch.float32, depth=DEPTH[name])
     stock = _run(model, inputs)
     names, undo = _swap(model)
     out = _run(model, inputs)
     assert fused_calls
-    # q and k of each stream: the norm within (D / 2 + 8) u of its row, the rotation 6 u (tests/helpers.py TOL), so
-    # the two differ by delta = 2 (D / 2 + 14) u relative; an attention output with O(1) logits moves by 4 delta of
-    # the values' scale (tests/test_integrations_diffusers.py), once per rotary attention layer
+    # q and k of each stream: the norm within (n / 2 + 8) u of its row (n channels: D, or H * D across heads), the
+    # rotation 6 u (tests/helpers.py TOL), so the two differ by delta = 2 (n / 2 + 14) u relative; an attention
+    # output with O(1) logits moves by 4 delta of the values' scale (tests/test_integrations_diffusers.py), once per
+    # rotary attention layer
     delta = 2 * (_norm_width(model) / 2 + 14) * U32
     torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
     undo()
@@ -134,15 +144,18 @@ def test_compiles_without_recompiling(name, check):
     model, inputs = tiny.build(name)
     _swap(model)
     torch._dynamo.reset()
+    time = DIFFUSERS[name].timing.argument
+    later = dict(inputs, **{time: inputs[time] * 0.5})  # the next sampling step
     if check == "repeated blocks":
-        later = dict(inputs, timestep=inputs["timestep"] * 0.5)  # the next sampling step
+        if not model._repeated_blocks:
+            pytest.skip(f"{name} declares no _repeated_blocks")
         expected = [_run(model, step) for step in (inputs, later)]
         model.compile_repeated_blocks(fullgraph=True, backend="eager")
         with torch._dynamo.config.patch(recompile_limit=1):
             for step, want in zip((inputs, later), expected):
                 _close(_run(model, step), want)
         return
-    steps = ((inputs, dict(inputs, timestep=inputs["timestep"] * 0.5)) if check == "fullgraph"
+    steps = ((inputs, later) if check == "fullgraph"
              else [tiny.inputs(name, h, w) for h, w in ((4, 4), (4, 8), (8, 8))])  # fmt: skip
     counter = CompileCounter()
     compiled = torch.compile(model, fullgraph=True, dynamic=check == "dynamic" or None, backend=counter)
@@ -162,3 +175,27 @@ def test_qwen_image_keeps_the_stock_processors_refusals():
         attn.processor(attn, x)
     with pytest.raises(ValueError, match="attention_mask"):
         attn.processor(attn, x, x, attention_mask=torch.ones(1, 8, dtype=torch.bool))
+
+
+def test_hidream_rotates_the_first_half_of_a_wider_head_as_stock(fused_calls):
+    # axes_dims_rope summing to D / 2: the stock processor rotates the first half of each head, by tables of D / 4
+    # planes (its else branch); ours is the partial rotation of norm_apply_rope, the other half passing through
+    from diffusers.models.transformers.transformer_hidream_image import HiDreamAttnProcessor
+
+    from axial_rope.conventions.hidream import rotation_matrices
+
+    model, _ = _model("HiDreamImageTransformer2DModel", torch.float32, depth=1)
+    attn = model.double_stream_blocks[0].block.attn1
+    g = torch.Generator().manual_seed(0)
+    x, text = torch.randn(2, 6, attn.query_dim, generator=g), torch.randn(2, 3, attn.query_dim, generator=g)
+    angles = torch.rand(2, 9, attn.inner_dim // attn.heads // 4, generator=g, dtype=torch.float64) * 6  # [B, S, D/4]
+    cos, sin = (f(angles).repeat_interleave(2, -1).float() for f in (torch.cos, torch.sin))
+    tables = rotation_matrices(cos, sin).unsqueeze(-4)  # [B, S, 1, D/4, 2, 2]
+    with torch.no_grad():
+        stock = HiDreamAttnProcessor()(attn, x, encoder_hidden_states=text, image_rotary_emb=tables)
+        ours = HiDreamRopeProcessor()(attn, x, encoder_hidden_states=text, image_rotary_emb=tables)
+    assert fused_calls
+    # one attention layer, the norm across H * D channels: 4 delta of the values' scale (as above)
+    delta = 2 * (attn.inner_dim / 2 + 14) * U32
+    for a, b in zip(ours, stock):
+        torch.testing.assert_close(a, b, atol=4 * delta * float(b.abs().max()), rtol=0)

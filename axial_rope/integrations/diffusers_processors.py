@@ -31,8 +31,8 @@ __all__ = [
 
 
 class Tables:
-    """The ``(cos, sin)`` a processor is passed, as ``[S, D]`` interleaved channel tables (any stock layout),
-    and the rotation of q and k by them."""
+    """The ``(cos, sin)`` a processor is passed, as ``[S, D]`` interleaved channel tables (any stock layout; ``[B, S,
+    D]`` for tables per item, as HiDream's), and the rotation of q and k by them."""
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor, backend: str | None):
         self.cos, self.sin, self.backend = cos, sin, backend
@@ -48,7 +48,7 @@ class Tables:
 
     def norm_rotate(self, q: torch.Tensor, k: torch.Tensor, norm: QKNorm, layout: str, rows: slice = slice(None)):
         """q and k normalised as ``norm`` says, then rotated by the tables' ``rows`` (their tokens), in one call."""
-        cos, sin = self.cos[rows], self.sin[rows]
+        cos, sin = self.cos[..., rows, :], self.sin[..., rows, :]
         return norm_apply_rope(q, k, cos, sin, norm, "interleaved", layout, self.backend)
 
 
