@@ -77,7 +77,7 @@ def _model(family: str, variant: str):
 
 def _later_step(family: str, inputs: dict) -> dict:
     """The next sampling step: another timestep (the forward argument the record names), same shapes and dtypes."""
-    name = DIFFUSERS[family].timestep
+    name = DIFFUSERS[family].timing.argument
     return dict(inputs, **{name: (inputs[name] * 0.5).to(inputs[name].dtype)})
 
 

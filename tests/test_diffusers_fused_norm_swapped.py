@@ -1,11 +1,10 @@
 """Our processors for Qwen-Image (``diffusers_qwen_image``), FLUX.2 (``diffusers_flux2``), HunyuanVideo 1.5
 (``diffusers_hunyuan_video15``) and HiDream (``diffusers_hidream``): QK-norm and rotation as one
-``ops.norm_apply_rope`` call (issue 45), swapped in by hand.
+``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
-The adapter's installer swaps a family's processors for the class its record names, from its own table of our
-processor classes; until that table holds these, their records name none, so these tests swap the rotary
-blocks' stock processors themselves, as the installer does (the exact stock classes the record lists, the user's
-attention backend kept), over the model's own tables and over the adapter's scaled ones. They check what
+The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
+transformer has no ``attn_processors``), over the model's own tables and over the adapter's scaled ones. These
+tests check what
 tests/test_diffusers_fused_norm.py checks for the installed families: the fused call is taken; in float64 the output
 equals the same processor with the model's norms called in float64 and then the rotation; in float32 it is within a
 stated bound of the stock model; putting the stock processors back gives the stock model; and the model compiles
@@ -53,16 +52,12 @@ def _run(model, inputs) -> torch.Tensor:
 
 
 def _swap(model) -> tuple[list[str], callable]:
-    """Our processor in place of each stock one of the record's rotary blocks (by each attention module's
-    ``set_processor``: HiDream's transformer has no ``attn_processors``); returns their names and the undo."""
-    name = type(model).__name__
-    family, ours = DIFFUSERS[name], PROCESSORS[name]
-    stock = {path: (module, module.processor) for path, module in model.named_modules()
-             if (path + ".").startswith(family.blocks) and type(getattr(module, "processor", None)).__name__ in
-             family.stock}  # fmt: skip
-    for module, processor in stock.values():
-        module.set_processor(ours(None, processor))
-    return list(stock), lambda: [module.set_processor(processor) for module, processor in stock.values()]
+    """Our processors as the installer puts them (the installed handle's, or an unscaled install); returns the
+    swapped processors' names and the undo."""
+    handle = getattr(model, "_axial_rope_processors", None) or set_rope_processors(model)
+    ours = PROCESSORS[type(model).__name__]  # the record names this class: the installer put it there
+    assert all(type(m.processor) is ours for n, m in model.named_modules() if f"{n}.processor" in handle.names)
+    return list(handle.names), handle.remove
 
 
 def _norm_width(model) -> int:

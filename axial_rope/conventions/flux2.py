@@ -9,10 +9,10 @@ reference ids), and the tables concatenated; so a sized forward reads its image 
 
 from __future__ import annotations
 
-from ._fields import axes_sum, field
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import id_extent, ids_positions
+from .fields import axes_sum, field
 from .flux import flux
+from .tables import id_extent, ids_positions
 
 __all__: list[str] = []
 
@@ -42,6 +42,7 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         stock=("Flux2AttnProcessor", "Flux2ParallelSelfAttnProcessor"),
+        processor="Flux2RopeProcessor",
         qk_norm="rms",  # Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor: RMSNorms over D, then apply_rotary_emb
         timing=Timing(noise=1.0),  # the pipeline passes timestep / 1000; the transformer multiplies by 1000
         grid=(("img_ids",), lambda c: lambda img_ids: id_extent(img_ids)),  # the image and its references

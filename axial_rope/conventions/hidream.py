@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from ._fields import field, kind, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import ids_positions
+from .fields import field, kind, size
 from .flux import flux
+from .tables import ids_positions
 
 __all__ = ["rotation_matrices"]
 
@@ -51,6 +51,7 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         stock=("HiDreamAttnProcessor",),
+        processor="HiDreamRopeProcessor",
         blocks=("double_stream_blocks.", "single_stream_blocks."),
         qk_norm="rms across heads",  # HiDreamAttnProcessor: q_rms_norm, k_rms_norm(_t) (over H * D), then apply_rope
         timing=Timing(argument="timesteps", noise=1000.0),  # the pipeline passes the scheduler's timestep

@@ -8,7 +8,6 @@ import torch
 
 from ..positions import crop_grid
 from ..rope import AxialRoPE
-from ._fields import axes_sum, field, size
 from ._registry import (
     Convention,
     DiffusersFamily,
@@ -19,7 +18,8 @@ from ._registry import (
     register,
     register_diffusers,
 )
-from ._tables import frames_grid_positions, grid_coordinates, grid_positions, latent_positions
+from .fields import axes_sum, field, size
+from .tables import frames_grid_positions, grid_coordinates, grid_positions, latent_positions
 
 __all__ = ["hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions", "hunyuan_dit_crop"]
 
@@ -237,6 +237,7 @@ register_diffusers(
         tables=("module", "rope"),  # HunyuanVideo15RotaryPosEmbed(hidden_states): the latent video
         positions=latent_positions(lambda c: (size(c, "patch_size_t"), size(c, "patch_size"), size(c, "patch_size"))),
         stock=("HunyuanVideo15AttnProcessor2_0",),
+        processor="HunyuanVideo15RopeProcessor",
         blocks=("transformer_blocks.",),
         qk_norm="rms",  # HunyuanVideo15AttnProcessor2_0: norm_q, norm_k (RMSNorm over D), then rotation
         max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
@@ -327,6 +328,7 @@ register_diffusers(
         positions=_framepack_positions,
         grid_axes=(1, 2),  # the frame indices are the pipeline's window of history and new frames: (y, x) sized
         stock=("HunyuanVideoAttnProcessor2_0",),
+        processor="HunyuanVideoRopeProcessor",  # its processors are HunyuanVideo's (no attn_processors)
         qk_norm="rms",  # HunyuanVideoAttnProcessor2_0: norm_q, norm_k (RMSNorm over D), then rotation
         max_diff=2e-9,  # float64 models, tables replaced: 1.5e-9 measured (the float32 tables)
         source=FRAMEPACK_SOURCE,

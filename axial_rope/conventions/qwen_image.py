@@ -20,36 +20,15 @@ from __future__ import annotations
 
 import torch
 
-from ._fields import axes_sum, field
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import grid_coordinates
+from .fields import axes_sum, field
 from .flux import flux
+from .tables import centred_image_rows, complex_tables, diagonal_text_rows, image_spacing
 
 __all__: list[str] = []
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_qwenimage.py` `QwenEmbedRope`, `QwenEmbedLayer3DRope`"
 SOURCE_21 = "diffusers 0.42.1 `models/transformers/transformer_qwenimage21.py` `QwenImage21Rope`"
-
-
-def _spacing(shapes, sizing, device) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple]:
-    """The position step of y and x (0-d float64) and their scaling, from the largest ``(h, w)`` of ``shapes``."""
-    largest = (max(s[1] for s in shapes), max(s[2] for s in shapes))
-    axes, scaling = grid_coordinates(largest, sizing, dtype=torch.float64, device=device)
-    steps = tuple(c[1] - c[0] if c.shape[0] > 1 else torch.ones((), dtype=c.dtype, device=device) for c in axes)
-    return steps, scaling
-
-
-def _image(height: int, width: int, frame: torch.Tensor, steps, device) -> torch.Tensor:
-    """An image's rows ``[f h w, 3]`` (frame slowest), y and x centred as ``scale_rope`` centres them."""
-    ys = (torch.arange(height, dtype=torch.float64, device=device) - (height - height // 2)) * steps[0]
-    xs = (torch.arange(width, dtype=torch.float64, device=device) - (width - width // 2)) * steps[1]
-    mesh = torch.meshgrid(frame.to(torch.float64), ys, xs, indexing="ij")
-    return torch.stack(mesh, dim=-1).reshape(-1, 3)
-
-
-def _text(start, length: int, device) -> torch.Tensor:
-    """``length`` text rows from ``start``, the same position on every axis: ``[length, 3]``."""
-    return (start + torch.arange(length, dtype=torch.float64, device=device))[:, None].expand(length, 3)
 
 
 def _qwen_positions(config):
@@ -60,19 +39,19 @@ def _qwen_positions(config):
             raise ValueError("Qwen-Image's rotary tables need `max_txt_seq_len` (the text length)")
         shapes = video_fhw[0] if isinstance(video_fhw, list) else video_fhw  # the first sample's (all share it)
         shapes = shapes if isinstance(shapes, list) else [shapes]
-        steps, scaling = _spacing(shapes, sizing, device)
+        steps, scaling = image_spacing(shapes, sizing, device)
         rows, text_start = [], torch.zeros((), dtype=torch.float64, device=device)
         last = len(shapes) - 1
         for idx, (frame, height, width) in enumerate(shapes):
             frames = torch.arange(idx, idx + frame, device=device)
             if layered and idx == last:  # the condition image: frame -1
                 frames = torch.full((frame,), -1, device=device)
-            rows.append(_image(height, width, frames, steps, device))
+            rows.append(centred_image_rows(height, width, frames, steps, device))
             text_start = torch.maximum(text_start, torch.maximum(height // 2 * steps[0], width // 2 * steps[1]))
         if layered:
             text_start = torch.clamp(text_start, min=last)
         image = torch.cat(rows)
-        pos = torch.cat([image, _text(text_start, int(max_txt_seq_len), device)]).float()
+        pos = torch.cat([image, diagonal_text_rows(text_start, int(max_txt_seq_len), device)]).float()
         return pos, rope.scaling if sizing is None else (None, *scaling), image.shape[0]
 
     return positions
@@ -81,24 +60,19 @@ def _qwen_positions(config):
 def _qwen21_positions(config):
     def positions(rope, sizing, img_shapes, image_pad_mask, device=None):
         is_image = image_pad_mask.tolist()  # a host read of the layout, as upstream's
-        steps, scaling = _spacing(img_shapes, sizing, device)
+        steps, scaling = image_spacing(img_shapes, sizing, device)
         rows, cursor, position = [], 0, torch.zeros((), dtype=torch.float64, device=device)
         for _, height, width in img_shapes:
             start = is_image.index(True, cursor)
-            rows.append(_text(position, start - cursor, device))
+            rows.append(diagonal_text_rows(position, start - cursor, device))
             position = position + (start - cursor)
-            rows.append(_image(height, width, position[None], steps, device))
+            rows.append(centred_image_rows(height, width, position[None], steps, device))
             position = position + torch.maximum(height * steps[0], width * steps[1])
             cursor = start + height * width
-        rows.append(_text(position, len(is_image) - cursor, device))
+        rows.append(diagonal_text_rows(position, len(is_image) - cursor, device))
         return torch.cat(rows).float(), rope.scaling if sizing is None else (None, *scaling)
 
     return positions
-
-
-def _complex(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Interleaved channel tables ``[S, D]`` -> complex ``freqs_cis`` ``[S, D/2]`` (upstream's complex64)."""
-    return torch.complex(cos[..., 0::2], sin[..., 0::2])
 
 
 _COMMON = dict(
@@ -119,8 +93,9 @@ register_diffusers(
         name="qwen_image",
         classes=("QwenImageTransformer2DModel",),
         positions=_qwen_positions,  # pos_embed(img_shapes, max_txt_seq_len=..., device=...)
-        layout=lambda cos, sin, n_image: _complex(cos, sin).split([n_image, cos.shape[0] - n_image]),
+        layout=lambda cos, sin, n_image: complex_tables(cos, sin).split([n_image, cos.shape[0] - n_image]),
         stock=("QwenDoubleStreamAttnProcessor2_0",),
+        processor="QwenImageRopeProcessor",
         qk_norm="rms",  # QwenDoubleStreamAttnProcessor2_0: norm_q/k, norm_added_q/k (RMSNorm over D), then rotation
         max_diff=8e-10,  # float64 models, at the training size; the tables' float32 rounding
         source=SOURCE,
@@ -142,7 +117,7 @@ register_diffusers(
         name="qwen_image_21",
         classes=("QwenImage21Transformer2DModel",),
         positions=_qwen21_positions,  # pos_embed(img_shapes[0], image_pad_mask, device=...)
-        layout=_complex,
+        layout=complex_tables,
         stock=("QwenImage21AttnProcessor", "QwenImage21FlexAttnProcessor"),
         qk_norm="rms",  # QwenImage21AttnProcessor: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb_qwen
         max_diff=2e-9,

@@ -1,7 +1,7 @@
 """Run the RoPE of diffusers' video, image and audio transformers through axial_rope, scaled for other sizes.
 
 ``set_rope_processors(transformer)`` adapts any class in :data:`SUPPORTED`: every diffusers class that a family
-record of :mod:`axial_rope.conventions` covers (one :class:`~axial_rope.conventions._registry.DiffusersFamily`
+record of :mod:`axial_rope.conventions` covers (one :class:`~axial_rope.conventions.DiffusersFamily`
 each; ``docs/integrations.md`` has their table and count, written from the records), through diffusers' own
 extension points:
 
@@ -47,28 +47,22 @@ from collections.abc import Sequence
 
 import torch
 
-from ..conventions._registry import DIFFUSERS, PipelineUnits, diffusers_family
+from ..conventions import DIFFUSERS, PipelineUnits, diffusers_family
 from ..ops import BACKENDS
 from ..policy import Plan
 from ..scaling import Scaling
+
+# the processor modules beside diffusers_processors: imported so that their processors register (PROCESSORS)
+from . import diffusers_flux2, diffusers_hidream, diffusers_hunyuan_video15, diffusers_ltx, diffusers_qwen_image  # noqa: F401
 from .diffusers_checks import checked_scaling, checked_sizing
-from .diffusers_ltx import LTXVideoRopeProcessor
 from .diffusers_policy import FamilyPlan, plan_family
-from .diffusers_processors import (
-    CogVideoXRopeProcessor,
-    FluxRopeProcessor,
-    HunyuanVideoRopeProcessor,
-    WanRopeProcessor,
-)
+from .diffusers_processors import PROCESSORS
 from .diffusers_sites import SITES, ModuleSite, argument_value, grid_step, install, time_step
 from .diffusers_tables import RotaryTables
 
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
 
 _ATTR = "_axial_rope_processors"  # where the handle lives on the transformer instance
-# axial_rope's processors, by the name a family record gives
-_PROCESSORS = {cls.__name__: cls for cls in (FluxRopeProcessor, HunyuanVideoRopeProcessor, WanRopeProcessor,
-                                             CogVideoXRopeProcessor, LTXVideoRopeProcessor)}  # fmt: skip
 
 SUPPORTED = tuple(sorted(DIFFUSERS))  # every class a record in axial_rope.conventions covers
 
@@ -106,22 +100,24 @@ class RopeProcessors:
             self._remove()
 
     def _processors(self, family, backend):
-        """The installation's part that swaps the processors (``transformer -> undo``)."""
+        """The installation's part that swaps the processors (``transformer -> undo``), module by module through each
+        attention's ``set_processor`` (a model without ``attn_processors``, HiDream's, is reached too)."""
 
         def part(transformer):
-            self.originals = dict(transformer.attn_processors)
+            ours = PROCESSORS[family.processor]
+            modules = {f"{n}.processor": m for n, m in transformer.named_modules() if hasattr(m, "set_processor")}
+            self.originals = {name: m.processor for name, m in modules.items()}
             # exact types: a subclass (e.g. a user's processor) may do more than the stock one; it stays, and rotates
             # by the same tables
             self.names = [n for n, p in self.originals.items()
                           if n.startswith(family.blocks) and type(p).__name__ in family.stock]  # fmt: skip
-            ours = _PROCESSORS[family.processor]
-            new = {n: ours(backend, p) if n in self.names else p for n, p in self.originals.items()}
-            transformer.set_attn_processor(new)
+            for name in self.names:
+                modules[name].set_processor(ours(backend, self.originals[name]))
 
             def undo():
-                current = dict(transformer.attn_processors)
-                current.update({n: self.originals[n] for n in self.names if _is_ours(current[n])})
-                transformer.set_attn_processor(current)
+                for name in self.names:  # a processor replaced since (fuse_qkv_projections, ...) stays as it is
+                    if _is_ours(modules[name].processor):
+                        modules[name].set_processor(self.originals[name])
 
             return undo
 
@@ -172,7 +168,7 @@ def set_rope_processors(
         backend: axial_rope backend (``None`` automatic, ``"torch"``, ``"triton"``, ``"reference"``).
         noise_timestep: with a time-dependent scaling, the transformer's ``timestep`` at pure noise:
             the sampling time is ``max((timestep - clean) / (noise_timestep - clean))``, ``clean`` from the family's
-            :class:`~axial_rope.conventions._registry.Timing` (0; 1 where time runs from noise at 0 to clean at 1:
+            :class:`~axial_rope.conventions.Timing` (0; 1 where time runs from noise at 0 to clean at 1:
             Lumina, MiniMax). Default: the family's (Flux 1, the others 1000; Lumina 0; the module docstring says
             why).
         policy: ``"auto"``: plan the scaling per axis from the record's training size (or ``train_size``) with
@@ -181,8 +177,8 @@ def set_rope_processors(
         size: with ``policy``, the target in the pipeline's units: ``(height, width)`` pixels for images,
             ``(frames, height, width)`` for video, ``(tokens,)`` for a one-axis audio latent; ``None``: plan the
             rule (image axes sized per forward; time as trained).
-        units: how ``size`` maps to tokens, in place of the record's (:class:`~axial_rope.conventions._registry.
-            PipelineUnits`: the released VAE and patch); for a pipeline built with another VAE.
+        units: how ``size`` maps to tokens, in place of the record's (:class:`~axial_rope.conventions.PipelineUnits`:
+            the released VAE and patch); for a pipeline built with another VAE.
 
     Returns:
         A :class:`RopeProcessors` handle; ``handle.remove()`` (or :func:`remove_rope_processors`, or diffusers'

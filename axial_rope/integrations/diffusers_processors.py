@@ -23,6 +23,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from ..ops import QKNorm, apply_rope, norm_apply_rope
 
 __all__ = [
+    "PROCESSORS",
     "FluxRopeProcessor",
     "HunyuanVideoRopeProcessor",
     "WanRopeProcessor",
@@ -96,8 +97,16 @@ def _head_mask(attn, mask: torch.Tensor | None, batch: int, seq: int) -> torch.T
     return mask.view(batch, attn.heads, -1, mask.shape[-1])
 
 
+PROCESSORS: dict[str, type] = {}  # every processor of ours by class name, as family records name them
+
+
 class _RopeProcessor:
-    """Shared plumbing: the backend, and diffusers' attention-backend attributes (set by ``set_attention_backend``)."""
+    """Shared plumbing: the backend, and diffusers' attention-backend attributes (set by ``set_attention_backend``).
+    Each subclass registers itself in :data:`PROCESSORS` (a family record names it; the installer looks it up)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        PROCESSORS[cls.__name__] = cls
 
     _attention_backend = None
     _parallel_config = None
