@@ -26,7 +26,7 @@ from .scaling_checks import as_floats, as_int, check_positive, check_theta_above
 
 __all__ = [
     "Linear", "NTK", "DynamicNTK", "YaRN", "Llama3", "LongRoPE", "RIFLEx", "Scaling", "REGISTRY", "CONFIG_KEYS",
-    "from_dict", "base_inv_freq", "inv_freq", "from_rope_parameters",
+    "from_dict", "base_inv_freq", "inv_freq", "from_rope_parameters", "yarn_mscale", "yarn_pair_index", "yarn_ramp",
 ]  # fmt: skip
 
 
@@ -189,8 +189,29 @@ class DynamicNTK(Scaling):
         return base_inv_freq(dim, _grown_theta("DynamicNTK", dim, theta, growth)), 1.0
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention factor of a scale ``s``: ``0.1 mscale ln(s) + 1`` (1 for ``s <= 1``), transformers' ``get_mscale``."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_pair_index(turns: float, dim: int, theta: float, length: int) -> float:
+    """The (fractional) pair whose wavelength fits ``turns`` times into ``length`` (``find_correction_dim``)."""
+    return dim * math.log(length / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+
+def yarn_ramp(inv: torch.Tensor, factor: float, low, high) -> torch.Tensor:
+    """YaRN's blend of ``inv`` ``[n]`` with ``inv / factor``, by a ramp linear in the pair index ``j``:
+    ``(j - low) / (high - low)`` clamped to ``[0, 1]`` (0: kept, 1: divided by ``factor``).
+
+    ``low``, ``high``: the correction range in pairs, already truncated and clamped (python numbers, or 0-d tensors
+    where they depend on a tensor, as DyPE's time); a zero-width range is widened by 0.001, as transformers does.
+    The one ramp of :class:`YaRN` and :class:`~axial_rope.time_scaling.DyPE`.
+    """
+    low = torch.as_tensor(low, dtype=inv.dtype, device=inv.device)
+    high = torch.as_tensor(high, dtype=inv.dtype, device=inv.device)
+    high = torch.where(high == low, high + 0.001, high)
+    ramp = ((torch.arange(inv.shape[-1], dtype=inv.dtype, device=inv.device) - low) / (high - low)).clamp(0, 1)
+    return inv / factor * ramp + inv * (1 - ramp)
 
 
 @dataclass(frozen=True)
@@ -226,28 +247,18 @@ class YaRN(Scaling):
         if self.attention_factor is not None:
             return float(self.attention_factor)
         if self.mscale and self.mscale_all_dim:
-            return _yarn_mscale(self.factor, self.mscale) / _yarn_mscale(self.factor, self.mscale_all_dim)
-        return _yarn_mscale(self.factor)
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
+        return yarn_mscale(self.factor)
 
     def __call__(self, dim: int, theta: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
         original = self.original_max_position_embeddings
         check_theta_above_one("YaRN", theta, "the ramp divides by log(theta)")
-
-        def pair_index(turns: float) -> float:
-            # the (fractional) pair whose wavelength fits `turns` times into the original length
-            return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
-
-        low, high = pair_index(self.beta_fast), pair_index(self.beta_slow)
+        low = yarn_pair_index(self.beta_fast, dim, theta, original)
+        high = yarn_pair_index(self.beta_slow, dim, theta, original)
         if self.truncate:
             low, high = math.floor(low), math.ceil(high)
         low, high = max(low, 0), min(high, dim - 1)
-        if low == high:
-            high += 0.001  # avoids a zero-width ramp, as transformers does
-        ramp = ((torch.arange(dim // 2, dtype=torch.float64, device="cpu") - low) / (high - low)).clamp(0, 1)
-        base = base_inv_freq(dim, theta)
-        # ramp 0: keep (extrapolate); ramp 1: interpolate by factor
-        inv = base / self.factor * ramp + base * (1 - ramp)
-        return inv, self.attention_scale()
+        return yarn_ramp(base_inv_freq(dim, theta), self.factor, low, high), self.attention_scale()
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import ClassVar
 import torch
 
 from .ops import has_float64
-from .scaling import Scaling, _yarn_mscale, base_inv_freq, inv_freq
+from .scaling import Scaling, base_inv_freq, inv_freq, yarn_mscale, yarn_pair_index, yarn_ramp
 from .scaling_checks import check_theta_above_one
 
 __all__ = [
@@ -209,7 +209,7 @@ class DyPE(TimeDependent, Scaling):
     def attention_scale(self) -> float:
         if self.method != "yarn":
             return 1.0
-        return float(self.attention_factor) if self.attention_factor is not None else _yarn_mscale(self.factor)
+        return float(self.attention_factor) if self.attention_factor is not None else yarn_mscale(self.factor)
 
     def inv_freq_at(self, dim: int, theta: float, t: torch.Tensor) -> torch.Tensor:
         f0, exponent = _base(dim, theta, t.device, t.dtype)
@@ -227,20 +227,14 @@ class DyPE(TimeDependent, Scaling):
     def _yarn(self, dim: int, theta: float, f0: torch.Tensor, kappa: torch.Tensor) -> torch.Tensor:
         """YaRN's ramp (as :class:`~axial_rope.scaling.YaRN`) with both thresholds times ``kappa``; ``[dim // 2]``."""
         check_theta_above_one("DyPE", theta, "the ramp divides by log(theta)")
-        length, log_theta = self.original_max_position_embeddings, math.log(theta)
-
-        def pair_index(turns: float) -> float:  # YaRN's pair turning `turns` times over L (python, as YaRN)
-            return dim * math.log(length / (turns * 2 * math.pi)) / (2 * log_theta)
-
-        shift = -dim * torch.log(kappa) / (2 * log_theta)  # [] pairs: -0.0 at kappa = 1, +inf at kappa = 0
-        low, high = pair_index(self.beta_fast) + shift, pair_index(self.beta_slow) + shift
+        length = self.original_max_position_embeddings
+        shift = -dim * torch.log(kappa) / (2 * math.log(theta))  # [] pairs: -0.0 at kappa = 1, +inf at kappa = 0
+        low = yarn_pair_index(self.beta_fast, dim, theta, length) + shift
+        high = yarn_pair_index(self.beta_slow, dim, theta, length) + shift
         if self.truncate:
             low, high = low.floor(), high.ceil()
         low, high = low.clamp(0, dim - 1), high.clamp(max=dim - 1)  # inf -> d - 1: no NaN at kappa = 0
-        high = torch.where(high == low, high + 0.001, high)  # a zero-width ramp widened, as YaRN
-        pairs = torch.arange(dim // 2, dtype=f0.dtype, device=f0.device)
-        ramp = ((pairs - low) / (high - low)).clamp(0, 1)  # 0: keep (extrapolate), 1: divide by factor
-        return f0 / self.factor * ramp + f0 * (1 - ramp)
+        return yarn_ramp(f0, self.factor, low, high)
 
 
 @dataclass(frozen=True)
