@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import conventions as conv
-from .conventions._fields import field, kind, size
-from .conventions._registry import DIFFUSERS
+from .conventions import DIFFUSERS
+from .conventions.fields import field, rope_config, size
 from .conventions.model_types import REFUSED, ModelConvention, model_convention
 from .conventions.per_layer import LayerRoPE
 from .frequencies import Frequencies
@@ -22,27 +22,16 @@ from .rope import AxialRoPE
 
 __all__ = ["rope_from_config", "layers_from_config", "DIFFUSERS_CLASSES"]
 
-# config fields with errors that name them (shared with the diffusers family records)
-_get, _kind, _size = field, kind, size
-
-
 # diffusers transformer class -> the rope of its config: every family's record (one place per family)
 DIFFUSERS_CLASSES: dict[str, Callable] = {name: family.rope for name, family in DIFFUSERS.items()}
 
 
-def _text_config(config):
-    """The language model's config of a multimodal one (``text_config``), else the config itself."""
-    text = _get(config, "text_config", None)
-    has_rope = any(_get(config, k, None) is not None for k in ("rope_parameters", "rope_scaling", "rope_theta"))
-    return text if text is not None and not has_rope else config
-
-
 def _head_dim(config, layer_type: str | None) -> int:
-    head_dim = _size(config, "head_dim", None)
-    if layer_type == "full_attention" and _get(config, "global_head_dim", None) is not None:
-        head_dim = _size(config, "global_head_dim")  # Gemma 4's global layers
+    head_dim = size(config, "head_dim", None)
+    if layer_type == "full_attention" and field(config, "global_head_dim", None) is not None:
+        head_dim = size(config, "global_head_dim")  # Gemma 4's global layers
     if head_dim is None:
-        hidden, heads = _size(config, "hidden_size"), _size(config, "num_attention_heads")
+        hidden, heads = size(config, "hidden_size"), size(config, "num_attention_heads")
         if hidden % heads:
             raise ValueError(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}; give head_dim")
         head_dim = hidden // heads
@@ -60,21 +49,23 @@ def _dict_field(name: str, value) -> dict:
 
 def _rope_parameters(config, layer_type: str | None) -> dict:
     """``rope_parameters`` (or ``rope_scaling`` + ``rope_theta`` + ``partial_rotary_factor``), for one layer type."""
-    name = "rope_parameters" if _get(config, "rope_parameters", None) is not None else "rope_scaling"
-    params = _dict_field(name, _get(config, name, None))
+    name = "rope_parameters" if field(config, "rope_parameters", None) is not None else "rope_scaling"
+    params = _dict_field(name, field(config, name, None))
     per_type = {k: v for k, v in params.items() if k in conv.per_layer.LAYER_TYPES}
     if per_type:
         if layer_type is None:
             raise ValueError(f"rope_parameters holds one entry per layer type {sorted(per_type)}: pass layer_type")
         if layer_type not in per_type:
             raise ValueError(f"layer_type {layer_type!r} is not in rope_parameters (has {sorted(per_type)})")
-        params = _dict_field(f"{name}[{layer_type!r}]", per_type[layer_type])
+        top, params = params, _dict_field(f"{name}[{layer_type!r}]", per_type[layer_type])
+        if params.get("rope_type", params.get("type")) == "yarn":  # transformers' YaRN reads the top level's
+            params["truncate"] = top.get("truncate", True)  # `truncate`, not the entry's (_compute_yarn_parameters)
     elif layer_type is not None and layer_type not in conv.per_layer.LAYER_TYPES:
         raise ValueError(f"layer_type must be one of {conv.per_layer.LAYER_TYPES}, got {layer_type!r}")
     for key, legacy in (("rope_theta", "rope_theta"), ("partial_rotary_factor", "partial_rotary_factor"),
                         ("partial_rotary_factor", "rotary_pct")):  # fmt: skip
-        if key not in params and _get(config, legacy, None) is not None:
-            params[key] = _get(config, legacy)
+        if key not in params and field(config, legacy, None) is not None:
+            params[key] = field(config, legacy)
     return params
 
 
@@ -109,17 +100,17 @@ def rope_from_config(
         raise TypeError(f"config must be a transformers or diffusers config (an object or a dict), got {config!r}")
     if type(config).__name__ in DIFFUSERS_CLASSES and hasattr(config, "config"):  # a diffusers model
         class_name, config = type(config).__name__, config.config
-    class_name = class_name or _get(config, "_class_name", None)
+    class_name = class_name or field(config, "_class_name", None)
     if class_name is not None:
         if class_name not in DIFFUSERS_CLASSES:
             raise ValueError(
                 f"_class_name {class_name!r} has no RoPE convention here; supported: {sorted(DIFFUSERS_CLASSES)}"
             )
         if class_name == "LTX2VideoTransformer3DModel" and modality == "audio":
-            return _ltx2(config, "audio")
+            return conv.ltx2_from_config(config, "audio")
         return DIFFUSERS_CLASSES[class_name](config)
-    text = _text_config(config)
-    model_type = _get(text, "model_type", None) or _get(config, "model_type", None)
+    text = rope_config(config)
+    model_type = field(text, "model_type", None) or field(config, "model_type", None)
     turn = _convention(model_type, pairing)
     params = _rope_parameters(text, layer_type)
     if turn.mrope is not None:  # the code lays the sections out; no modeling file reads `mrope_interleaved`
@@ -132,7 +123,7 @@ def rope_from_config(
     rope = conv.rope_for_parameters(
         params,
         _head_dim(text, layer_type),
-        max_position_embeddings=_get(text, "max_position_embeddings", None),
+        max_position_embeddings=field(text, "max_position_embeddings", None),
         interleaved=turn.pairing == "interleaved",
         mrope_interleaved=turn.mrope == "cycled",
     )
@@ -163,22 +154,6 @@ def _negated(rope: AxialRoPE, model_type: str | None) -> AxialRoPE:
     return AxialRoPE.from_frequencies(Frequencies(-model.freqs, model.scale, model.transform), pairing=rope.pairing)
 
 
-def _ltx2(config, modality: str) -> AxialRoPE:
-    """LTX-2's video rope, or its audio rope from the ``audio_*`` fields (audio has no spatial bases)."""
-    prefix = "audio_" if modality == "audio" else ""
-    bases = {} if prefix else dict(base_height=_get(config, "base_height"), base_width=_get(config, "base_width"))
-    return conv.ltx2(
-        _size(config, prefix + "num_attention_heads"),
-        _size(config, prefix + "attention_head_dim"),
-        pos_embed_max_pos=_get(config, prefix + "pos_embed_max_pos"),
-        rope_theta=_get(config, "rope_theta"),
-        rope_double_precision=_get(config, "rope_double_precision"),
-        rope_type=_get(config, "rope_type"),
-        modality=modality,
-        **bases,
-    )
-
-
 def layers_from_config(config) -> list[LayerRoPE]:
     """Every layer's :class:`~axial_rope.conventions.LayerRoPE` of a per-layer transformers config.
 
@@ -186,25 +161,25 @@ def layers_from_config(config) -> list[LayerRoPE]:
     ``layer_types`` (Gemma 2/3/4: one rope per layer type, sliding windows); other configs give the
     one rope on every layer (``num_hidden_layers``).
     """
-    text = _text_config(config)
-    model_type = _get(text, "model_type", None) or ""
+    text = rope_config(config)
+    model_type = field(text, "model_type", None) or ""
     if model_type.startswith("llama4"):
         return conv.llama4(
-            _get(text, "num_hidden_layers"),
+            field(text, "num_hidden_layers"),
             _head_dim(text, None),
             _rope_parameters(text, None),
-            no_rope_layers=_get(text, "no_rope_layers", None),
-            no_rope_layer_interval=_get(text, "no_rope_layer_interval", 4),
-            attention_chunk_size=_get(text, "attention_chunk_size", None),
-            attn_temperature_tuning=_get(text, "attn_temperature_tuning", True),
-            floor_scale=_get(text, "floor_scale", 8192),
-            attn_scale=_get(text, "attn_scale", 0.1),
-            max_position_embeddings=_get(text, "max_position_embeddings", None),
+            no_rope_layers=field(text, "no_rope_layers", None),
+            no_rope_layer_interval=field(text, "no_rope_layer_interval", 4),
+            attention_chunk_size=field(text, "attention_chunk_size", None),
+            attn_temperature_tuning=field(text, "attn_temperature_tuning", True),
+            floor_scale=field(text, "floor_scale", 8192),
+            attn_scale=field(text, "attn_scale", 0.1),
+            max_position_embeddings=field(text, "max_position_embeddings", None),
         )
-    layer_types = _get(text, "layer_types", None)
+    layer_types = field(text, "layer_types", None)
     if layer_types is None:
         rope = rope_from_config(config)
-        return [LayerRoPE(rope) for _ in range(_get(text, "num_hidden_layers"))]
-    window = _get(text, "sliding_window", None)
+        return [LayerRoPE(rope) for _ in range(field(text, "num_hidden_layers"))]
+    window = field(text, "sliding_window", None)
     ropes = {kind: rope_from_config(config, layer_type=kind) for kind in sorted(set(layer_types))}
     return [LayerRoPE(ropes[k], k, window if k == "sliding_attention" else None) for k in layer_types]

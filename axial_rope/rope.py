@@ -22,9 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .frequencies import SPECTRA, Frequencies, plane_axes, spectrum_frequencies
-from .frequencies import per_axis as _per_axis
-from .frequencies import scaling_method as _scaling_method
+from .frequencies import SPECTRA, Frequencies, per_axis, plane_axes, scaling_method, spectrum_frequencies
 from .ops import PAIRINGS, check_choice, has_float64, preload
 from .ops.rotation import Rotation
 from .ops.turns import fixed_turns
@@ -32,8 +30,7 @@ from .position_checks import check_positions
 from .rotary import Rotary, as_positions
 from .scaling import Scaling
 from .time_scaling import is_time_dependent, time_of_call
-from .timed_rope import OWN_SCALING as _OWN
-from .timed_rope import TimedRoPE
+from .timed_rope import OWN_SCALING, TimedRoPE
 
 __all__ = ["AxialRoPE", "TimedRoPE", "ANGLES", "SPECTRA", "check_positions", "plane_axes"]
 
@@ -138,8 +135,8 @@ class AxialRoPE(nn.Module, Rotary):
         check_choice("spectrum", spectrum, SPECTRA)
         shared = spectrum != "per_axis"
         self.axes_dim, self.spectrum = axes_dim, spectrum
-        self.theta = _per_axis("theta", theta, len(axes_dim), shared)
-        self.scaling = self._methods(scaling)
+        self.theta = per_axis("theta", theta, len(axes_dim), shared)
+        self.scaling = self.per_axis_scaling(scaling)
         self.plane_order = _plane_order(plane_order, sum(axes_dim) // 2)
         self.plane_axis = plane_axes(axes_dim, spectrum)
         if self.plane_order is not None:
@@ -209,17 +206,18 @@ class AxialRoPE(nn.Module, Rotary):
             raise ValueError(f"the axes have different attention factors {self._factors}")
         return self._factors[0]
 
-    def _methods(self, scaling) -> tuple[Scaling | None, ...]:
-        """One method (or ``None``) per axis from a method, a per-axis tuple or dict forms."""
+    def per_axis_scaling(self, scaling) -> tuple[Scaling | None, ...]:
+        """``scaling`` as one method (or ``None``) per axis, from one method, a per-axis tuple or their dict forms
+        (a shared spectrum takes one method for all axes)."""
         shared = self.spectrum != "per_axis"
-        return tuple(_scaling_method(s) for s in _per_axis("scaling", scaling, len(self.axes_dim), shared))
+        return tuple(scaling_method(s) for s in per_axis("scaling", scaling, len(self.axes_dim), shared))
 
     def frequencies(
         self,
         seq_len: int | Sequence[int] | None = None,
         *,
         t: float | torch.Tensor | None = None,
-        scaling=_OWN,
+        scaling=OWN_SCALING,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The frequency matrix ``F`` and the attention factor per plane, for a length (and a time).
 
@@ -236,21 +234,22 @@ class AxialRoPE(nn.Module, Rotary):
             ``[n_pairs]``, on the CPU (with a time-dependent method, on ``t``'s device).
         """
         if self.spectrum is None:  # copies: the buffers must not alias the (immutable) model
-            if scaling is not _OWN and any(s is not None for s in _per_axis("scaling", scaling, self.n_axes)):
+            if scaling is not OWN_SCALING and any(s is not None for s in per_axis("scaling", scaling, self.n_axes)):
                 raise ValueError("scaling needs a spectrum (axes_dim, theta); this rope has a fixed frequency model")
             model = self.frequency_model
             scale = (
                 model.scale if model.scale is not None else torch.ones(model.n_pairs, dtype=torch.float64, device="cpu")
             )
             return model.freqs.clone(), scale.clone()
-        freqs, scale = self._spectrum(self.scaling if scaling is _OWN else self._methods(scaling), seq_len, t)
+        methods = self.scaling if scaling is OWN_SCALING else self.per_axis_scaling(scaling)
+        freqs, scale = self._spectrum(methods, seq_len, t)
         return freqs, (
             torch.ones(freqs.shape[-1], dtype=torch.float64, device=freqs.device) if scale is None else scale
         )
 
     def _spectrum(self, methods, seq_len, t, dtype=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         n_axes = len(self.axes_dim)
-        lengths = _per_axis("seq_len", seq_len, n_axes, False) if seq_len is not None else (None,) * n_axes
+        lengths = per_axis("seq_len", seq_len, n_axes, False) if seq_len is not None else (None,) * n_axes
         freqs, scale = spectrum_frequencies(self.axes_dim, self.theta, methods, self.spectrum, lengths, t, dtype)
         if self.plane_order is None:
             return freqs, scale
@@ -266,13 +265,13 @@ class AxialRoPE(nn.Module, Rotary):
         """
         if self.learned_freqs is not None:
             raise ValueError("with_scaling needs fixed frequencies; this rope learns its own (learnable=True)")
-        per_axis = self._methods(scaling)
-        if per_axis == self.scaling:
+        methods = self.per_axis_scaling(scaling)
+        if methods == self.scaling:
             return self
         if self.spectrum is None:
             raise ValueError("with_scaling needs a spectrum (axes_dim, theta); this rope has a frequency model")
         theta = self.theta if self.spectrum == "per_axis" else self.theta[0]
-        scaling = per_axis if self.spectrum == "per_axis" else per_axis[0]
+        scaling = methods if self.spectrum == "per_axis" else methods[0]
         rope = AxialRoPE(self.axes_dim, theta, scaling, self.pairing, self.spectrum, backend=self.backend,
                          plane_order=self.plane_order)  # fmt: skip
         return rope.to(self.freqs.device)
@@ -323,7 +322,7 @@ class AxialRoPE(nn.Module, Rotary):
         *,
         seq_len: int | Sequence[int] | None = None,
         t: float | torch.Tensor | None = None,
-        scaling=_OWN,
+        scaling=OWN_SCALING,
     ) -> Rotation:
         """The rotation of the tokens at ``pos``: positions, ``F`` and attention factor, as tensors.
 
@@ -335,19 +334,20 @@ class AxialRoPE(nn.Module, Rotary):
                 ``ar.positions_for_size(...).scaling``): its ``F`` is computed here, no module is built.
         """
         pos = self.positions(pos)
-        freqs, factor, turns = self._frequencies_for(pos, seq_len, t, scaling)
+        freqs, factor, turns = self.call_frequencies(pos, seq_len=seq_len, t=t, scaling=scaling)
         return Rotation(pos, freqs, factor, self.pairing, turns)
 
-    def _frequencies_for(
-        self, pos, seq_len, t, scaling
+    def call_frequencies(
+        self, pos: torch.Tensor | None = None, *, seq_len=None, t=None, scaling=OWN_SCALING
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """``F``, the attention factor (``None``: 1) and ``F``'s turns (``None``: float64 angles) for one call, on the
-        rope's device; ``pos`` only for the default ``seq_len``. Every branch is decided on Python values."""
+        """What :meth:`rotation` turns by, apart from the positions: ``F``, the attention factor (``None``: 1) and ``F``'s
+        turns (``None``: float64 angles), on the rope's device. ``pos`` (``[B|1, S, n_axes]``, checked) serves only
+        the default ``seq_len`` of a length-dependent method; every branch is decided on Python values."""
         if self.learned_freqs is not None:
-            if scaling is not _OWN:
+            if scaling is not OWN_SCALING:
                 raise ValueError("scaling= needs fixed frequencies; this rope learns its own (learnable=True)")
             return self.learned_freqs, (self.scale if self.scaled else None), None  # float32, with its gradient
-        methods = self.scaling if scaling is _OWN else self._methods(scaling)
+        methods = self.scaling if scaling is OWN_SCALING else self.per_axis_scaling(scaling)
         fixed = not any(m is not None and (m.length_dependent or is_time_dependent(m)) for m in methods)
         if fixed and methods == self.scaling:  # the buffers as they are
             return self.freqs, (self.scale if self.scaled else None), self.turns

@@ -29,7 +29,7 @@ class TimedRoPE(Rotary):
         self.rope, self.t = rope, sampling_time(t, rope.freqs.device, dtype)
         self.pairing, self.backend = rope.pairing, rope.backend
         # length-dependent axes need each call's seq_len: then F is computed per call from t
-        self._bound = None if rope.length_dependent else rope._frequencies_for(None, None, self.t, OWN_SCALING)
+        self._bound = None if rope.length_dependent else rope.call_frequencies(t=self.t)
 
     def rotation(self, pos, *, seq_len=None, t=None) -> Rotation:
         if t is not None:

@@ -165,6 +165,30 @@ def test_gemma_local_and_global_bases():
         ar.rope_from_config(config)
 
 
+@pytest.mark.parametrize(("top", "entry"), [(None, False), (False, None), (False, True)])
+def test_yarn_truncate_is_read_from_the_top_level_as_transformers_does(top, entry):
+    """transformers' YaRN takes ``truncate`` from the top-level ``rope_parameters`` (default True), never from a
+    layer type's entry (``_compute_yarn_parameters``): so does rope_from_config, to float32 rounding."""
+    from transformers import Gemma3TextConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    sliding = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
+    sliding |= {} if entry is None else {"truncate": entry}
+    params = {"full_attention": {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": sliding}
+    params |= {} if top is None else {"truncate": top}
+    config = Gemma3TextConfig(
+        hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=8,
+        num_hidden_layers=6, vocab_size=8, sliding_window=16, max_position_embeddings=4096, rope_parameters=params,
+    )  # fmt: skip
+    stock, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu", layer_type="sliding_attention")
+    rope = ar.rope_from_config(config, layer_type="sliding_attention")
+    torch.testing.assert_close(rope.freqs[0].float(), stock, rtol=1e-6, atol=0)
+    assert rope.attention_factor == pytest.approx(factor)
+    truncate = True if top is None else top  # the value read; the entry's would turn other planes:
+    other = ar.scaling.YaRN(4.0, 64, truncate=not truncate)(32, 10000.0, None)[0]
+    assert (other.float() - stock).abs().max() > 1e-3
+
+
 def llama4_config(**extra):
     from transformers import Llama4TextConfig
 

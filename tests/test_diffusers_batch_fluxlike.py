@@ -16,7 +16,7 @@ from conventions_support import upstream_table_bound
 
 import axial_rope as ar
 from axial_rope.conventions._registry import DIFFUSERS
-from axial_rope.conventions._tables import Sizing
+from axial_rope.conventions.tables import Sizing
 from axial_rope.scaling import RIFLEx, YaRN
 
 diffusers = pytest.importorskip("diffusers")

@@ -236,10 +236,9 @@ def test_misspelt_keys_transformers_only_warns_about_stay_refused_by_rope_from_c
     assert (got - want).abs().max() <= FORWARD32 * want.abs().max()
 
 
-def test_a_layer_entry_transformers_reads_otherwise_rotates_by_the_models_tables():
-    """transformers' YaRN reads ``truncate`` from the top-level rope_parameters even for a per-layer entry
-    (modeling_rope_utils ``_compute_yarn_parameters``); rope_from_config reads the entry's. The rebuilt rope then
-    turns otherwise (0.012 relative here): the fused attention keeps the model's tables, from_config refuses."""
+def _gemma3_yarn_entry():
+    """A Gemma 3 text model whose full-attention layer type is YaRN with ``truncate: False`` in its entry, which
+    transformers ignores: it reads ``truncate`` from the top-level rope_parameters (``_compute_yarn_parameters``)."""
     yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0, "original_max_position_embeddings": 64,
             "truncate": False}  # fmt: skip
     config = transformers.Gemma3TextConfig(**(TEXT | {"hidden_size": 64, "head_dim": 32, "max_position_embeddings": 128}),
@@ -248,7 +247,27 @@ def test_a_layer_entry_transformers_reads_otherwise_rotates_by_the_models_tables
                                                                                   "rope_theta": 1e4},
                                                             "full_attention": yarn})  # fmt: skip
     transformers.set_seed(0)
-    model = transformers.Gemma3TextModel(config).eval()
+    return transformers.Gemma3TextModel(config).eval()
+
+
+def test_a_layer_entrys_yarn_truncate_is_read_as_transformers_reads_it():
+    """rope_from_config reads ``truncate`` where transformers does (the top level), so the rebuilt rope turns as the
+    model's rotary: both layers fused by positions, from_config served."""
+    model = _gemma3_yarn_entry()
+    ids = torch.randint(7, 99, (1, 12), generator=torch.Generator().manual_seed(1))
+    want = hidden(model, ids)
+    got, handle = installed(model, ids, fuse_qk_norm=True)
+    assert handle.by_positions == 2, handle.why_tables
+    assert (got - want).abs().max() <= FORWARD32 * want.abs().max()
+    assert serves(model, from_config=True) is None
+
+
+def test_rotary_buffers_that_differ_from_the_config_keep_the_models_tables():
+    """A model whose rotary turns otherwise than its config says (here its full-attention frequencies changed by 1%
+    after loading): the fused attention keeps the model's tables, from_config refuses."""
+    model = _gemma3_yarn_entry()
+    with torch.no_grad():
+        model.rotary_emb.full_attention_inv_freq.mul_(1.01)
     ids = torch.randint(7, 99, (1, 12), generator=torch.Generator().manual_seed(1))
     want = hidden(model, ids)
     got, handle = installed(model, ids, fuse_qk_norm=True)

@@ -37,7 +37,18 @@ from . import (  # noqa: F401  (diffusers family records: they register on impor
     wan_variants,
     z_image,
 )
-from ._registry import FAMILIES, REGISTRY, Convention, table
+from ._registry import (
+    DIFFUSERS,
+    FAMILIES,
+    REGISTRY,
+    Convention,
+    DiffusersFamily,
+    PipelineUnits,
+    Timing,
+    TrainedGrid,
+    diffusers_family,
+    table,
+)
 from .cogvideox import cogvideox, cogvideox_positions
 from .cosmos import cosmos
 from .dinov3 import dinov3
@@ -46,7 +57,7 @@ from .flux import flux, flux_positions
 from .helios import helios
 from .hunyuan import hunyuan_dit, hunyuan_dit_crop, hunyuan_dit_positions, hunyuan_image, hunyuan_video
 from .llm import gpt_neox, llama, p_rope, rope_for_parameters
-from .ltx import ltx2, ltx2_audio_positions, ltx2_positions, ltx_video, ltx_video_positions
+from .ltx import ltx2, ltx2_audio_positions, ltx2_from_config, ltx2_positions, ltx_video, ltx_video_positions
 from .lumina import lumina2, lumina2_positions
 from .mochi import mochi, mochi_positions
 from .model_types import INTERLEAVED_MODEL_TYPES, MODEL_TYPES, ModelConvention
@@ -58,11 +69,12 @@ from .wan import video_grid_positions, wan, wan_axes_dim
 
 __all__ = [
     "FAMILIES", "REGISTRY", "Convention", "LayerRoPE", "INTERLEAVED_MODEL_TYPES", "MODEL_TYPES", "ModelConvention", "table",
+    "DIFFUSERS", "DiffusersFamily", "PipelineUnits", "Timing", "TrainedGrid", "diffusers_family",
     "rope_for_parameters",
     "flux", "flux_positions", "hunyuan_video", "hunyuan_image", "hunyuan_dit", "hunyuan_dit_positions",
     "hunyuan_dit_crop", "wan", "wan_axes_dim", "video_grid_positions", "cogvideox", "cogvideox_positions",
     "cosmos", "easyanimate_crop", "helios",
-    "ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions",
+    "ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions", "ltx2_from_config",
     "lumina2", "lumina2_positions", "mochi", "mochi_positions",
     "timm_cat", "timm_positions", "eva02", "timm_mixed", "dinov3",
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "mrope_positions", "videorope", "videorope_positions",

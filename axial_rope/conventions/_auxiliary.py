@@ -1,6 +1,6 @@
 """diffusers models beside a pipeline's denoising transformer (ControlNets, VAEs and decoders, condition encoders) that
 use RoPE and are not served, each with its reason: ``tests/test_diffusers_coverage.py`` counts them apart from the
-RoPE transformers, and :func:`~axial_rope.conventions._registry.diffusers_family` gives the reason to a caller."""
+RoPE transformers, and :func:`~axial_rope.conventions.diffusers_family` gives the reason to a caller."""
 
 from __future__ import annotations
 

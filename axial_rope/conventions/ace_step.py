@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from ..rope import AxialRoPE
-from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, register_diffusers
-from ._tables import grid_positions
+from .fields import field, size
+from .tables import grid_positions
 
 __all__: list[str] = []
 

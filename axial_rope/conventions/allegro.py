@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from ..rope import AxialRoPE
-from ._fields import field, kind, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import grid_positions, latent_grid
+from .fields import field, kind, size
+from .tables import grid_positions, latent_grid
 
 __all__: list[str] = []
 

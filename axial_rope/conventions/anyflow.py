@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from ..ops import has_float64
-from ._fields import field, kind, size
 from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
-from ._tables import grid_coordinates, grid_positions
+from .fields import field, kind, size
+from .tables import grid_coordinates, grid_positions
 from .wan import wan
 
 __all__ = []

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from ._fields import field
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import ids_positions
+from .fields import field
 from .flux import axes_widths, turned_axes_rope
-from .z_image import _rope as z_image_rope
+from .tables import complex_tables, ids_positions
+from .z_image import z_image_rope
 
 __all__: list[str] = []
 
@@ -96,7 +96,7 @@ register_diffusers(
         rope=z_image_rope,  # the same config fields: dim, n_heads, axes_dims, rope_theta
         tables=("module", "rope_embedder"),  # rope_embedder(ids [N, 3]) -> complex64 [N, D/2]
         positions=lambda c: lambda rope, sizing, ids: ids_positions(ids, rope, sizing),
-        layout=lambda cos, sin: torch.complex(cos[:, ::2], sin[:, ::2]),
+        layout=complex_tables,
         grid_axes=(1, 2),
         time_axis=None,
         blocks=("noise_refiner.", "layers."),

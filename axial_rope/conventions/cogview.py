@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from ..rope import AxialRoPE
-from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, builds_rope, register_diffusers
-from ._tables import grid_coordinates, grid_positions
+from .fields import field, size
+from .tables import grid_coordinates, grid_positions
 
 __all__ = ["cogview4", "cogview4_positions"]
 

@@ -12,10 +12,10 @@ every size.
 
 from __future__ import annotations
 
-from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
-from ._tables import latent_positions
 from .cogvideox import cogvideox
+from .fields import field, size
+from .tables import latent_positions
 
 __all__: list[str] = []
 

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import torch
 
 from ..rope import AxialRoPE
-from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, builds_rope, register_diffusers
-from ._tables import grid_positions, latent_grid
+from .fields import field, size
+from .tables import grid_positions, latent_grid
 
 __all__ = ["cosmos"]
 

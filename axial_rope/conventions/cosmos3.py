@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, register_diffusers
+from .fields import field, size
 from .qwen_vl import qwen3_vl
 
 __all__: list[str] = []

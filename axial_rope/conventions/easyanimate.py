@@ -9,10 +9,10 @@ positions; sized with ``mode``, the integer latent grid is sized against ``train
 
 from __future__ import annotations
 
-from ._fields import size
 from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
-from ._tables import grid_positions
 from .cogvideox import cogvideox, cogvideox_positions
+from .fields import size
+from .tables import grid_positions
 
 __all__ = ["easyanimate_crop"]
 

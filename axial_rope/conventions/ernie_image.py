@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
-from ._tables import ids_positions
+from .fields import field, size
 from .flux import flux
+from .tables import ids_positions
 
 __all__: list[str] = []
 

@@ -8,7 +8,6 @@ import torch
 
 from ..positions import grid, text_positions
 from ..rope import AxialRoPE
-from ._fields import axes_sum
 from ._registry import (
     Convention,
     DiffusersFamily,
@@ -19,7 +18,8 @@ from ._registry import (
     register,
     register_diffusers,
 )
-from ._tables import ids_positions
+from .fields import axes_sum
+from .tables import ids_positions
 
 __all__ = ["flux", "flux_positions"]  # axes_widths, turned_axes_rope: for the records
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from ..rope import AxialRoPE
-from ._fields import axes_sum, field
 from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, builds_rope, register_diffusers
-from ._tables import frames_grid_positions
+from .fields import axes_sum, field
+from .tables import frames_grid_positions
 
 __all__ = ["helios"]
 

@@ -8,10 +8,10 @@ the image rows' ``(y, x)`` (counted from their origin, 65536) and keeps the text
 
 from __future__ import annotations
 
-from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import ids_positions
+from .fields import field, size
 from .qwen_vl import qwen3_vl
+from .tables import ids_positions
 
 __all__: list[str] = []
 

@@ -15,9 +15,9 @@ import torch
 
 from ..positions import grid
 from ..rope import AxialRoPE
-from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, register_diffusers
-from ._tables import Sizing, frames_grid_positions, grid_positions
+from .fields import field, size
+from .tables import Sizing, frames_grid_positions, grid_positions
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_joyimage.py` `get_rotary_pos_embed`"
 PLUS_SOURCE = (

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from ._fields import field
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import at_index, grid_coordinates
+from .fields import field
 from .flux import flux
 from .hidream import rotation_matrices
+from .tables import at_index, grid_coordinates
 
 __all__: list[str] = []
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ._fields import axes_sum, field
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import ids_positions
+from .fields import axes_sum, field
 from .flux import flux
+from .tables import ids_positions
 
 __all__: list[str] = []
 

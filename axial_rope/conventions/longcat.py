@@ -7,10 +7,10 @@ starts after the text on both axes.
 
 from __future__ import annotations
 
-from ._fields import axes_sum
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import ids_positions
+from .fields import axes_sum
 from .flux import flux
+from .tables import ids_positions
 
 __all__: list[str] = []
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from ._fields import kind, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, register_diffusers
-from ._tables import at_index, grid_coordinates, grid_positions
+from .fields import kind, size
 from .llm import llama
+from .tables import at_index, grid_coordinates, grid_positions
 
 __all__: list[str] = []
 

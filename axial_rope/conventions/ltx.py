@@ -22,7 +22,6 @@ import torch
 
 from ..frequencies import Frequencies, PositionTransform
 from ..rope import AxialRoPE
-from ._fields import field, size
 from ._registry import (
     Convention,
     DiffusersFamily,
@@ -33,8 +32,9 @@ from ._registry import (
     register,
     register_diffusers,
 )
+from .fields import field, size
 
-__all__ = ["ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions"]
+__all__ = ["ltx_video", "ltx_video_positions", "ltx2", "ltx2_positions", "ltx2_audio_positions", "ltx2_from_config"]
 
 LTX_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_ltx.py` `LTXVideoRotaryPosEmbed`"
 LTX2_SOURCE = "diffusers 0.42.1 `models/transformers/transformer_ltx2.py` `LTX2AudioVideoRotaryPosEmbed`"
@@ -300,16 +300,21 @@ register_diffusers(
 )
 
 
-def _ltx2_rope(config, *, heads: str, head_dim: int | None = None, max_pos: int | None = None, modality="video"):
-    """One of LTX-2's four ropes: ``heads`` the config field of its head count; ``head_dim`` its width (default the
-    config's ``attention_head_dim`` or ``audio_attention_head_dim``), ``max_pos`` its time base."""
-    audio = heads.startswith("audio")
-    width = head_dim or size(config, "audio_attention_head_dim" if audio else "attention_head_dim")
+def ltx2_from_config(config, modality: str = "video", *, heads: str | None = None, head_dim: int | None = None,
+                     max_pos: int | None = None) -> AxialRoPE:
+    """One of LTX-2's four ropes from its config, the one reader of its fields (:func:`axial_rope.rope_from_config`
+    and the family record): ``modality`` ``"video"`` (``num_attention_heads``, ``attention_head_dim``,
+    ``pos_embed_max_pos``, ``base_height``, ``base_width``) or ``"audio"`` (their ``audio_*`` fields; no spatial
+    bases); ``heads``, ``head_dim``, ``max_pos`` replace the head-count field, the width and the time base (the
+    cross-attention ropes)."""
+    audio = modality == "audio"
+    prefix = "audio_" if audio else ""
+    bases = {} if audio else dict(base_height=size(config, "base_height"), base_width=size(config, "base_width"))
     return ltx2(
-        size(config, heads), width, pos_embed_max_pos=max_pos or size(config, "audio_pos_embed_max_pos" if audio
-        else "pos_embed_max_pos"), base_height=size(config, "base_height"), base_width=size(config, "base_width"),
+        size(config, heads or prefix + "num_attention_heads"), head_dim or size(config, prefix + "attention_head_dim"),
+        pos_embed_max_pos=max_pos or size(config, prefix + "pos_embed_max_pos"),
         rope_theta=float(field(config, "rope_theta")), rope_double_precision=bool(field(config, "rope_double_precision")),
-        rope_type=field(config, "rope_type"), modality=modality,
+        rope_type=field(config, "rope_type"), modality=modality, **bases,
     )  # fmt: skip
 
 
@@ -317,7 +322,7 @@ def _cross_rope(heads: str):
     def rope(config):  # the cross-attention ropes: time only, `audio_cross_attention_dim` wide, the longer base
         cross = size(config, "audio_cross_attention_dim")
         base = max(size(config, "pos_embed_max_pos"), size(config, "audio_pos_embed_max_pos"))
-        return _ltx2_rope(config, heads=heads, head_dim=cross // size(config, heads), max_pos=base, modality="audio")
+        return ltx2_from_config(config, "audio", heads=heads, head_dim=cross // size(config, heads), max_pos=base)
 
     return rope
 
@@ -381,14 +386,14 @@ register_diffusers(
     DiffusersFamily(
         name="ltx2",
         classes=("LTX2VideoTransformer3DModel",),
-        rope=lambda c: _ltx2_rope(c, heads="num_attention_heads"),
+        rope=ltx2_from_config,
         tables=("module", "rope"),  # rope(video_coords [B, 3, N, 2]) -> (cos, sin) over the hidden size
         positions=_ltx2_positions(3),
         layout=_ltx2_layout,
         producers=(
             TablesProducer(
                 ("module", "audio_rope"),
-                lambda c: _ltx2_rope(c, heads="audio_num_attention_heads", modality="audio"),
+                lambda c: ltx2_from_config(c, "audio"),
                 _ltx2_positions(1),
                 _ltx2_layout,
             ),  # audio_coords [B, 1, N, 2]
@@ -446,7 +451,7 @@ register_diffusers(
     DiffusersFamily(
         name="sana_wm_ltx2_refiner",
         classes=("SanaWMLTX2RefinerTransformer3DModel",),
-        rope=lambda c: _ltx2_rope(c, heads="num_attention_heads"),
+        rope=ltx2_from_config,
         # rope(pixel_coords), called by build_rotary_emb_for_absolute_positions for each AR window (and the sink)
         tables=("module", "rope"),
         positions=_refiner_positions,

@@ -9,7 +9,6 @@ import torch
 
 from ..positions import grid, text_positions
 from ..rope import AxialRoPE
-from ._fields import axes_sum, field, size
 from ._registry import (
     Convention,
     DiffusersFamily,
@@ -20,7 +19,8 @@ from ._registry import (
     register,
     register_diffusers,
 )
-from ._tables import grid_coordinates, grid_positions
+from .fields import axes_sum, field, size
+from .tables import grid_coordinates, grid_positions
 
 __all__ = ["lumina2", "lumina2_positions", "lumina_next"]
 

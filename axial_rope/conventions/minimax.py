@@ -11,10 +11,10 @@ Both run time from noise at 0 to data at 1.
 from __future__ import annotations
 
 from ..rope import AxialRoPE
-from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, builds_rope, register_diffusers
+from .fields import field, size
 from .llm import llama
-from .stable_audio import _sequence_positions
+from .tables import sequence_positions
 
 __all__ = []
 
@@ -71,7 +71,7 @@ register_diffusers(
         rope=_music3,
         tables=("module", "rotary_emb"),  # MiniMaxMusic3RotaryEmbedding(seq_len, device): (cos, sin) [S, r]
         timing=Timing(noise=0.0, clean=1.0),  # flow-matching time from 0 (noise) to 1 (data)
-        positions=_sequence_positions,
+        positions=sequence_positions,
         grid_axes=(0,),
         time_axis=0,
         max_diff=2e-9,  # float64 models, tables replaced; the float32 tables

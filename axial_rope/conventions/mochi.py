@@ -9,8 +9,8 @@ import torch
 from ..frequencies import Frequencies
 from ..positions import positions_for_size
 from ..rope import AxialRoPE
-from ._fields import size
 from ._registry import Convention, DiffusersFamily, PipelineUnits, builds_rope, register, register_diffusers
+from .fields import size
 
 __all__ = ["mochi", "mochi_positions"]
 

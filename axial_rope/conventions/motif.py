@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ._fields import axes_sum, field, size
 from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
-from ._tables import latent_positions
+from .fields import axes_sum, field, size
 from .hunyuan import hunyuan_video
+from .tables import latent_positions
 
 SOURCE = "diffusers 0.42.1 `models/transformers/transformer_motif_video.py` `MotifVideoRotaryPosEmbed`"
 

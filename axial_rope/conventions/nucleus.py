@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from ._fields import axes_sum
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
+from .fields import axes_sum
 from .flux import flux
-from .qwen_image import _complex, _image, _spacing, _text
+from .tables import centred_image_rows, complex_tables, diagonal_text_rows, image_spacing
 
 __all__: list[str] = []
 
@@ -26,13 +26,13 @@ def _positions(config):
             raise ValueError("NucleusMoE-Image's rotary tables need `max_txt_seq_len` (the text length)")
         shapes = video_fhw[0] if isinstance(video_fhw, list) else video_fhw  # the first sample's (all share it)
         shapes = shapes if isinstance(shapes, list) else [shapes]
-        steps, scaling = _spacing(shapes, sizing, device)
-        rows = [_image(h, w, torch.arange(idx, idx + f, device=device), steps, device)
+        steps, scaling = image_spacing(shapes, sizing, device)
+        rows = [centred_image_rows(h, w, torch.arange(idx, idx + f, device=device), steps, device)
                 for idx, (f, h, w) in enumerate(shapes)]  # fmt: skip
         _, height, width = shapes[-1]  # the text starts after the last image's half extent
         text_start = torch.maximum(height // 2 * steps[0], width // 2 * steps[1])
         image = torch.cat(rows)
-        pos = torch.cat([image, _text(text_start, int(max_txt_seq_len), device)]).float()
+        pos = torch.cat([image, diagonal_text_rows(text_start, int(max_txt_seq_len), device)]).float()
         return pos, rope.scaling if sizing is None else (None, *scaling), image.shape[0]
 
     return positions
@@ -49,7 +49,7 @@ register_diffusers(
         rope=lambda c: flux(axes_sum(c, "axes_dims_rope", "attention_head_dim")),  # per-axis spectra, theta 10000
         tables=("module", "pos_embed"),  # pos_embed(img_shapes, max_txt_seq_len=..., device=...)
         positions=_positions,
-        layout=lambda cos, sin, n_image: _complex(cos, sin).split([n_image, cos.shape[0] - n_image]),
+        layout=lambda cos, sin, n_image: complex_tables(cos, sin).split([n_image, cos.shape[0] - n_image]),
         grid_axes=(1, 2),
         time_axis=None,
         stock=("NucleusMoEAttnProcessor2_0",),

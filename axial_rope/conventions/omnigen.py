@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ..rope import AxialRoPE
 from ..scaling import LongRoPE
-from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, register_diffusers
-from ._tables import ids_positions
+from .fields import field, size
+from .tables import ids_positions
 
 __all__: list[str] = []
 

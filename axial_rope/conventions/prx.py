@@ -6,11 +6,11 @@ patches, ``[B, S, 2]``, and the tables ``[B, 1, S, D/2, 2, 2]`` (``bhsd``).
 
 from __future__ import annotations
 
-from ._fields import field, kind, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import ids_positions
+from .fields import field, kind, size
 from .flux import flux
 from .hidream import rotation_matrices
+from .tables import ids_positions
 
 __all__: list[str] = []
 

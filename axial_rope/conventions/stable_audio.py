@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from ._fields import kind, size
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import grid_positions
+from .fields import kind, size
 from .llm import llama
+from .tables import grid_positions, sequence_positions
 
 __all__ = []
 
@@ -45,15 +45,6 @@ def _stable_audio_3_head(config) -> int:
     if embed % heads:
         raise ValueError(f"{kind(config)} config: embed_dim {embed} is not divisible by num_heads {heads}")
     return _rotary_channels(config, embed // heads)
-
-
-def _sequence_positions(config):
-    """A tables module called as ``(seq_len, device)``: the token indices ``0 .. seq_len - 1``."""
-
-    def positions(rope, sizing, seq_len, device):
-        return grid_positions((seq_len,), rope, sizing, device)
-
-    return positions
 
 
 def _angles(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -90,7 +81,7 @@ register_diffusers(
         rope=lambda c: llama(_stable_audio_3_head(c), 10000.0),
         tables=("module", "rotary_pos_emb"),  # StableAudio3RotaryEmbedding(seq_len, device): angles [S, r]
         timing=Timing(noise=1.0),  # rectified flow: timestep = sigma in [0, 1]
-        positions=_sequence_positions,
+        positions=sequence_positions,
         layout=_angles,
         grid_axes=(0,),
         time_axis=0,

@@ -6,7 +6,6 @@ import torch
 
 from ..positions import grid
 from ..rope import AxialRoPE
-from ._fields import field, size
 from ._registry import (
     Convention,
     DiffusersFamily,
@@ -16,7 +15,8 @@ from ._registry import (
     register,
     register_diffusers,
 )
-from ._tables import latent_positions
+from .fields import field, size
+from .tables import latent_positions
 
 __all__ = ["wan", "wan_axes_dim", "video_grid_positions"]
 

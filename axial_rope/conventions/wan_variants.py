@@ -8,9 +8,9 @@ is linear attention)."""
 from __future__ import annotations
 
 from ..rope import AxialRoPE
-from ._fields import field, size
 from ._registry import DiffusersFamily, PipelineUnits, TrainedGrid, register_diffusers
-from ._tables import latent_positions
+from .fields import field, size
+from .tables import latent_positions
 from .wan import wan
 
 __all__: list[str] = []

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from ._fields import axes_sum, field
 from ._registry import DiffusersFamily, PipelineUnits, Timing, TrainedGrid, register_diffusers
-from ._tables import ids_positions
+from .fields import axes_sum, field
 from .flux import flux
+from .tables import complex_tables, ids_positions
 
 __all__: list[str] = []
 
@@ -35,7 +35,8 @@ def _grid(config):
     return grid
 
 
-def _rope(config):
+def z_image_rope(config):
+    """Z-Image's rope from its config (``dim``, ``n_heads``, ``axes_dims``, ``rope_theta``); Bria-Fibo 2 reads the same."""
     dim, heads = field(config, "dim"), field(config, "n_heads")
     axes = axes_sum({"axes_dims": field(config, "axes_dims"), "head": dim // heads}, "axes_dims", "head")
     return flux(axes, field(config, "rope_theta", 256.0))
@@ -46,10 +47,10 @@ register_diffusers(
     DiffusersFamily(
         name="z_image",
         classes=("ZImageTransformer2DModel",),
-        rope=_rope,
+        rope=z_image_rope,
         tables=("module", "rope_embedder"),  # rope_embedder(cat(pos_ids)): ids [N, 3], once for image, once caption
         positions=lambda c: lambda rope, sizing, ids: ids_positions(ids, rope, sizing),
-        layout=lambda cos, sin: torch.complex(cos[:, ::2], sin[:, ::2]),  # complex64 [N, D/2]
+        layout=complex_tables,  # complex64 [N, D/2]
         grid_axes=(1, 2),
         time_axis=None,
         stock=("ZSingleStreamAttnProcessor",),

@@ -165,7 +165,7 @@ def extrapolation_map(config, size: int | Sequence[int] | None = None, *, train_
         where no axis has a trained extent (pass ``train_size``).
     """
     from ..configs import rope_from_config
-    from ..conventions._registry import DIFFUSERS
+    from ..conventions import DIFFUSERS
     from .extrapolation import build_map
 
     get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)

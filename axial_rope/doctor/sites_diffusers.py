@@ -1,6 +1,6 @@
 """The doctor's view of a diffusers transformer: the tables its family record says where to find.
 
-A family record (:class:`~axial_rope.conventions._registry.DiffusersFamily`) names where the model's tables come
+A family record (:class:`~axial_rope.conventions.DiffusersFamily`) names where the model's tables come
 from (a submodule, a model method, a forward argument, a block argument) and how to compute them from that
 site's inputs: ``positions(config)`` gives the positions (and a context), ``layout`` lays channel tables out as
 the site returns them. The doctor records each call of the site (an instance attribute standing in front of
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..conventions._registry import diffusers_family
+from ..conventions import diffusers_family
 from ..ops import channel_table, rotation_tables
 from .observe import Observation
 

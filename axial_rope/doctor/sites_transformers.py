@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..configs import rope_from_config
+from ..conventions.fields import text_config
 from ..conventions.model_types import ModelConvention, model_convention
 from ..rope import AxialRoPE
 from .observe import Observation, plane_render, planes_of_tables, qk_rotation
@@ -58,11 +59,6 @@ def config_axes(text, mrope: bool):
         "max_position_embeddings")  # fmt: skip
     n = 3 if mrope else 1
     return MapAxes(("t", "h", "w") if mrope else ("position",), (trained,) * n, (None,) * n)
-
-
-def _text_config(config):
-    get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
 
 
 def _ropes(config, text) -> dict:
@@ -102,7 +98,7 @@ class TransformersSite:
         self.config = config if config is not None and rope is None else getattr(model, "config", None)
         if self.config is None:
             raise TypeError(f"{type(model).__name__} has no .config: pass config= (its transformers config)")
-        self.text = _text_config(self.config)
+        self.text = text_config(self.config)
         self.model_type = getattr(self.text, "model_type", None) or getattr(self.config, "model_type", None)
         if rope is not None:
             mrope = rope.n_axes == 3 and rope.spectrum in ("split", "cycled")

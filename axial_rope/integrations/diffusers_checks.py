@@ -4,8 +4,8 @@ and why."""
 
 from __future__ import annotations
 
-from ..conventions._registry import DiffusersFamily
-from ..conventions._tables import Sizing
+from ..conventions import DiffusersFamily
+from ..conventions.tables import Sizing
 from ..positions import POSITION_MODES
 from ..scaling import RIFLEx
 from .diffusers_policy import axis_names
@@ -32,7 +32,7 @@ def checked_scaling(family: DiffusersFamily, rope, scaling, name: str, widths: t
                 )
         scaling = tuple(scaling[a] for a in kept)
     try:
-        methods = rope._methods(scaling)
+        methods = rope.per_axis_scaling(scaling)
     except ValueError as err:
         raise ValueError(f"{name} ({family.name}: axes {words}): {err}") from err
     for a, method in zip(kept, methods):

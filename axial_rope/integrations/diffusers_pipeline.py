@@ -22,7 +22,7 @@ import inspect
 
 import torch
 
-from ..conventions._registry import PipelineUnits, diffusers_family
+from ..conventions import PipelineUnits, diffusers_family
 from .diffusers import set_rope_processors
 from .diffusers_policy import FamilyPlan, plan_family
 

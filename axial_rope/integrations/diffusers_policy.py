@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..conventions._registry import DiffusersFamily, PipelineUnits
+from ..conventions import DiffusersFamily, PipelineUnits
 from ..policy import POLICIES, AxisPlan, Plan, plan
 from ..scaling import Scaling
 
@@ -177,7 +177,7 @@ def policy_table() -> str:
     share, unit spacing beyond it; ``riflex``: RIFLEx on time where the axis has an intrinsic frequency)."""
     import warnings
 
-    from ..conventions._registry import DIFFUSERS
+    from ..conventions import DIFFUSERS
     from ..policy import PolicyWarning
 
     rows = ["| family | trained grid (tokens) | 2x sides | 1:2 wider | 2x frames |", "|---|---|---|---|---|"]

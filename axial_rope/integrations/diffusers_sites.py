@@ -1,7 +1,7 @@
 """Where a diffusers transformer's rotary tables come from, each kind of place a class that installs the adapter's
 tables there and returns its undo; and the one diffusers hook that holds an installation together.
 
-A family record names its tables site as ``(kind, name)`` (:class:`~axial_rope.conventions._registry.DiffusersFamily`
+A family record names its tables site as ``(kind, name)`` (:class:`~axial_rope.conventions.DiffusersFamily`
 ``tables``); :data:`SITES` maps each kind to its class, so a new kind of site is one new class here:
 
 - :class:`ModuleSite` ``("module", attr)``: a submodule computes the tables each forward (Flux ``pos_embed``, Wan

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..conventions._tables import Sizing
+from ..conventions.tables import Sizing
 from ..ops import channel_table, rotation_tables
 from ..rope import AxialRoPE
 

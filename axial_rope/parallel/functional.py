@@ -41,7 +41,7 @@ def sequence_parallel_attention(
         ``[B, H, L, D]``, this rank's rows of the attention output; padding rows are finite and
         meaningless (drop them with ``cp.valid()``).
     """
-    if cp._eager_check():  # first: with the ranks in agreement, the checks below fail on all or none
+    if cp.eager_check():  # first: with the ranks in agreement, the checks below fail on all or none
         cp.check_consistent(q, k, v, causal=causal, scale=scale)
     if q.ndim != 4 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2:] != q.shape[2:]:
         raise ValueError(f"q must be [B, H, L, D] and k, v [B, H_kv, L, D], got {tuple(q.shape)}, {tuple(k.shape)}")

@@ -109,8 +109,9 @@ class ContextParallel:
         )
         check_fields(self, fields, "sequence_parallel_attention", q.device)
 
-    def _eager_check(self) -> bool:
-        # a host read of gathered values: outside compiled graphs only (DESIGN.md, compile-first)
+    def eager_check(self) -> bool:
+        """Whether an eager call checks that the ranks agree (:meth:`check_consistent`): ``check`` is set, more than
+        one rank, and not inside a compiled graph (the check reads gathered values on the host)."""
         return self.check and not torch.compiler.is_compiling() and self.world > 1
 
     # -- the layout -----------------------------------------------------------------
@@ -185,7 +186,7 @@ class ContextParallel:
         the gradient of the shard is this rank's slice of the gathered tensor's gradient.
         """
         dim = dim % x.ndim
-        if self._eager_check():  # an all-gather of shards that differ in shape would abort in gloo
+        if self.eager_check():  # an all-gather of shards that differ in shape would abort in gloo
             fields = call_fields(self, {"layout": LAYOUTS}, {"x": x}, dim=dim, gather_seq_len=seq_len)
             check_fields(self, fields, "cp.gather", x.device)
         S = seq_len or self.seq_len or x.shape[dim] * self.world

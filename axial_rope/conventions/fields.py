@@ -1,12 +1,13 @@
 """Reading fields of a model config (an object with attributes, or its ``config.json`` dict) with errors that
-name the field, its value and what was expected: shared by :func:`axial_rope.rope_from_config` and the
-diffusers family records."""
+name the field, its value and what was expected: the readers :func:`axial_rope.rope_from_config`, the diffusers
+family records, the transformers adapter and the doctor share."""
 
 from __future__ import annotations
 
-__all__ = ["MISSING", "axes_sum", "field", "kind", "size"]
+__all__ = ["MISSING", "ROPE_FIELDS", "axes_sum", "field", "kind", "rope_config", "size", "text_config"]
 
 MISSING = object()
+ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta")  # where a config keeps its rope
 
 
 def field(config, name: str, default=MISSING):
@@ -17,6 +18,24 @@ def field(config, name: str, default=MISSING):
             raise ValueError(f"{kind(config)} config has no field {name!r}, which its RoPE needs")
         return default
     return value
+
+
+def text_config(config):
+    """The language model's config of a multimodal one (transformers' ``get_text_config()``; a ``config.json`` dict:
+    its ``text_config``), else the config itself: the config whose model type and modeling module serve the text."""
+    get = getattr(config, "get_text_config", None)
+    if callable(get):
+        return get()
+    text = field(config, "text_config", None)
+    return config if text is None else text
+
+
+def rope_config(config):
+    """The config whose rope fields (:data:`ROPE_FIELDS`) :func:`axial_rope.rope_from_config` reads: the config itself
+    when it holds them (a composite whose top level keeps M-RoPE's parameters), else its ``text_config``, else itself."""
+    text = field(config, "text_config", None)
+    has_rope = any(field(config, name, None) is not None for name in ROPE_FIELDS)
+    return text if text is not None and not has_rope else config
 
 
 def kind(config) -> str:

@@ -1,6 +1,6 @@
 """Positions of the tokens a diffusers model's rotary tables cover, from the inputs of the module computing them.
 
-The diffusers family records (:class:`~axial_rope.conventions._registry.DiffusersFamily`) describe each
+The diffusers family records (:class:`~axial_rope.conventions.DiffusersFamily`) describe each
 model's positions with these: a latent video's token grid (HunyuanVideo, Wan, CogVideoX, ...), a Flux-style
 id table, each optionally *sized* (``mode`` and ``train_size``: :func:`axial_rope.positions_for_size`).
 Tensor ops only; sizes may be symbolic.
@@ -17,7 +17,8 @@ from ..positions import POSITION_ONLY_MODES, grid, positions_for_size, sized_coo
 from ..rope import AxialRoPE
 
 __all__ = ["Sizing", "at_index", "frames_grid_positions", "grid_coordinates", "grid_positions", "id_extent",
-           "ids_positions", "latent_grid", "latent_positions"]  # fmt: skip
+           "ids_positions", "latent_grid", "latent_positions", "sequence_positions", "image_spacing",
+           "centred_image_rows", "diagonal_text_rows", "complex_tables"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -169,3 +170,40 @@ def frames_grid_positions(
     tt = t[..., None, None].expand(*lead, frames, hw, 1)
     yx = yx.to(t.dtype).expand(*lead, frames, hw, 2)
     return torch.cat([tt, yx], dim=-1).flatten(-3, -2), scaling
+
+
+def sequence_positions(config):
+    """``config -> (rope, sizing, seq_len, device) -> (pos, scaling)``: a tables module called as ``(seq_len, device)``
+    (Stable Audio 3, MiniMax): the token indices ``0 .. seq_len - 1``."""
+
+    def positions(rope, sizing, seq_len, device):
+        return grid_positions((seq_len,), rope, sizing, device)
+
+    return positions
+
+
+def image_spacing(shapes, sizing, device) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple]:
+    """Qwen-Image's centred images (and NucleusMoE-Image's copy): the position step of y and x (0-d float64) and their scaling, from the largest ``(h, w)`` of ``shapes``."""
+    largest = (max(s[1] for s in shapes), max(s[2] for s in shapes))
+    axes, scaling = grid_coordinates(largest, sizing, dtype=torch.float64, device=device)
+    steps = tuple(c[1] - c[0] if c.shape[0] > 1 else torch.ones((), dtype=c.dtype, device=device) for c in axes)
+    return steps, scaling
+
+
+def centred_image_rows(height: int, width: int, frame: torch.Tensor, steps, device) -> torch.Tensor:
+    """An image's rows ``[f h w, 3]`` (frame slowest), y and x centred as ``scale_rope`` centres them."""
+    ys = (torch.arange(height, dtype=torch.float64, device=device) - (height - height // 2)) * steps[0]
+    xs = (torch.arange(width, dtype=torch.float64, device=device) - (width - width // 2)) * steps[1]
+    mesh = torch.meshgrid(frame.to(torch.float64), ys, xs, indexing="ij")
+    return torch.stack(mesh, dim=-1).reshape(-1, 3)
+
+
+def diagonal_text_rows(start, length: int, device) -> torch.Tensor:
+    """``length`` text rows from ``start``, the same position on every axis: ``[length, 3]``."""
+    return (start + torch.arange(length, dtype=torch.float64, device=device))[:, None].expand(length, 3)
+
+
+def complex_tables(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Interleaved channel tables ``[S, D]`` -> complex ``freqs_cis`` ``[S, D/2]`` (upstream's complex64: Qwen-Image,
+    Z-Image, Bria-Fibo 2)."""
+    return torch.complex(cos[..., 0::2], sin[..., 0::2])
