@@ -12,8 +12,9 @@ extension points:
   is shadowed on the instance; tables passed as a forward argument (CogVideoX's) are replaced before each
   forward. Every attention processor downstream, stock or not, rotates by them. Each kind of place is a site
   class of :mod:`~axial_rope.integrations.diffusers_sites`.
-- **the processors**: in the families whose record names one (Flux, HunyuanVideo, Wan, CogVideoX, LTX-Video),
-  the stock attention processors of the rotary blocks are swapped, through ``set_attn_processor``, for
+- **the processors**: in the families whose record names one of ours (Flux, FLUX.2, Chroma, Qwen-Image,
+  HunyuanVideo and 1.5, HiDream, Wan and its copies, CogVideoX, ConsisID, LTX-Video, ...: the docs table), the
+  stock attention processors of the rotary blocks are swapped, through each attention's ``set_processor``, for
   processors that rotate by the tables passed in on axial_rope's backends (fused Triton kernels on GPU); other
   processors (IP-adapter, a user's) are left as they are, and rotate by the same tables.
 
