@@ -1,5 +1,5 @@
-"""The adapter as a diffusers hook among diffusers' own: first-block cache, group offloading and layerwise casting,
-installed before or after ours; and a model built the way ``from_pretrained`` builds it (parameters on the meta
+"""The adapter as a diffusers hook among diffusers' own: first-block cache, group offloading (block and leaf level)
+and layerwise casting, installed before or after ours; accelerate's CPU offload (sequential and whole-model); and a model built the way ``from_pretrained`` builds it (parameters on the meta
 device, then loaded). Tiny Flux (two double and two single blocks), float64; "equal" is bit for bit (the same
 operations run), except where a hook's own arithmetic differs (said at the assertion).
 
@@ -44,6 +44,8 @@ HOOKS = {
     "first block cache": lambda m: m.enable_cache(FirstBlockCacheConfig(threshold=0.05)),
     "group offloading": lambda m: m.enable_group_offload(torch.device("cpu"), torch.device("cpu"),
                                                          offload_type="block_level", num_blocks_per_group=1),
+    "leaf-level group offloading": lambda m: m.enable_group_offload(torch.device("cpu"), torch.device("cpu"),
+                                                                    offload_type="leaf_level"),
     "layerwise casting": lambda m: m.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn,
                                                               compute_dtype=torch.float64),
 }  # fmt: skip
@@ -99,4 +101,28 @@ def test_built_on_the_meta_device_then_loaded_as_from_pretrained_does():
     set_rope_processors(model, policy="auto", train_size=TRAINED)
     model.to_empty(device="cpu")
     model.load_state_dict(_model().state_dict())
+    assert torch.equal(_run(model, _inputs(2)), want)
+
+
+@pytest.mark.parametrize("ours_first", [True, False], ids=["ours first", "offload first"])
+@pytest.mark.parametrize("offload", ["sequential", "model"])
+def test_cpu_offload_runs_the_installed_model(offload, ours_first):
+    # accelerate's hooks, as diffusers' enable_sequential_cpu_offload / enable_model_cpu_offload place them (here with
+    # the CPU as the execution device): weights on the meta device or offloaded between calls. Our processors read
+    # a norm's weights only where calling it would do nothing more (diffusers_processors._hooked)
+    import accelerate
+
+    explicit = _model()
+    set_rope_processors(explicit, policy="auto", train_size=TRAINED)
+    want = _run(explicit, _inputs(2))
+    model = _model()
+    install = lambda: set_rope_processors(model, policy="auto", train_size=TRAINED)  # noqa: E731
+    if ours_first:
+        install()
+    if offload == "sequential":
+        accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    else:
+        accelerate.cpu_offload_with_hook(model, execution_device=torch.device("cpu"))
+    if not ours_first:
+        install()
     assert torch.equal(_run(model, _inputs(2)), want)

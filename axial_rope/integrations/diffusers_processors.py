@@ -27,6 +27,7 @@ __all__ = [
     "FluxRopeProcessor",
     "HunyuanVideoRopeProcessor",
     "WanRopeProcessor",
+    "SkyReelsV2RopeProcessor",
     "CogVideoXRopeProcessor",
 ]
 
@@ -74,7 +75,7 @@ def read_norm(norm_q, norm_k, heads: int, head_dim: int, dtype: torch.dtype) -> 
     ``dtype``: the input's (``torch.nn.RMSNorm`` with ``eps=None`` uses its machine epsilon).
     """
     kind = _KINDS.get(type(norm_q))
-    if kind is None or type(norm_k) is not type(norm_q):
+    if kind is None or type(norm_k) is not type(norm_q) or _hooked(norm_q) or _hooked(norm_k):
         return None
     widths = {getattr(m, "normalized_shape", getattr(m, "dim", None)) for m in (norm_q, norm_k)}
     eps = {m.eps for m in (norm_q, norm_k)}
@@ -87,6 +88,16 @@ def read_norm(norm_q, norm_k, heads: int, head_dim: int, dtype: torch.dtype) -> 
     eps = torch.finfo(dtype).eps if eps is None else float(eps)
     bias = lambda m: getattr(m, "bias", None)
     return QKNorm(kind, norm_q.weight, norm_k.weight, bias(norm_q), bias(norm_k), eps, span)
+
+
+def _hooked(norm) -> bool:
+    """Whether calling ``norm`` does more than its fields say: a hook that brings its weights (accelerate's
+    sequential CPU offload keeps them on the meta device between calls, diffusers' leaf-level group offloading on
+    another device) or casts them (layerwise casting) runs in its forward, so it is called, not read."""
+    return (
+        hasattr(norm, "_hf_hook") or hasattr(norm, "_diffusers_hook") or bool(norm._forward_pre_hooks)
+        or bool(norm._forward_hooks) or norm.weight is None or norm.weight.device.type == "meta"
+    )  # fmt: skip
 
 
 def _head_mask(attn, mask: torch.Tensor | None, batch: int, seq: int) -> torch.Tensor | None:
@@ -252,6 +263,10 @@ class HunyuanVideoRopeProcessor(_RopeProcessor):
 class WanRopeProcessor(_RopeProcessor):
     """Wan self- and cross-attention: QK-norm over all heads at once, RoPE in self-attention (fused there); ``bshd``."""
 
+    # the context-parallel config for cross-attention too: Wan leaves it out there (diffusers PR #12909), SkyReels-V2's
+    # copy of the processor does not (transformer_skyreels_v2.py SkyReelsV2AttnProcessor)
+    cross_parallel = False
+
     def __call__(
         self,
         attn,
@@ -291,11 +306,17 @@ class WanRopeProcessor(_RopeProcessor):
                 k_img, v_img = attn.add_k_proj(context_img), attn.add_v_proj(context_img)
             k_img = attn.norm_added_k(k_img).unflatten(2, (attn.heads, -1))
             v_img = v_img.unflatten(2, (attn.heads, -1))
-            out_img = self._attend(q, k_img, v_img, parallel=False)
-        out = self._attend(q, k, v, attention_mask, parallel=encoder_hidden_states is None)
+            out_img = self._attend(q, k_img, v_img, parallel=self.cross_parallel)
+        out = self._attend(q, k, v, attention_mask, parallel=self.cross_parallel or encoder_hidden_states is None)
         if out_img is not None:
             out = out + out_img
         return attn.to_out[1](attn.to_out[0](out))
+
+
+class SkyReelsV2RopeProcessor(WanRopeProcessor):
+    """SkyReels-V2: Wan's attention (transformer_skyreels_v2.py), the context-parallel config in every attention."""
+
+    cross_parallel = True
 
 
 class CogVideoXRopeProcessor(_RopeProcessor):
