@@ -50,10 +50,9 @@ __all__ = [
 
 
 def default_axes_dim(head_dim: int) -> tuple[int, int, int]:
-    """Wan's split of a head over (t, y, x): ``y`` and ``x`` get ``2 * (D // 6)``, ``t`` the rest (all even)."""
-    yx = 2 * (head_dim // 6)
-    t = head_dim - 2 * yx
-    return (t - t % 2, yx, yx)
+    """Wan's split of a head over (t, y, x) (:func:`axial_rope.conventions.wan_axes_dim`): ``y`` and ``x`` get
+    ``2 * (D // 6)``, ``t`` the rest; an odd ``D`` leaves its last channel unrotated."""
+    return ar.conventions.wan_axes_dim(head_dim - head_dim % 2)
 
 
 @dataclass(frozen=True)
