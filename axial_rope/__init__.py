@@ -3,12 +3,14 @@
 The public API (fixed; see the README and docs/): ``inv_freq`` and ``scaling`` for
 frequency schedules, ``grid`` and friends for positions, ``AxialRoPE`` for the rotary
 layout of a head, ``apply_rope`` for table-based rotation; ``layers`` and ``KVCache``
-for attention and DiT blocks built on them; ``frequencies`` (the general frequency model),
+for attention and DiT blocks built on them (``attend``: the attention's paths, ``Sdpa``, ``Cached``, ``Varlen``,
+``Sharded``); ``frequencies`` (the general frequency model),
 ``conventions`` (every production convention, pinned to its upstream code) and
 ``rope_from_config`` (a transformers or diffusers config to its rope).
 """
 
-from . import cache, conventions, convert, frequencies, layers, positions, scaling
+from . import attend, cache, conventions, convert, frequencies, layers, positions, scaling
+from .attend import Cached, Sdpa, Sharded, Varlen
 from .cache import KVCache
 from .configs import rope_from_config
 from .frequencies import Frequencies, PositionTransform
@@ -20,6 +22,11 @@ from .scaling import inv_freq
 
 __all__ = [
     "Attention",
+    "attend",
+    "Cached",
+    "Sdpa",
+    "Sharded",
+    "Varlen",
     "AxialRoPE",
     "DiTBlock",
     "FinalLayer",

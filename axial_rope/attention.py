@@ -1,8 +1,9 @@
-"""Multi-head attention with RoPE: QK-norm fused with the rotation, GQA, masks, causal flag, KV cache.
+"""Multi-head attention with RoPE, one straight path: project -> norm + rotate -> attend -> output.
 
-Everything positional goes through :class:`~axial_rope.AxialRoPE`; attention itself is
-PyTorch's fused ``scaled_dot_product_attention``. Tokens are ``x [B, S, C]`` at
-coordinates ``pos [S, n_axes]`` or ``[B, S, n_axes]``.
+The rotation is one :class:`~axial_rope.ops.rotation.Rotation` (or :class:`~axial_rope.ops.rotation.QKRotation`)
+per call, built from ``pos`` and the rope where the caller gives positions; QK-norm is fused with it. The attend step
+is one record of :mod:`axial_rope.attend` (SDPA, a KV cache, a packed sequence, a sharded one). Tokens are
+``x [B, S, C]`` at coordinates ``pos [S, n_axes]`` or ``[B, S, n_axes]``.
 """
 
 from __future__ import annotations
@@ -11,17 +12,14 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .cache import KVCache
+from .attend import Cached, Sdpa, Sharded, Varlen, attend_record
 from .init import deferred_init
 from .ops import norm_rotate, rotate
 from .ops.rotation import QKRotation, Rotation
-from .parallel import ContextParallel, sequence_parallel_attention
 from .rope import AxialRoPE
 from .rotary import check_rotation
-from .varlen import Segments, check_packed_attention, varlen_attention
 
 __all__ = ["Attention", "QK_NORMS", "FACTOR_PLACEMENTS", "uniform_attention_factor", "xavier_linear"]
 
@@ -45,31 +43,6 @@ def uniform_attention_factor(rope: AxialRoPE) -> float:
             f"attention factor in the softmax scale needs one factor for all axes: {err}; "
             "use factor_placement='rope' for per-axis factors"
         ) from err
-
-
-def _allow(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Tensor:
-    """Restrict an SDPA mask (bool: True = attend, or additive float) to ``allowed`` (bool)."""
-    if mask is None:
-        return allowed
-    if mask.dtype == torch.bool:
-        return mask & allowed
-    return torch.where(allowed, mask, torch.full_like(mask, float("-inf")))
-
-
-def _check_context_parallel(mask, cache, rope: AxialRoPE | None, seq_len) -> None:
-    """What a sequence-parallel call cannot take, refused before any work (and any collective)."""
-    if cache is not None:
-        raise ValueError("context_parallel does not take a KV cache (decoding is not sequence-parallel)")
-    if mask is not None:
-        raise ValueError(
-            "context_parallel takes no mask: each rank holds only its shard of the keys; padding to a "
-            "multiple of the ranks is masked by the ContextParallel itself (cp.for_length(S))"
-        )
-    if rope is not None and rope.length_dependent and seq_len is None:
-        raise ValueError(
-            "a length-dependent scaling under context_parallel needs seq_len= (the global length): "
-            "each rank sees only its shard's positions and would pick a different frequency schedule"
-        )
 
 
 class Attention(nn.Module):
@@ -155,8 +128,17 @@ class Attention(nn.Module):
             q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
         return q.view(B, S, H, D), k.view(B, S, Hk, D), v.view(B, S, Hk, D)  # bshd
 
-    def _rotation(self, pos, rope, seq_len, rotation) -> tuple[Rotation | QKRotation | None, float]:
-        """The rotation of this call and the softmax gain (the attention factor squared, softmax placement)."""
+    def rotation_for(
+        self,
+        pos: torch.Tensor | None = None,
+        *,
+        rope: AxialRoPE | None = None,
+        seq_len: int | Sequence[int] | None = None,
+        rotation: Rotation | QKRotation | None = None,
+    ) -> tuple[Rotation | QKRotation | None, float]:
+        """The rotation of one call and its softmax gain: ``rotation`` as given, else built from ``pos`` by ``rope``
+        (default the module's); ``None`` without a rope. The gain is 1, or the attention factor squared where
+        ``factor_placement="softmax"`` puts it into the softmax scale (the rotation then at unit amplitude)."""
         in_softmax = self.factor_placement == "softmax"
         if rotation is not None:
             if not isinstance(rotation, (Rotation, QKRotation)):
@@ -170,8 +152,11 @@ class Attention(nn.Module):
                     "instead of rotation=, which carries it as a tensor"
                 )
             return rotation, 1.0
+        rope = self.rope if rope is None else rope
         if rope is None:
             return None, 1.0
+        if pos is None:
+            raise ValueError("pos (or rotation=) is required when the attention has a rope")
         rotation = rope.rotation(pos, seq_len=seq_len)
         if not in_softmax:
             return rotation, 1.0
@@ -197,107 +182,48 @@ class Attention(nn.Module):
         x: torch.Tensor,
         pos: torch.Tensor | None = None,
         *,
-        mask: torch.Tensor | None = None,
-        rope: AxialRoPE | None = None,
         rotation: Rotation | QKRotation | None = None,
-        cache: KVCache | None = None,
-        input_pos: torch.Tensor | None = None,
-        cache_write: bool = True,
+        attend: Sdpa | Cached | Varlen | Sharded | None = None,
+        rope: AxialRoPE | None = None,
         seq_len: int | Sequence[int] | None = None,
-        context_parallel: ContextParallel | None = None,
-        segments: Segments | None = None,
+        **attend_options,
     ) -> torch.Tensor:
-        """Attend over the tokens of ``x`` (and, with a cache, over the cached ones).
+        """Attend over the tokens of ``x``: project, norm and rotate q and k, attend, project out.
 
         Args:
-            x: ``[B, S, C]``.
-            pos: coordinates ``[S, n_axes]`` or ``[B, S, n_axes]`` (1-D: ``[S]``); with a cache,
-                defaults to ``input_pos``.
-            mask: SDPA mask broadcastable to ``[B, H, S, S_k]`` (bool: True = attend; or additive float).
+            x: ``[B, S, C]`` (with :class:`~axial_rope.attend.Sharded`: this rank's ``[B, L, C]``).
+            pos: coordinates ``[S, n_axes]`` or ``[B, S, n_axes]`` (1-D: ``[S]``), turned into the rotation by
+                ``rope`` (default the module's); with a cache, defaults to its ``input_pos``.
+            rotation: the rotation itself instead of ``pos`` (``rope.rotation(pos, ...)``, computed once per forward
+                by a model and passed to every block); a :class:`~axial_rope.ops.rotation.QKRotation` turns the
+                queries by its ``query`` and the keys by its ``key`` (a cache then holds keys turned by ``key``: roll
+                it with ``cache.advance(n, rotation.key)``).
+            attend: the attend step, one of :mod:`axial_rope.attend`'s records: ``Sdpa(mask)`` (the default),
+                ``Cached(cache, input_pos, write, mask)``, ``Varlen(segments)``, ``Sharded(cp)``.
             rope: replaces the module's rope for this call (any rope-like object, e.g. ``rope.at_time(t)``).
-            rotation: instead of ``pos`` and a rope, the rotation itself (``rope.rotation(pos, ...)``), e.g.
-                computed once per forward by a model and passed to every block; a
-                :class:`~axial_rope.ops.rotation.QKRotation` turns the queries by its ``query`` and the keys by its
-                ``key`` (a cache then holds keys turned by ``key``: roll it with ``cache.advance(n, rotation.key)``).
-            cache: a :class:`KVCache`; the new keys are rotated once, written at ``input_pos``, and
-                the queries attend to every slot written so far (causal: those ``<= input_pos``).
-            input_pos: int ``[S]``, cache slots of the new tokens (needed with ``cache``).
-            cache_write: ``False``: read without writing (:meth:`KVCache.peek`): the queries attend to the
-                cached slots and to the new tokens (causal: those before them), and the cache is left as it was;
-                ``mask`` then spans ``S_max + S`` keys (the slots, then the new tokens).
             seq_len: length per axis for length-dependent scaling (see :meth:`AxialRoPE.forward`).
-            context_parallel: a :class:`~axial_rope.parallel.ContextParallel`: ``x [B, L, C]`` and ``pos``
-                are this rank's shard (``cp.shard(x)``, ``cp.positions(pos)``: global coordinates) of a
-                sequence of ``cp.seq_len`` tokens, and attention spans the whole sequence across the
-                group (ring or Ulysses). Collective: every rank of the group calls it. No mask or cache.
-            segments: a packed sequence's boundaries (:class:`~axial_rope.varlen.Segments`): the ``B * S``
-                tokens of ``x`` hold several items end to end and each attends within its own item
-                (:func:`~axial_rope.varlen.varlen_attention`, the device's fastest path). No mask or cache.
+            attend_options: the keyword form of ``attend`` (:func:`~axial_rope.attend.attend_record`): ``mask=`` is
+                ``Sdpa(mask)``; ``cache=``, ``input_pos=``, ``cache_write=`` (and ``mask=``) are
+                ``Cached(cache, input_pos, cache_write, mask)``; ``segments=`` is ``Varlen(segments)``;
+                ``context_parallel=`` is ``Sharded(context_parallel)``.
 
         Returns:
-            ``[B, S, C]`` (with ``context_parallel``: ``[B, L, C]``, this rank's rows).
+            ``[B, S, C]`` (sharded: ``[B, L, C]``, this rank's rows).
         """
         if x.ndim != 3:
             raise ValueError(f"x must be [B, S, C], got shape {tuple(x.shape)}")
         B, S, _ = x.shape
-        rope = self.rope if rope is None else rope
-        if cache is not None and input_pos is None:
-            raise ValueError("a KV cache needs input_pos, the int [S] slots of the new tokens")
-        if pos is None and cache is not None:
-            pos = input_pos
-        if rope is not None and pos is None and rotation is None:
-            raise ValueError("pos (or rotation=) is required when the attention has a rope")
-        if rotation is not None:
-            rope = None  # the rotation replaces the rope for this call
-        if context_parallel is not None:
-            _check_context_parallel(mask, cache, rope, seq_len)
-        if segments is not None:
-            excluded = {"mask": mask, "cache": cache, "context_parallel": context_parallel}
-            check_packed_attention(x, pos, segments, rope=rope, seq_len=seq_len, **excluded)
-        backend = getattr(rope if rope is not None else self.rope, "backend", None)
-        rotation, gain = self._rotation(pos, rope, seq_len, rotation)
-        q, k, v = self._project(x)
+        attend = attend_record(attend, **attend_options)  # one record: the paths exclude each other by construction
+        if pos is None and isinstance(attend, Cached):
+            pos = attend.input_pos
+        call_rope = None if rotation is not None else (self.rope if rope is None else rope)  # what builds it
+        attend.check(x, pos, call_rope, seq_len)  # before any work, and before any collective
+        rotation, gain = self.rotation_for(pos, rope=rope, seq_len=seq_len, rotation=rotation)
+        q, k, v = self._project(x)  # [B, S, H, D], [B, S, H_kv, D] x 2
+        backend = getattr(self.rope if call_rope is None else call_rope, "backend", None)
         q, k = self._norm_and_rotate(q, k, rotation, backend)
-        if segments is not None:  # packed: [B * S] tokens of several items, attention within each
-            scale = gain / math.sqrt(self.head_dim)
-            out = varlen_attention(*(t.flatten(0, 1) for t in (q, k, v)), segments, causal=self.causal, scale=scale)
-            return self.proj(out.reshape(B, S, self.num_heads * self.head_dim))
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, D] for SDPA
-        if context_parallel is not None:  # S is this rank's L; rotation above used its global positions
-            scale = gain / math.sqrt(self.head_dim)
-            out = sequence_parallel_attention(q, k, v, context_parallel, causal=self.causal, scale=scale)
-            return self.proj(out.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
-        is_causal = False
-        if cache is not None and not cache_write:  # the slots, then the new tokens: [B, H_kv, S_max + S, D]
-            k, v, filled = cache.peek(k, v)
-            k, v = k.to(q.dtype), v.to(q.dtype)
-            visible = filled[None, :].expand(S, -1)  # [S, S_max + S]
-            if self.causal:  # every written slot is earlier; among the new tokens, those up to each query
-                new = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
-                visible = visible & torch.cat([visible[:, : cache.max_seq_len], new], dim=1)
-            mask = _allow(mask, visible)
-        elif cache is not None:
-            k, v = cache.update(input_pos, k, v)  # [B, H_kv, S_max, D], keys rotated when written
-            k, v = k.to(q.dtype), v.to(q.dtype)  # a cache kept in another dtype is read in the model's
-            visible = cache.filled[None, :].expand(S, -1)  # [S, S_max]: never-written slots stay hidden
-            if self.causal:
-                slots = torch.arange(cache.max_seq_len, device=x.device)
-                visible = visible & (slots[None, :] <= input_pos[:, None])
-            mask = _allow(mask, visible)
-        elif self.causal and mask is None:
-            is_causal = True
-        elif self.causal:
-            mask = _allow(mask, torch.ones(S, S, dtype=torch.bool, device=x.device).tril())
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=is_causal,
-            scale=gain / math.sqrt(self.head_dim),
-            enable_gqa=self.num_kv_heads != self.num_heads,
-        )
-        return self.proj(out.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
+        out = attend(q, k, v, causal=self.causal, scale=gain / math.sqrt(self.head_dim))  # [B, S, H, D]
+        return self.proj(out.reshape(B, S, self.num_heads * self.head_dim))
 
     def extra_repr(self) -> str:
         return (

@@ -1,4 +1,5 @@
-"""Transformer blocks on axial RoPE: the adaLN-Zero DiT block, embedders, patches (and attention, re-exported).
+"""Transformer blocks on axial RoPE: the adaLN-Zero DiT block, embedders, patches (attention and its attend records,
+re-exported).
 
 Everything positional goes through :class:`~axial_rope.AxialRoPE` (and so through
 whichever kernel backend is available); nothing here computes an angle. Tokens are
@@ -16,16 +17,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attend import Cached, Sdpa, Sharded, Varlen, attend_record
 from .attention import FACTOR_PLACEMENTS, QK_NORMS, Attention, xavier_linear
-from .cache import KVCache
 from .init import deferred_init
 from .ops.rotation import QKRotation, Rotation
-from .parallel import ContextParallel
 from .rope import AxialRoPE
 from .segments import Segments
 
 __all__ = [
     "Attention",
+    "Cached",
+    "Varlen",
+    "Sdpa",
+    "Sharded",
     "DiTBlock",
     "FinalLayer",
     "LabelEmbedder",
@@ -125,34 +129,29 @@ class DiTBlock(nn.Module):
         c: torch.Tensor,
         pos: torch.Tensor | None = None,
         *,
-        mask: torch.Tensor | None = None,
-        rope: AxialRoPE | None = None,
         rotation: Rotation | QKRotation | None = None,
+        attend: Sdpa | Cached | Varlen | Sharded | None = None,
+        rope: AxialRoPE | None = None,
         seq_len: int | Sequence[int] | None = None,
-        context_parallel: ContextParallel | None = None,
-        segments: Segments | None = None,
         frame: int | None = None,
-        cache: KVCache | None = None,
-        input_pos: torch.Tensor | None = None,
-        cache_write: bool = True,
+        **attend_options,
     ) -> torch.Tensor:
         """x ``[B, S, C]``, conditioning c ``[B, C]`` (or per token ``[B, S, C]``, or per frame ``[B, T, C]``
-        with ``frame`` tokens per frame, ``S = T * frame``), pos (or rotation) as in :class:`Attention`;
-        ``cache``, ``input_pos`` and ``cache_write`` go to the attention (:class:`Attention`).
+        with ``frame`` tokens per frame, ``S = T * frame``); pos (or rotation), ``rope``, ``seq_len`` and ``attend``
+        go to the attention (:meth:`Attention.forward`), ``attend`` as one record or in its keyword form
+        (``attend_options``: ``mask``, ``cache``, ``input_pos``, ``cache_write``, ``context_parallel``, ``segments``).
 
-        With ``context_parallel`` (passed to the attention), ``x`` and ``pos`` are this rank's shard
-        ``[B, L, C]`` and ``c`` is the same on every rank of the group; only attention communicates.
-        With ``segments``, ``x [1, T, C]`` is a packed sequence of ``N`` items, ``c [N, C]`` one
+        Sharded (:class:`~axial_rope.attend.Sharded`): ``x`` and ``pos`` are this rank's shard ``[B, L, C]`` and
+        ``c`` is the same on every rank of the group; only attention communicates. Packed
+        (:class:`~axial_rope.attend.Varlen`): ``x [1, T, C]`` is a packed sequence of ``N`` items, ``c [N, C]`` one
         conditioning per item, and attention stays within each item.
         """
+        attend = attend_record(attend, **attend_options)
+        segments = attend.segments if isinstance(attend, Varlen) else None  # one conditioning row per item
         mods = _per_token(self.adaLN_modulation(c), segments, frame).chunk(6, dim=-1)  # each [B, 1 | S, C]
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
         h = modulate(self.norm1(x), shift_msa, scale_msa)
-        attn = self.attn(
-            h, pos, mask=mask, rope=rope, rotation=rotation, seq_len=seq_len, context_parallel=context_parallel,
-            segments=segments, cache=cache, input_pos=input_pos, cache_write=cache_write,
-        )  # fmt: skip
-        x = x + gate_msa * attn
+        x = x + gate_msa * self.attn(h, pos, rotation=rotation, attend=attend, rope=rope, seq_len=seq_len)
         return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 
 

@@ -276,20 +276,16 @@ def varlen_attention(
     return _PATHS[choice.name](q, k, v, segments, causal, scale, k.shape[1] != q.shape[1])
 
 
-def check_packed_attention(x: torch.Tensor, pos, segments: Segments, *, rope=None, seq_len=None, **excluded) -> None:
-    """What :class:`~axial_rope.Attention` with ``segments=`` refuses, before any work: x ``[B, S, C]`` with
-    ``B * S`` the packed tokens, pos ``[B * S | S, n_axes]`` or ``[B, S, n_axes]`` on the same device; a
-    length-dependent rope without ``seq_len`` (it would read the whole pack's length, not each item's);
-    ``excluded`` (mask, cache, context_parallel) given."""
+def check_packed_attention(x: torch.Tensor, pos, segments: Segments, *, rope=None, seq_len=None) -> None:
+    """What :class:`~axial_rope.attend.Varlen` refuses, before any work: x ``[B, S, C]`` with ``B * S`` the packed
+    tokens, pos ``[B * S | S, n_axes]`` or ``[B, S, n_axes]`` on the same device; a length-dependent rope without
+    ``seq_len`` (it would read the whole pack's length, not each item's). (A mask, a cache or context parallelism
+    beside segments: :func:`~axial_rope.attend.attend_record`.)"""
     if rope is not None and rope.length_dependent and seq_len is None:
         raise ValueError(
             "a length-dependent scaling on a packed sequence would see the whole pack's length: pass "
             "rope=packed.rope(model_rope) (each item its own lengths, axial_rope.packed_rope.item_rope)"
         )
-    mask, cache, context_parallel = (excluded.get(name) for name in ("mask", "cache", "context_parallel"))
-    for name, given in (("a mask", mask), ("a KV cache", cache), ("context_parallel", context_parallel)):
-        if given is not None:
-            raise ValueError(f"segments (packed attention within each item) do not take {name}")
     if not isinstance(segments, Segments):
         raise TypeError(f"segments must be an axial_rope.varlen.Segments, got {type(segments).__name__}")
     segments.check("x (its B * S tokens)", x.flatten(0, 1))

@@ -305,8 +305,9 @@ class DiT(nn.Module):
         t = batch_timesteps(t, packed.n_items, x.device)
         check_labels(y, self.y_embedder, packed.n_items)
         c = self.t_embedder(t) + self.y_embedder(y, force_drop_ids)  # [N, C]: modulation per image, then per token
+        attend = ar.Varlen(segments)  # attention within each image
         for block in self.blocks:
-            x = block(x, c, rotation=rotation, segments=segments)
+            x = block(x, c, rotation=rotation, attend=attend)
         x = self.final_layer(x, c, segments=segments)  # [1, T, p * p * out]
         return [unpatchify(o.reshape(1, -1, o.shape[-1]), o.shape[:2], p, out)[0] for o in unpack(packed, x)]
 

@@ -242,8 +242,9 @@ class VideoDiT(nn.Module):
         check_time_range(t, T_SCALE, temporal_scaling)  # refused outside [0, 1000], not clamped
         rotation = self.rope.rotation(pos, seq_len=seq_len, scaling=(temporal_scaling, None, None), t=noise_level(t))
         c = self.condition(t, y, cond, force_drop_ids)  # [B, C]: the same on every rank of the group
+        attend = ar.Sdpa(mask) if cp is None else ar.Sharded(cp)  # cp takes no mask (refused above)
         for block in self.blocks:
-            x = block(x, c, rotation=rotation, mask=mask, context_parallel=cp, frame=frame)
+            x = block(x, c, rotation=rotation, attend=attend, frame=frame)
         x = self.final_layer(x, c, frame=frame)  # [B, S | L, p_t * p_y * p_x * out_channels]
         if not gather:
             # a tensor of its own: nn.Linear on [B, L, C] returns a view of its 2-D product, and FSDP2, which
@@ -298,8 +299,9 @@ class VideoDiT(nn.Module):
         rotation, segments = packed.rope(self.rope).rotation(packed.pos), packed.segments  # each video its own F
         t = batch_timesteps(t, packed.n_items, x.device)
         c = self.condition(t, y, cond, force_drop_ids)  # [N, C]: modulation per video, then per token
+        attend = ar.Varlen(segments)  # attention within each video
         for block in self.blocks:
-            x = block(x, c, rotation=rotation, segments=segments)
+            x = block(x, c, rotation=rotation, attend=attend)
         x = self.final_layer(x, c, segments=segments)  # [1, T, prod(patch) * out]
         out = self.out_channels
         return [unpatchify(o.reshape(1, -1, o.shape[-1]), o.shape[:3], patch, out)[0] for o in unpack(packed, x)]

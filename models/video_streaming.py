@@ -134,9 +134,7 @@ def forward_frames(
     c = model.condition(t, y, cond, force_drop_ids)  # [B, C] | [B, t_c, C]
     per_frame = frame if t.ndim == 2 else None
     for block, cache in zip(model.blocks, caches):
-        h = block(
-            h, c, rotation=rotation, mask=mask, frame=per_frame, cache=cache, input_pos=slots, cache_write=cache_write
-        )
+        h = block(h, c, rotation=rotation, attend=ar.Cached(cache, slots, cache_write, mask), frame=per_frame)
     out = model.final_layer(h, c, frame=per_frame)  # [B, S_c, prod(patch) * out_channels]
     return unpatchify(out, grid, model.config.patch_size, model.out_channels)
 
