@@ -21,9 +21,8 @@ for the reference DiTs and everywhere else in the library:
 - ``"normalize"``: centred cell centres, the longest axis spanning the trained extent
   (aspect kept): unit spacing at the trained size.
 
-Before this, ``"interpolate"`` also stretched grids smaller than the trained one, and
-``"normalize"`` was DINOv3's ``[-1, 1]`` per axis times ``2 pi``; for DINOv3's coordinates,
-override :meth:`GridRoPE.positions` (set the subclass as ``grid_rope_cls``).
+DINOv3's coordinates (``[-1, 1]`` per axis times ``2 pi``) are a subclass overriding :meth:`GridRoPE.positions`
+(set as ``grid_rope_cls``).
 
 The weights carry their positional settings (``rope_config``): another ``rope_theta`` or
 trained grid is a load error, another ``rope_positions`` or ``rope_scaling`` a warning; a
