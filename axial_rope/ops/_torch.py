@@ -25,6 +25,7 @@ Two paths compute the same thing:
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import torch
@@ -53,29 +54,28 @@ def rotate_expr(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: 
     return torch.cat((out, x[..., 2 * n :]), dim=-1)
 
 
-def _chunks(shape: torch.Size, limit: int):
-    """Chunks of x ``[d0, d1, d2, D]`` of at most ``limit`` elements (one row if a row is larger).
-
-    Yields ``((start, length),) * 3`` over the first three axes: whole leading slices
-    when they fit, so a small tensor is a single chunk.
-    """
+def _steps(shape: torch.Size, limit: int) -> tuple[int, int, int]:
+    """How many of each of the first three axes of x ``[d0, d1, d2, D]`` one chunk of at most ``limit`` elements takes
+    (one row if a row is larger): whole leading slices when they fit, so a small tensor is a single chunk."""
     d0, d1, d2, d = shape
     step2 = min(d2, max(1, limit // d))
     step1 = min(d1, max(1, limit // (d2 * d))) if step2 == d2 else 1
     step0 = min(d0, max(1, limit // (d1 * d2 * d))) if step1 == d1 else 1
-    for a0 in range(0, d0, step0):
-        for a1 in range(0, d1, step1):
-            for a2 in range(0, d2, step2):
-                yield (a0, min(step0, d0 - a0)), (a1, min(step1, d1 - a1)), (a2, min(step2, d2 - a2))
+    return step0, step1, step2
 
 
-def _index(ranges) -> tuple[slice, ...]:
-    return tuple(slice(start, start + length) for start, length in ranges)
+def _split(t: torch.Tensor, step: int, dim: int):
+    """``t``'s views of ``step`` along ``dim``, or all of ``t`` again and again where it broadcasts along ``dim``."""
+    return itertools.repeat(t) if t.shape[dim] == 1 else t.split(step, dim)
 
 
-def _cut(t: torch.Tensor, ranges) -> torch.Tensor:
-    """A table's part for one chunk (kept whole along axes where it broadcasts)."""
-    return t[tuple(slice(None) if size == 1 else index for size, index in zip(t.shape, _index(ranges)))]
+def _chunk_views(x: torch.Tensor, out: torch.Tensor, tables: tuple, steps: tuple[int, int, int]):
+    """``(x chunk, out chunk, table chunks)`` views, cut by one ``split`` per axis and level (in C: the per-chunk cost
+    in Python is a tuple from ``zip``, which is what lets chunks be cache-sized)."""
+    s0, s1, s2 = steps
+    for x0, o0, *t0 in zip(x.split(s0, 0), out.split(s0, 0), *(_split(t, s0, 0) for t in tables)):
+        for x1, o1, *t1 in zip(x0.split(s1, 1), o0.split(s1, 1), *(_split(t, s1, 1) for t in t0)):
+            yield from zip(x1.split(s2, 2), o1.split(s2, 2), *(_split(t, s2, 2) for t in t1))
 
 
 def _as_complex(t: torch.Tensor) -> torch.Tensor | None:
@@ -118,8 +118,10 @@ def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tens
     return buf[:, :numel]
 
 
-def _rotate_chunk(src: torch.Tensor, dst: torch.Tensor, tables: tuple, pairing: str, work: torch.Tensor) -> None:
-    """Rotate one chunk ``src`` ``[.., 2n]`` into ``dst`` (may be ``src``); ``work``: ``[2, >= chunk]`` cache-sized.
+def _rotate_chunk(src: torch.Tensor, dst: torch.Tensor, tables: tuple, pairing: str, work: torch.Tensor,
+                  views: dict) -> None:  # fmt: skip
+    """Rotate one chunk ``src`` ``[.., 2n]`` into ``dst`` (may be ``src``); ``work``: ``[2, >= chunk]`` cache-sized,
+    ``views``: its views per chunk shape, made once per call (most chunks share one shape).
 
     src is read once and dst written once. Inputs in another dtype than the compute dtype
     (bf16, fp16) go through the work buffer (converted on the way in, rounded once on the
@@ -129,12 +131,15 @@ def _rotate_chunk(src: torch.Tensor, dst: torch.Tensor, tables: tuple, pairing: 
     """
     converted = src.dtype != work.dtype or pairing == "interleaved"  # complex views need the contiguous buffer
     if converted:
-        w = work[0, : src.numel()].view(src.shape)
+        if src.shape not in views:
+            w = work[0, : src.numel()].view(src.shape)
+            views[src.shape] = (w, _as_complex(w) if pairing == "interleaved" else None)
+        w, wz = views[src.shape]
         w.copy_(src)
     else:
         w = dst if dst.data_ptr() == src.data_ptr() and dst.stride() == src.stride() else dst.copy_(src)
     if pairing == "interleaved":
-        _as_complex(w).mul_(tables[0])
+        wz.mul_(tables[0])
     else:
         cos, sin = tables
         n = cos.shape[-1]
@@ -169,16 +174,19 @@ def _rotate_into(x: torch.Tensor, tables: tuple, pairing: str, out: torch.Tensor
                 out[..., 2 * n :].copy_(x[..., 2 * n :])
             return out
     limit = CHUNK if x.device.type == "cpu" else x.numel()  # accelerators: one chunk (launches are the cost)
-    work = _scratch(min(limit + x.shape[-1], x.numel()), dtype, x.device)
-    for ranges in _chunks(x.shape, limit):
-        if limit >= x.numel():  # one chunk: no slicing (small tensors pay per op)
-            xc, oc, tc = x, out, tables
+    work, views = _scratch(min(limit + x.shape[-1], x.numel()), dtype, x.device), {}
+    partial = 2 * n < x.shape[-1]
+    if limit >= x.numel():  # one chunk: no slicing (small tensors pay per op)
+        chunks = [(x, out, *tables)]
+    else:
+        chunks = _chunk_views(x, out, tables, _steps(x.shape, limit))  # [n0, n1, n2, D] views
+    for xc, oc, *tc in chunks:
+        if partial:
+            _rotate_chunk(xc[..., : 2 * n], oc[..., : 2 * n], tc, pairing, work, views)
+            if out is not x:
+                oc[..., 2 * n :].copy_(xc[..., 2 * n :])
         else:
-            xc, oc = x[_index(ranges)], out[_index(ranges)]  # [n0, n1, n2, D] views
-            tc = tuple(_cut(t, ranges) for t in tables)
-        _rotate_chunk(xc[..., : 2 * n], oc[..., : 2 * n], tc, pairing, work)
-        if 2 * n < x.shape[-1] and out is not x:
-            oc[..., 2 * n :].copy_(xc[..., 2 * n :])
+            _rotate_chunk(xc, oc, tc, pairing, work, views)
     return out
 
 
@@ -224,6 +232,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing: str,
         prepared[dtype] = _kernel_tables(cos, sin, dtype, pairing)
     if inplace:  # the dispatcher sends in-place calls only when no gradient is to be recorded
         return _rotate_into(x, prepared[dtype], pairing, out=x)
+    if not (torch.is_grad_enabled() and x.requires_grad):  # nothing to record: no autograd node per call
+        return _rotate_into(x, prepared[dtype], pairing)
     return _RotateByTable.apply(x, pairing, *prepared[dtype])
 
 
