@@ -301,15 +301,18 @@ def test_an_unsupported_model_is_refused_naming_its_model_type_and_the_served_fa
 
 
 _IMPORT_CHECK = """
-import importlib, sys
+import importlib, inspect, sys
 assert not any(name.startswith("axial_rope") for name in sys.modules)
 modules = [importlib.import_module(f"transformers.models.{n}.modeling_{n}") for n in sys.argv[1:]]
 before = {(m.__name__, k): v for m in modules for k, v in vars(m).items()}
-forwards = {(m.__name__, k): v.forward for m in modules for k, v in vars(m).items() if hasattr(v, "forward")}
+# getattr_static: the class's forward function, not a bound method made anew per read (kernels' function modules)
+forwards = {(m.__name__, k): inspect.getattr_static(v, "forward") for m in modules for k, v in vars(m).items()
+            if hasattr(v, "forward")}
 for name in ("axial_rope", "axial_rope.integrations.transformers", "axial_rope.integrations.transformers_rotation"):
     importlib.reload(importlib.import_module(name))
 changed = [key for m in modules for key, v in vars(m).items() if before.get((m.__name__, key), v) is not v]
-changed += [key for key, f in forwards.items() if getattr(vars(sys.modules[key[0]])[key[1]], "forward") is not f]
+changed += [key for key, f in forwards.items()
+            if inspect.getattr_static(vars(sys.modules[key[0]])[key[1]], "forward") is not f]
 assert not changed, changed
 print(len(modules), len(before))
 """

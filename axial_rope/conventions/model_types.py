@@ -34,7 +34,7 @@ class ModelConvention:
 # (2j, 2j+1): a complex view, repeat_interleave or an interleaving rotate_half
 INTERLEAVED_MODEL_TYPES = frozenset({
     "blt", "blt_global_transformer", "blt_local_decoder", "blt_local_encoder", "blt_patcher", "cohere",
-    "cohere2", "cohere2_moe", "deepseek_v2", "ernie4_5", "ernie4_5_moe", "glm", "glm4", "glm_ocr",
+    "cohere2", "cohere2_moe", "deepseek_v2", "ergo", "ernie4_5", "ernie4_5_moe", "glm", "glm4", "glm_ocr",
     "glm_ocr_text", "helium", "llama4", "llama4_text", "moonshine", "openai_privacy_filter", "pe_video_encoder"
 })  # fmt: skip
 # rotate_half over (j, j + D/2): the Llama convention
@@ -46,10 +46,10 @@ HALF_MODEL_TYPES = frozenset({
     "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma", "gemma2", "gemma3", "gemma3_text",
     "glm4_moe", "glmasr", "glmasr_encoder", "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite",
     "granite_docling_text", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoehybrid",
-    "granitemoeshared", "gte", "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4",
+    "granitemoeshared", "gte", "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3",
     "hyperclovax", "idefics", "jais2", "jetmoe", "jina_embeddings_v3", "kolibri1", "kyutai_speech_to_text",
     "laguna", "lara_mini", "lasr_encoder", "lfm2", "lfm2_moe", "llama", "mellum", "mimi", "mimi_decoder",
-    "mimi_encoder", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "minimax_m3_vl", "minimax_m3_vl_text",
+    "mimi_encoder", "mimo_v2_flash", "minicpm3", "minicpm5_moe", "minimax", "minimax_m2", "minimax_m3_vl", "minimax_m3_vl_text",
     "ministral", "ministral3", "mistral", "mixtral", "mllama", "mllama_text_model", "modernbert",
     "modernbert-decoder", "molmo2", "molmo2_text", "moshi", "muse_glimmer", "muse_glimmer_assistant",
     "muse_glimmer_text", "muse_spark_text", "nanochat", "nemotron", "nemotron3_5_transcribe_asr_audio",
@@ -89,7 +89,7 @@ _PARTIAL_MROPE = "its M-RoPE sections cover a partial rotary width, which rope_f
 # model types whose config rope_from_config could read, but whose rotation it would not reproduce
 REFUSED: dict[str, str] = {
     **dict.fromkeys(("axk1", "axk2", "bailing_hybrid", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
-                     "mistral4", "mistral_large4", "mistral_large4_text", "youtu"), _DEINTERLEAVED),
+                     "hy_v4", "mistral4", "mistral_large4", "mistral_large4_text", "youtu"), _DEINTERLEAVED),
     **dict.fromkeys(("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "glm_image", "glm_image_text", "qwen3_5",
                      "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), _PARTIAL_MROPE),
     **dict.fromkeys(("gptj", "codegen"), "its rotary covers `rotary_dim` channels, interleaved (rotate_every_two)"),

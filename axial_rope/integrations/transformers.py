@@ -106,7 +106,8 @@ def _plan_functions(config) -> tuple[str, conventions.ModelConvention, ModuleTyp
                 f"{module.__name__}.{name} is already axial_rope's: another handle is installed on this modeling "
                 "module (remove() it first; the rebinding is process-wide)"
             )
-        if not str(getattr(fn, "__module__", "")).startswith("transformers."):
+        plain = rotary_code.plain_function(fn)
+        if plain is None or not str(getattr(plain, "__module__", "")).startswith("transformers."):
             raise RuntimeError(
                 f"{module.__name__}.{name} is {fn.__module__}.{getattr(fn, '__qualname__', fn)}, not transformers' "
                 "own: the model was patched by another library (Liger-Kernel, Unsloth, kernels' hub layer); "
@@ -123,7 +124,8 @@ def _plan_functions(config) -> tuple[str, conventions.ModelConvention, ModuleTyp
 
 
 def _transformers_own(fn) -> bool:
-    return str(getattr(inspect.unwrap(fn), "__module__", "")).startswith(("transformers.", "torch."))
+    plain = rotary_code.plain_function(fn)
+    return plain is not None and str(getattr(plain, "__module__", "")).startswith(("transformers.", "torch."))
 
 
 def _check_classes(module: ModuleType) -> None:

@@ -2,7 +2,7 @@
 
 Three pieces, each reproducing a piece of stock code whose source it recognises by digest (the
 function's syntax tree without decorators, docstring and comments, :func:`digest`), pinned for
-transformers 5.24.0; code with another digest is not served:
+transformers 5.24.0 and 5.25.0; code with another digest is not served:
 
 - :func:`rotation_function`: the module-level rotation (``apply_rotary_pos_emb(q, k, cos, sin,
   unsqueeze_dim=1)``, Llama 4's ``apply_rotary_emb(xq, xk, freqs_cis)``) rotating by the tables the
@@ -35,7 +35,7 @@ from ..ops import apply_rope, rms_norm, rotation_tables
 from ..rope import AxialRoPE
 
 __all__ = ["AGREEMENT", "BODIES", "FORMS", "NORMS", "KINDS", "ROPE_CHILD", "ConfigRotary", "FusedForm", "digest",
-           "disagreement", "fused_forward", "norm_digest", "reduce_as_stock", "rotation_function"]  # fmt: skip
+           "disagreement", "fused_forward", "norm_digest", "plain_function", "reduce_as_stock", "rotation_function"]  # fmt: skip
 
 ROPE_CHILD = "axial_rope"  # the child module holding the rope of a fused attention that rotates by positions
 
@@ -82,9 +82,26 @@ FORMS = {
 NORMS = {"7f6be55b177fa1d7": 0.0, "2dad5f5760750e09/6dc7d2ba16b4048a": 1.0}
 
 
+def plain_function(fn: Callable) -> Callable | None:
+    """The Python function behind ``fn``: ``fn`` itself, or the one a ``kernels`` function module wraps.
+
+    From transformers 5.25 with the ``kernels`` package installed (a dependency since then), a function decorated
+    ``@use_kernel_forward_from_hub`` (``apply_rotary_pos_emb``) is an ``nn.Module`` instance whose class ``forward``
+    calls the function it closes over (``kernels/_internals/layer/layer.py``, ``_create_func_module``). None when
+    ``kernelize`` has given the instance a forward of its own: it then runs a hub kernel, not the stock source.
+    """
+    if not isinstance(fn, nn.Module):
+        return inspect.unwrap(fn)
+    forward = type(fn).forward
+    wrapped = inspect.getclosurevars(forward).nonlocals.get("func") if forward.__closure__ else None
+    if "forward" in vars(fn) or not callable(wrapped):
+        return None
+    return inspect.unwrap(wrapped)
+
+
 def digest(fn: Callable) -> str:
     """16 hex digits of ``fn``'s syntax tree without decorators, docstring and comments."""
-    node = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))).body[0]
+    node = ast.parse(textwrap.dedent(inspect.getsource(plain_function(fn) or fn))).body[0]
     node.decorator_list = []
     first = node.body[0]
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
