@@ -261,6 +261,30 @@ def test_a_model_patched_by_another_library_is_refused(monkeypatch):
     assert modeling_llama.apply_rotary_pos_emb.__module__ == modeling_llama.__name__  # nothing left behind
 
 
+def test_a_kernels_function_module_is_read_through_and_a_kernelized_one_refused(monkeypatch):
+    """transformers 5.25 with ``kernels``: apply_rotary_pos_emb is a function module calling the stock function (its
+    digest is the stock one); once ``kernelize`` gives the instance a forward of its own, it runs a hub kernel."""
+    import copy
+
+    from transformers.models.llama import modeling_llama
+
+    from axial_rope.integrations import transformers_rotation as rotary_code
+
+    fn = modeling_llama.apply_rotary_pos_emb
+    if not isinstance(fn, torch.nn.Module):
+        pytest.skip("this transformers keeps apply_rotary_pos_emb a function (no kernels function module)")
+    plain = rotary_code.plain_function(fn)
+    assert plain is not fn and plain.__name__ == "apply_rotary_pos_emb" and rotary_code.digest(fn) in rotary_code.BODIES
+    kernelized = copy.copy(fn)
+    kernelized.forward = lambda *args, **kwargs: args[:2]  # what kernelize binds: a hub kernel's forward
+    assert rotary_code.plain_function(kernelized) is None
+    with monkeypatch.context() as patch:
+        patch.setattr(modeling_llama, "apply_rotary_pos_emb", kernelized)
+        with pytest.raises(RuntimeError, match="patched by another library"):
+            apply_axial_rope(ts.case("llama").model)
+    assert modeling_llama.apply_rotary_pos_emb is fn
+
+
 def test_liger_kernel_patch_is_detected():
     liger = pytest.importorskip("liger_kernel.transformers")
     from transformers.models.llama import modeling_llama
