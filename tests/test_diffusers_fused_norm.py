@@ -3,8 +3,9 @@
 Our processors serve Flux (per-head RMSNorm, its text tokens by their own norms), HunyuanVideo (per-head
 RMSNorm, video tokens), Wan (RMSNorm across heads), CogVideoX (per-head LayerNorm, video tokens) and LTX-Video
 (RMSNorm across heads, its table over the hidden size as one head), and the families whose stock attention is one
-of those: Chroma (Flux's), ConsisID (CogVideoX's), Wan VACE, Wan Animate and ChronoEdit (Wan's, copied into their
-files: the same code). For each, unscaled and scaled: the fused
+of those: Chroma, Bria and Bria-Fibo (Flux's, or its steps copied), ConsisID (CogVideoX's), Wan VACE, Wan Animate and
+ChronoEdit (Wan's, copied into their files: the same code), and SkyReels-V2 (Wan's, the context-parallel config passed
+to cross-attention too: SkyReelsV2RopeProcessor). For each, unscaled and scaled: the fused
 call is taken; in float64 the output equals the processor's unfused path (the model's norm modules called in
 float64, then the float64 rotation), an equality of two float64 evaluations; in float32 it is within a stated
 bound of the stock model's (whose rotation, diffusers' ``apply_rotary_emb``, computes in float32 even for
@@ -31,16 +32,18 @@ from models import tiny_diffusers as tiny  # noqa: E402
 # the five processors' own families, then the classes whose record names one of them for its stock processor
 FAMILIES = ("flux", "hunyuan_video", "wan", "cogvideox", "ltx_video", "ChromaTransformer2DModel",
             "ConsisIDTransformer3DModel", "WanVACETransformer3DModel", "WanAnimateTransformer3DModel",
-            "ChronoEditTransformer3DModel", "HunyuanVideoFramepackTransformer3DModel")  # fmt: skip
+            "ChronoEditTransformer3DModel", "HunyuanVideoFramepackTransformer3DModel",
+            "SkyReelsV2Transformer3DModel", "BriaTransformer2DModel", "BriaFiboTransformer2DModel")  # fmt: skip
 SCALABLE = tuple(f for f in FAMILIES if f != "ltx_video")  # LTX-Video's per-head schedule takes no scaling
 _POSITIONAL = ("img_ids", "txt_ids", "image_rotary_emb")  # positions and upstream's tables keep their dtype
 
 
 def _model(family: str, dtype: torch.dtype):
     model, inputs = _ltx() if family == "ltx_video" else tiny.build(family)
-    cast = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() and k not in _POSITIONAL else v
-            for k, v in inputs.items()}  # fmt: skip
-    return model.to(dtype).eval(), cast
+    cast = lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+    inputs = {k: v if k in _POSITIONAL else [cast(t) for t in v] if isinstance(v, list) else cast(v)
+              for k, v in inputs.items()}  # fmt: skip  (Bria-Fibo's text_encoder_layers: a list of states)
+    return model.to(dtype).eval(), inputs
 
 
 def _run(model, inputs) -> torch.Tensor:
@@ -170,3 +173,26 @@ def test_read_norm_reads_weights_eps_and_span():
     assert read(torch.nn.RMSNorm(8), torch.nn.LayerNorm(8), 3, 8, torch.float32) is None
     assert read(torch.nn.RMSNorm(10), torch.nn.RMSNorm(10), 3, 8, torch.float32) is None
     assert read(None, None, 3, 8, torch.float32) is None
+
+
+@pytest.mark.parametrize("name,cross", [("WanTransformer3DModel", False), ("SkyReelsV2Transformer3DModel", True)])
+def test_cross_attention_gets_the_parallel_config_where_stock_passes_it(name, cross, monkeypatch):
+    # SkyReelsV2AttnProcessor passes its context-parallel config to every attention, WanAttnProcessor to
+    # self-attention only (diffusers PR #12909): one WanRopeProcessor for both would drop it, or pass it, wrongly
+    model, inputs = _model(name, torch.float32)
+    set_rope_processors(model)
+    config = object()  # what set_attention_backend's parallel setup leaves on the processor
+    for module in model.modules():
+        if type(getattr(module, "processor", None)).__module__.startswith("axial_rope"):
+            module.processor._parallel_config = config
+    seen = []
+    real = diffusers_processors.dispatch_attention_fn
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape[1] == k.shape[1], kw["parallel_config"] is config))  # (self-attention, config passed)
+        return real(q, k, v, **dict(kw, parallel_config=None))
+
+    monkeypatch.setattr(diffusers_processors, "dispatch_attention_fn", spy)
+    _run(model, inputs)
+    assert {passed for is_self, passed in seen if is_self} == {True}
+    assert {passed for is_self, passed in seen if not is_self} == {cross}

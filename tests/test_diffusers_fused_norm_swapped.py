@@ -1,5 +1,7 @@
 """Our processors for Qwen-Image (``diffusers_qwen_image``), FLUX.2 (``diffusers_flux2``), HunyuanVideo 1.5
-(``diffusers_hunyuan_video15``) and HiDream (``diffusers_hidream``): QK-norm and rotation as one
+(``diffusers_hunyuan_video15``), HiDream (``diffusers_hidream``), FLUX.3 (``diffusers_flux3``), Bria-Fibo 2
+(``diffusers_bria_fibo2``), Ideogram 4 (``diffusers_ideogram4``), CogView4 and GLM-Image (``diffusers_cogview4``):
+QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -12,6 +14,8 @@ whole and over sizes without recompiling (tests/test_compile_diffusers.py's chec
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -26,15 +30,22 @@ from test_diffusers_fused_norm import _float64_norms  # noqa: E402
 from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
 from axial_rope.integrations import diffusers_processors  # noqa: E402
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
+from axial_rope.integrations.diffusers_bria_fibo2 import BriaFibo2RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_cogview4 import CogView4RopeProcessor, GlmImageRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_flux2 import Flux2RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_flux3 import Flux3RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hidream import HiDreamRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_ideogram4 import Ideogram4RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_qwen_image import QwenImageRopeProcessor, complex_tables  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 
 PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Transformer2DModel": Flux2RopeProcessor,
               "HunyuanVideo15Transformer3DModel": HunyuanVideo15RopeProcessor,
-              "HiDreamImageTransformer2DModel": HiDreamRopeProcessor}  # fmt: skip
+              "HiDreamImageTransformer2DModel": HiDreamRopeProcessor, "Flux3Transformer2DModel": Flux3RopeProcessor,
+              "BriaFibo2Transformer2DModel": BriaFibo2RopeProcessor,
+              "Ideogram4Transformer2DModel": Ideogram4RopeProcessor, "CogView4Transformer2DModel": CogView4RopeProcessor,
+              "GlmImageTransformer2DModel": GlmImageRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -63,7 +74,9 @@ def _swap(model) -> tuple[list[str], callable]:
 def _norm_width(model) -> int:
     """The widest query norm (``norm_q``; HiDream's ``q_rms_norm``, across heads): the ``n`` of its error bound."""
     norms = [getattr(m, a) for m in model.modules() for a in ("norm_q", "q_rms_norm") if hasattr(m, a)]
-    return max(n.weight.numel() for n in norms if isinstance(n, torch.nn.Module))
+    # (a LayerNorm without affine weights, CogView4's: its normalized_shape)
+    return max(math.prod(getattr(n, "normalized_shape", None) or n.weight.shape) for n in norms
+               if isinstance(n, torch.nn.Module))  # fmt: skip
 
 
 @pytest.fixture
@@ -87,12 +100,17 @@ def test_fused_equals_norm_then_rotation_in_float64(name, scaled, fused_calls, m
     model, inputs = _model(name, torch.float64, depth=DEPTH[name])
     stock = _run(model, inputs)
     n_axes = DIFFUSERS[name].rope(model.config).n_axes
-    handle = set_rope_processors(model, scaling=(None,) * (n_axes - 1) + (ar.scaling.Linear(2.0),) if scaled else None)
+    scaling = (None,) * (n_axes - 1) + (ar.scaling.Linear(2.0),)
+    if name == "Ideogram4Transformer2DModel":  # one spectrum cycled through its axes: one scaling for them all
+        scaling = ar.scaling.Linear(2.0)
+    handle = set_rope_processors(model, scaling=scaling if scaled else None)
     names, undo = _swap(model)
     assert len(names) >= 2
     _float64_norms(model)
     fused = _run(model, inputs)
-    assert len(fused_calls) >= len(names)  # every swapped processor fused (a joint block: once per stream)
+    # every swapped processor that rotates fused (a joint block: once per stream); Bria-Fibo 2's cross-attention to
+    # the text (its injection blocks) is swapped too and rotates nothing
+    assert len(fused_calls) >= len([n for n in names if "cross_attention" not in n])
     monkeypatch.setattr(diffusers_processors, "read_norm", lambda *a, **kw: None)  # the norm modules called
     unfused = _run(model, inputs)
     # two float64 evaluations of one model, the same arithmetic but for the order within the norm and the rotation:
@@ -140,7 +158,8 @@ def test_compiles_without_recompiling(name, check):
     _swap(model)
     torch._dynamo.reset()
     time = DIFFUSERS[name].timing.argument
-    later = dict(inputs, **{time: inputs[time] * 0.5})  # the next sampling step
+    t = inputs[time]
+    later = dict(inputs, **{time: t * 0.5 if t.is_floating_point() else t // 2})  # the next step, same dtype
     if check == "repeated blocks":
         if not model._repeated_blocks:
             pytest.skip(f"{name} declares no _repeated_blocks")
@@ -194,3 +213,36 @@ def test_hidream_rotates_the_first_half_of_a_wider_head_as_stock(fused_calls):
     delta = 2 * (attn.inner_dim / 2 + 14) * U32
     for a, b in zip(ours, stock):
         torch.testing.assert_close(a, b, atol=4 * delta * float(b.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("name", ["CogView4Transformer2DModel", "GlmImageTransformer2DModel"])
+def test_cogview4_and_glm_image_masks_and_kv_cache_as_stock(name, fused_calls):
+    # the joint mask from the text's padding (stock's 0/1 float mask), and GLM-Image's KV cache: the rotated keys of
+    # a "write" forward prepended in a "read" one; ours against the stock processor on one attention module
+    from diffusers.models.transformers.transformer_glm_image import GlmImageLayerKVCache
+
+    model, _ = _model(name, torch.float32)
+    attn = model.transformer_blocks[0].attn1
+    stock_processor = attn.processor
+    g = torch.Generator().manual_seed(0)
+    x, text = torch.randn(2, 6, attn.query_dim, generator=g), torch.randn(2, 3, attn.query_dim, generator=g)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    angles = torch.rand(6, attn.inner_dim // attn.heads // 2, generator=g, dtype=torch.float64) * 6  # [S_img, D/2]
+    tables = tuple(torch.cat([f(angles)] * 2, -1).float() for f in (torch.cos, torch.sin))  # half pairing
+    glm = name == "GlmImageTransformer2DModel"
+    outputs = []
+    for processor in (stock_processor, PROCESSORS[name]()):
+        kw = {}
+        if glm:  # write this forward's keys, then read them back before the next one's
+            kw["kv_cache"] = cache = GlmImageLayerKVCache()
+            cache.mode = "write"
+            with torch.no_grad():
+                processor(attn, x[:1], text[:1], image_rotary_emb=tables, **kw)
+            cache.mode = "read"
+        with torch.no_grad():
+            outputs.append(processor(attn, x, text, attention_mask=None if glm else mask, image_rotary_emb=tables, **kw))
+    assert fused_calls
+    # one attention layer, per-head norm of D channels: 4 delta of the values' scale (as above)
+    delta = 2 * (attn.inner_dim // attn.heads / 2 + 14) * U32
+    for ours, stock in zip(outputs[1], outputs[0]):
+        torch.testing.assert_close(ours, stock, atol=4 * delta * float(stock.abs().max()), rtol=0)

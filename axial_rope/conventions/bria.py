@@ -33,6 +33,7 @@ def _record(name: str, cls: str, processor: str, source: str, trained: tuple[Tra
         time_axis=None,
         widths=axes_widths,
         stock=(processor,),
+        processor="FluxRopeProcessor",  # BriaAttnProcessor, BriaFiboAttnProcessor: FluxAttnProcessor's steps, copied
         qk_norm="rms",  # BriaAttnProcessor, BriaFiboAttnProcessor: RMSNorms over D, then apply_rotary_emb
         max_diff=0.0,
         source=source,
@@ -100,6 +101,8 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         blocks=("noise_refiner.", "layers."),
+        stock=("BriaFibo2AttnProcessor",),
+        processor="BriaFibo2RopeProcessor",
         qk_norm="rms",  # BriaFibo2AttnProcessor: norm_q, norm_k (RMSNorm over D), then its apply_rotary_emb
         timing=Timing(noise=1.0),  # its timestep is the noise level in [0, 1]: 1 pure noise, 0 clean
         grid=(("hidden_states",), _fibo2_grid),

@@ -93,7 +93,10 @@ register_diffusers(
         name="cogview4",
         classes=("CogView4Transformer2DModel",),
         positions=_cogview4_positions,
-        stock=("CogView4AttnProcessor", "CogView4TrainingAttnProcessor"),
+        # CogView4TrainingAttnProcessor (packed variable-length batches) stays stock: CogView4RopeProcessor
+        # reproduces CogView4AttnProcessor only
+        stock=("CogView4AttnProcessor",),
+        processor="CogView4RopeProcessor",
         qk_norm="layer",  # CogView4AttnProcessor: norm_q, norm_k (LayerNorm over D, no affine), then apply_rotary_emb
         timing=Timing(noise=1000.0),  # CogView4Pipeline: flow-match timesteps = 1000 sigma
         refused_modes=(("interpolate", "its own rows interpolate already (every size spans `rope_axes_dim` rows, "
@@ -115,6 +118,7 @@ register_diffusers(
         classes=("GlmImageTransformer2DModel",),
         positions=_glm_positions,
         stock=("GlmImageAttnProcessor",),
+        processor="GlmImageRopeProcessor",
         qk_norm="layer",  # GlmImageAttnProcessor: norm_q, norm_k (LayerNorm over D, no affine), then apply_rotary_emb
         timing=Timing(noise=1000.0),  # GlmImagePipeline passes 1000 sigma - 1
         max_diff=3e-9,

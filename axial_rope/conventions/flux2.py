@@ -67,6 +67,7 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         stock=("Flux3AttnProcessor",),
+        processor="Flux3RopeProcessor",
         blocks=("txt_mode_blocks.", "mode_blocks.", "single_transformer_blocks."),
         qk_norm="rms",  # Flux3AttnProcessor: norm_q, norm_k (RMSNorm over D, of float32 q, k), then apply_rotary_emb
         timing=Timing(noise=1.0),  # the flow timestep in [0, 1]; the transformer multiplies by 1000

@@ -52,6 +52,8 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         blocks=("layers.",),
+        stock=("Ideogram4AttnProcessor",),
+        processor="Ideogram4RopeProcessor",
         qk_norm="rms",  # Ideogram4AttnProcessor: norm_q, norm_k (RMSNorm over D), then the rotation
         timing=Timing(noise=0.0, clean=1.0),  # flow-matching time in [0, 1]: 0 pure noise, 1 clean
         # float64 models, tables replaced: 7.2e-6 measured; the stock angles are float32 products at positions past

@@ -1,9 +1,9 @@
 """Wan's rotary tables in other diffusers models: ``rope(hidden_states)`` returning ``[1, S, 1, D]`` cos and sin
 over the latent video's ``(t, y, x)`` grid (copies of ``WanRotaryPosEmbed``). Where a model's attention is Wan's
 (``WanAttention`` with ``WanAttnProcessor``, the same code: Wan VACE, Wan Animate, ChronoEdit) our
-``WanRopeProcessor`` replaces the stock processor and fuses its RMSNorm across heads with the rotation; the others
-keep their own processors (SkyReels-V2's passes its context-parallel config to cross-attention too, SANA-Video's
-is linear attention)."""
+``WanRopeProcessor`` replaces the stock processor and fuses its RMSNorm across heads with the rotation, as
+``SkyReelsV2RopeProcessor`` does for SkyReels-V2 (whose processor, a copy of Wan's, passes its context-parallel config
+to cross-attention too); SANA-Video keeps its own (linear attention)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ WAN_ANIMATE_TRAINED_SOURCE = (
 )
 _wan_copy("skyreels_v2", ("SkyReelsV2Transformer3DModel",), ("SkyReelsV2AttnProcessor",),
           _DIFFUSERS + "transformer_skyreels_v2.py` `SkyReelsV2RotaryPosEmbed`", 0.0,
+          processor="SkyReelsV2RopeProcessor",  # SkyReelsV2AttnProcessor: Wan's, the parallel config everywhere
           trained=(TrainedGrid("SkyReels-V2 540P", (97, 544, 960), SKYREELS_V2_TRAINED_SOURCE),
                    TrainedGrid("SkyReels-V2 720P", (121, 720, 1280), SKYREELS_V2_TRAINED_SOURCE)))  # fmt: skip
 _wan_copy("wan_vace", ("WanVACETransformer3DModel",), ("WanAttnProcessor",),

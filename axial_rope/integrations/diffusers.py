@@ -54,7 +54,17 @@ from ..policy import Plan
 from ..scaling import Scaling
 
 # the processor modules beside diffusers_processors: imported so that their processors register (PROCESSORS)
-from . import diffusers_flux2, diffusers_hidream, diffusers_hunyuan_video15, diffusers_ltx, diffusers_qwen_image  # noqa: F401
+from . import (  # noqa: F401
+    diffusers_bria_fibo2,
+    diffusers_cogview4,
+    diffusers_flux2,
+    diffusers_flux3,
+    diffusers_hidream,
+    diffusers_hunyuan_video15,
+    diffusers_ideogram4,
+    diffusers_ltx,
+    diffusers_qwen_image,
+)
 from .diffusers_checks import checked_scaling, checked_sizing
 from .diffusers_policy import FamilyPlan, plan_family
 from .diffusers_processors import PROCESSORS

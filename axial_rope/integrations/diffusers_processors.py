@@ -33,25 +33,25 @@ __all__ = [
 
 
 class Tables:
-    """The ``(cos, sin)`` a processor is passed, as ``[S, D]`` interleaved channel tables (any stock layout; ``[B, S,
-    D]`` for tables per item, as HiDream's), and the rotation of q and k by them."""
+    """The ``(cos, sin)`` a processor is passed, as ``[S, D]`` channel tables of ``pairing`` (any stock layout; ``[B,
+    S, D]`` for tables per item, as HiDream's), and the rotation of q and k by them."""
 
-    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, backend: str | None):
-        self.cos, self.sin, self.backend = cos, sin, backend
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, backend: str | None, pairing: str = "interleaved"):
+        self.cos, self.sin, self.backend, self.pairing = cos, sin, backend, pairing
 
     @classmethod
-    def passed(cls, tables, backend: str | None) -> Tables:
+    def passed(cls, tables, backend: str | None, pairing: str = "interleaved") -> Tables:
         cos, sin = tables  # Flux / HunyuanVideo / CogVideoX: [S, D]; Wan: [1, S, 1, D]
-        return cls(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), backend)
+        return cls(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), backend, pairing)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-        rotate = lambda x: apply_rope(x, self.cos, self.sin, "interleaved", layout, self.backend)
+        rotate = lambda x: apply_rope(x, self.cos, self.sin, self.pairing, layout, self.backend)
         return rotate(q), rotate(k)
 
     def norm_rotate(self, q: torch.Tensor, k: torch.Tensor, norm: QKNorm, layout: str, rows: slice = slice(None)):
         """q and k normalised as ``norm`` says, then rotated by the tables' ``rows`` (their tokens), in one call."""
         cos, sin = self.cos[..., rows, :], self.sin[..., rows, :]
-        return norm_apply_rope(q, k, cos, sin, norm, "interleaved", layout, self.backend)
+        return norm_apply_rope(q, k, cos, sin, norm, self.pairing, layout, self.backend)
 
 
 def _norm(norm, x: torch.Tensor) -> torch.Tensor:
@@ -93,10 +93,11 @@ def read_norm(norm_q, norm_k, heads: int, head_dim: int, dtype: torch.dtype) -> 
 def _hooked(norm) -> bool:
     """Whether calling ``norm`` does more than its fields say: a hook that brings its weights (accelerate's
     sequential CPU offload keeps them on the meta device between calls, diffusers' leaf-level group offloading on
-    another device) or casts them (layerwise casting) runs in its forward, so it is called, not read."""
+    another device) or casts them (layerwise casting) runs in its forward, so it is called, not read. A norm without
+    weights (CogView4's LayerNorms, ``elementwise_affine=False``) has none to bring: read."""
     return (
         hasattr(norm, "_hf_hook") or hasattr(norm, "_diffusers_hook") or bool(norm._forward_pre_hooks)
-        or bool(norm._forward_hooks) or norm.weight is None or norm.weight.device.type == "meta"
+        or bool(norm._forward_hooks) or (norm.weight is not None and norm.weight.device.type == "meta")
     )  # fmt: skip
 
 
