@@ -15,7 +15,9 @@ then regenerates ``<out>/benchmarks.md`` from every JSON found there (``--report
 (``scripts/bench_packed.py``, which takes the remaining arguments; docs/packing.md); ``--diffusers``:
 stock vs scaled diffusers families (``scripts/bench_diffusers.py``); ``--cache``: a rolling KV
 cache's roll against recomputing its keys, and its decode step (``scripts/bench_cache.py``); ``--norm-tables``:
-QK-norm + RoPE from tables, ours fused and unfused against diffusers and comfy-kitchen (``scripts/bench_norm_tables.py``).
+QK-norm + RoPE from tables, ours fused and unfused against diffusers and comfy-kitchen (``scripts/bench_norm_tables.py``);
+``--guard``: the speed guard, small eager shapes on CPU against diffusers, comfy-kitchen and rotary-embedding-torch
+(``scripts/bench_guard.py``).
 """
 
 from __future__ import annotations
@@ -326,6 +328,7 @@ SUBBENCHMARKS = {
     "--cache": "bench_cache",
     "--transformers": "bench_transformers",
     "--norm-tables": "bench_norm_tables",
+    "--guard": "bench_guard",
 }
 
 

@@ -148,4 +148,8 @@ def write_markdown(out: Path) -> None:
         from .bench_norm_tables import report
 
         lines += [report(json.loads(path.read_text()), path.relative_to(out).as_posix()), ""]
+    for path in sorted((out / "bench" / "guard").glob("*.json")):  # scripts/bench_guard.py
+        from .bench_guard import report as guard_report
+
+        lines += [guard_report(json.loads(path.read_text()), path.relative_to(out).as_posix()), ""]
     (out / "benchmarks.md").write_text("\n".join(lines))
