@@ -118,7 +118,8 @@ def test_the_guides_paper_table_is_what_the_published_json_gives(tmp_path):
     guide = (docs / "scaling.md").read_text()
     findings = paper_findings.from_published(docs / "experiments")
     assert paper_findings.guide_block(findings) in guide
-    assert set(findings) == set(paper_findings.PAGES)  # every page with its json is in the table
+    # every page with its json is in the table; a page declared before its runs has none until they are published
+    assert set(findings) == set(paper_findings.PAGES) - paper_findings.UNPUBLISHED
     copy = tmp_path / "scaling.md"
     copy.write_text(guide)
     assert not paper_findings.update_guide(copy, docs / "experiments")  # regenerating changes nothing
