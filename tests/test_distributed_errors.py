@@ -116,3 +116,15 @@ def test_a_full_disk_at_a_dcp_save_is_one_line_on_every_rank_and_keeps_the_check
     _one_line_per_rank(done, "could not write the checkpoint of step 2", "is unchanged")
     assert sharded_checkpoint.metadata(out)["step"] == 1  # the earlier checkpoint, whole (checksums verified)
     assert not list(out.glob(".checkpoint-dcp-*"))  # the failed save's folder removed
+
+
+def test_a_full_disk_at_a_log_write_is_one_line_on_every_rank(tmp_path):
+    # issue 39, item 11: the step's log record is rank 0's; its write failing (ENOSPC: log.jsonl links to /dev/full)
+    # stopped rank 0 with one line and left rank 1 to die in a traceback in its next collective
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "log.jsonl").symlink_to("/dev/full")  # kept by --overwrite (a device, not a run file)
+    done = _launch(2, "--fsdp", "--overwrite", "--steps", "2", "--log-every", "1", "--out", str(out))
+    _one_line_per_rank(done, "No space left on device")

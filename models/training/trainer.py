@@ -279,7 +279,9 @@ class Run:
         if self.step % cfg.log_every == 0 or self.step == cfg.steps:
             rate = len(self.window) * cfg.batch_size / (time.perf_counter() - tic)
             mean = sum(self.window) / len(self.window)
-            self.log({"step": self.step, "loss": mean, "lr": learning_rate(cfg, self.step - 1), "samples_per_s": rate})
+            record = {"step": self.step, "loss": mean, "lr": learning_rate(cfg, self.step - 1), "samples_per_s": rate}
+            # rank 0 appends it; a failed write (a full disk) stops every rank with its message, not a peer traceback
+            distributed.on_rank0(lambda: self.log(record))
             self.window, tic = [], time.perf_counter()
         if self.step % cfg.ckpt_every == 0:
             self.save()
