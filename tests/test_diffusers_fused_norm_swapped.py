@@ -1,7 +1,7 @@
 """Our processors for Qwen-Image (``diffusers_qwen_image``), FLUX.2 (``diffusers_flux2``), HunyuanVideo 1.5
 (``diffusers_hunyuan_video15``), HiDream (``diffusers_hidream``), FLUX.3 (``diffusers_flux3``), Bria-Fibo 2
-(``diffusers_bria_fibo2``), Ideogram 4 (``diffusers_ideogram4``), CogView4 and GLM-Image (``diffusers_cogview4``):
-QK-norm and rotation as one
+(``diffusers_bria_fibo2``), Ideogram 4 (``diffusers_ideogram4``), CogView4 and GLM-Image (``diffusers_cogview4``),
+Z-Image (``diffusers_z_image``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -38,6 +38,7 @@ from axial_rope.integrations.diffusers_hidream import HiDreamRopeProcessor  # no
 from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_ideogram4 import Ideogram4RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_qwen_image import QwenImageRopeProcessor, complex_tables  # noqa: E402
+from axial_rope.integrations.diffusers_z_image import ZImageRopeProcessor  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
 
 PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Transformer2DModel": Flux2RopeProcessor,
@@ -45,7 +46,8 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "HiDreamImageTransformer2DModel": HiDreamRopeProcessor, "Flux3Transformer2DModel": Flux3RopeProcessor,
               "BriaFibo2Transformer2DModel": BriaFibo2RopeProcessor,
               "Ideogram4Transformer2DModel": Ideogram4RopeProcessor, "CogView4Transformer2DModel": CogView4RopeProcessor,
-              "GlmImageTransformer2DModel": GlmImageRopeProcessor}  # fmt: skip
+              "GlmImageTransformer2DModel": GlmImageRopeProcessor,
+              "ZImageTransformer2DModel": ZImageRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -53,8 +55,13 @@ DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in 
 
 def _model(name: str, dtype: torch.dtype, depth: int = 1):
     model, inputs = tiny.build(name, depth=depth)
-    cast = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
-    return model.to(dtype).eval(), cast
+    return model.to(dtype).eval(), {k: _cast(v, dtype) for k, v in inputs.items()}
+
+
+def _cast(value, dtype: torch.dtype):  # tensors, and lists of them (Z-Image's latents and captions)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
 def _run(model, inputs) -> torch.Tensor:
@@ -246,3 +253,24 @@ def test_cogview4_and_glm_image_masks_and_kv_cache_as_stock(name, fused_calls):
     delta = 2 * (attn.inner_dim // attn.heads / 2 + 14) * U32
     for ours, stock in zip(outputs[1], outputs[0]):
         torch.testing.assert_close(ours, stock, atol=4 * delta * float(stock.abs().max()), rtol=0)
+
+
+def test_z_image_mask_and_padding_rows_as_stock(fused_calls):
+    # the [B, S] key mask of items of unequal length (the model passes one where its padded sequences differ) and
+    # the zero rows of freqs_cis past an item's length (its q and k zeroed): ours against the stock processor on one
+    # attention module
+    model, _ = _model("ZImageTransformer2DModel", torch.float32)
+    attn = model.layers[0].attention
+    stock_processor = attn.processor
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, attn.query_dim, generator=g)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2], dtype=torch.bool)
+    angles = torch.rand(2, 6, attn.inner_dim // attn.heads // 2, generator=g, dtype=torch.float64) * 6  # [B, S, D/2]
+    freqs = torch.polar(torch.ones_like(angles), angles).to(torch.complex64) * mask[..., None]
+    with torch.no_grad():
+        stock = stock_processor(attn, x, attention_mask=mask, freqs_cis=freqs)
+        ours = ZImageRopeProcessor()(attn, x, attention_mask=mask, freqs_cis=freqs)
+    assert fused_calls
+    # one attention layer, per-head norm of D channels: 4 delta of the values' scale (as above)
+    delta = 2 * (attn.inner_dim // attn.heads / 2 + 14) * U32
+    torch.testing.assert_close(ours, stock, atol=4 * delta * float(stock.abs().max()), rtol=0)

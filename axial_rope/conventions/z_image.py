@@ -54,6 +54,7 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         stock=("ZSingleStreamAttnProcessor",),
+        processor="ZImageRopeProcessor",
         blocks=("noise_refiner.", "context_refiner.", "layers."),
         qk_norm="rms",  # ZSingleStreamAttnProcessor: norm_q, norm_k (RMSNorm over D), then its apply_rotary_emb
         # the pipeline passes t = (1000 - timestep) / 1000: 0 at pure noise, 1 when clean

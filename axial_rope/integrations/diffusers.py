@@ -64,6 +64,7 @@ from . import (  # noqa: F401
     diffusers_ideogram4,
     diffusers_ltx,
     diffusers_qwen_image,
+    diffusers_z_image,
 )
 from .diffusers_checks import checked_scaling, checked_sizing
 from .diffusers_policy import FamilyPlan, plan_family
