@@ -1,7 +1,7 @@
 """Our processors for Qwen-Image (``diffusers_qwen_image``), FLUX.2 (``diffusers_flux2``), HunyuanVideo 1.5
 (``diffusers_hunyuan_video15``), HiDream (``diffusers_hidream``), FLUX.3 (``diffusers_flux3``), Bria-Fibo 2
 (``diffusers_bria_fibo2``), Ideogram 4 (``diffusers_ideogram4``), CogView4 and GLM-Image (``diffusers_cogview4``),
-Z-Image (``diffusers_z_image``): QK-norm and rotation as one
+Z-Image (``diffusers_z_image``), Lumina 2 (``diffusers_lumina2``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -37,6 +37,7 @@ from axial_rope.integrations.diffusers_flux3 import Flux3RopeProcessor  # noqa: 
 from axial_rope.integrations.diffusers_hidream import HiDreamRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_ideogram4 import Ideogram4RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_lumina2 import Lumina2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_qwen_image import QwenImageRopeProcessor, complex_tables  # noqa: E402
 from axial_rope.integrations.diffusers_z_image import ZImageRopeProcessor  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
@@ -47,7 +48,7 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "BriaFibo2Transformer2DModel": BriaFibo2RopeProcessor,
               "Ideogram4Transformer2DModel": Ideogram4RopeProcessor, "CogView4Transformer2DModel": CogView4RopeProcessor,
               "GlmImageTransformer2DModel": GlmImageRopeProcessor,
-              "ZImageTransformer2DModel": ZImageRopeProcessor}  # fmt: skip
+              "ZImageTransformer2DModel": ZImageRopeProcessor, "Lumina2Transformer2DModel": Lumina2RopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -273,4 +274,28 @@ def test_z_image_mask_and_padding_rows_as_stock(fused_calls):
     assert fused_calls
     # one attention layer, per-head norm of D channels: 4 delta of the values' scale (as above)
     delta = 2 * (attn.inner_dim // attn.heads / 2 + 14) * U32
+    torch.testing.assert_close(ours, stock, atol=4 * delta * float(stock.abs().max()), rtol=0)
+
+
+def test_lumina2_mask_grouped_heads_and_proportional_attention_as_stock(fused_calls):
+    # one key head for two query heads (the tiny model's kv_heads), the [B, S] key mask with the zero rows of the
+    # table past an item's length, and the proportional softmax scale of base_sequence_length (the model passes none):
+    # ours against the stock processor on one attention module
+    model, _ = _model("Lumina2Transformer2DModel", torch.float32)
+    attn = model.layers[0].attn
+    assert attn.heads == 2 and attn.to_k.out_features == attn.to_q.out_features // 2
+    stock_processor = attn.processor
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, attn.query_dim, generator=g)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    angles = torch.rand(2, 6, attn.inner_dim // attn.heads // 2, generator=g, dtype=torch.float64) * 6  # [B, S, D/2]
+    freqs = torch.polar(torch.ones_like(angles), angles).to(torch.complex64) * mask[..., None]
+    outputs = []
+    for processor in (stock_processor, Lumina2RopeProcessor()):
+        with torch.no_grad():
+            outputs.append(processor(attn, x, x, attention_mask=mask, image_rotary_emb=freqs, base_sequence_length=4))
+    assert fused_calls
+    # one attention layer, per-head norm of D channels: 4 delta of the values' scale (as above)
+    delta = 2 * (attn.inner_dim // attn.heads / 2 + 14) * U32
+    ours, stock = outputs[1], outputs[0]
     torch.testing.assert_close(ours, stock, atol=4 * delta * float(stock.abs().max()), rtol=0)

@@ -149,6 +149,7 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         stock=("Lumina2AttnProcessor2_0",),
+        processor="Lumina2RopeProcessor",
         blocks=("layers.", "noise_refiner.", "context_refiner."),
         qk_norm="rms",  # Lumina2AttnProcessor2_0: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb
         max_diff=9e-8,  # float64 models: upstream rotates float32 copies of q, k (x.float(), complex64)

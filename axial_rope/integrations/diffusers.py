@@ -63,6 +63,7 @@ from . import (  # noqa: F401
     diffusers_hunyuan_video15,
     diffusers_ideogram4,
     diffusers_ltx,
+    diffusers_lumina2,
     diffusers_qwen_image,
     diffusers_z_image,
 )
