@@ -285,6 +285,7 @@ register_diffusers(
         grid_axes=(0, 1),
         time_axis=None,
         stock=("HunyuanImageAttnProcessor",),
+        processor="HunyuanVideoRopeProcessor",  # HunyuanImageAttnProcessor: HunyuanVideoAttnProcessor2_0's steps, copied
         qk_norm="rms",  # HunyuanImageAttnProcessor: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb
         max_diff=2e-9,  # float64 models, tables replaced: 1.4e-9 measured (the float32 tables)
         source=IMAGE_SOURCE,
