@@ -363,7 +363,8 @@ def apply_axial_rope(
             _install_fused(handle, model, module, text, convention, backend)
         for name, (fn, kind) in functions.items():  # last: a failure above leaves the module untouched
             handle._functions[name] = fn
-            setattr(module, name, rotary_code.rotation_function(kind, convention.pairing, convention.sign, backend))
+            ours = rotary_code.rotation_function(kind, convention.pairing, convention.sign, backend)
+            setattr(module, name, rotary_code.in_place_of(fn, ours))
             handle.functions[name] = kind
     except BaseException:
         handle.remove()

@@ -21,6 +21,7 @@ attention and a :class:`ConfigRotary` reduce to the stock modules (:func:`reduce
 from __future__ import annotations
 
 import ast
+import copy
 import copyreg
 import hashlib
 import inspect
@@ -35,7 +36,7 @@ from ..ops import apply_rope, rms_norm, rotation_tables
 from ..rope import AxialRoPE
 
 __all__ = ["AGREEMENT", "BODIES", "FORMS", "NORMS", "KINDS", "ROPE_CHILD", "ConfigRotary", "FusedForm", "digest",
-           "disagreement", "fused_forward", "norm_digest", "plain_function", "reduce_as_stock", "rotation_function"]  # fmt: skip
+           "disagreement", "fused_forward", "in_place_of", "norm_digest", "plain_function", "reduce_as_stock", "rotation_function"]  # fmt: skip
 
 ROPE_CHILD = "axial_rope"  # the child module holding the rope of a fused attention that rotates by positions
 
@@ -161,6 +162,19 @@ def rotation_function(kind: str, pairing: str, sign: int, backend: str | None) -
     apply_rotary_pos_emb.__qualname__ = f"rotation_function.<{kind}>"
     apply_rotary_pos_emb.axial_rope_kind = kind  # marks it as axial_rope's (apply_axial_rope refuses to stack)
     return apply_rotary_pos_emb
+
+
+def in_place_of(stock: Callable, ours: Callable) -> Callable:
+    """``ours`` as the modeling module's attribute in place of ``stock``: itself, or, where ``stock`` is a ``kernels``
+    function module (see :func:`plain_function`), a copy of that module running ``ours``. The attribute keeps its
+    class, which ``kernels`` reads when it unpickles a saved model (``_rebuild_kernel_func`` instantiates the class
+    of the module's attribute): a model saved while installed loads stock, as one saved without axial_rope does."""
+    if not isinstance(stock, nn.Module):
+        return ours
+    module = copy.copy(stock)
+    module.forward = ours  # an instance attribute: the class's forward, which calls the stock function, stays
+    module.axial_rope_kind = ours.axial_rope_kind
+    return module
 
 
 @dataclass(frozen=True)
