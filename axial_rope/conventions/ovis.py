@@ -47,6 +47,7 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         stock=("OvisImageAttnProcessor",),
+        processor="FluxRopeProcessor",  # OvisImageAttnProcessor: FluxAttnProcessor's steps, copied
         qk_norm="rms",  # OvisImageAttnProcessor: norm_q/k, norm_added_q/k (RMSNorm over D), then apply_rotary_emb
         timing=Timing(noise=1.0),  # the pipeline passes timestep / 1000
         max_diff=0.0,
