@@ -39,6 +39,7 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         stock=("LongCatImageAttnProcessor",),
+        processor="FluxRopeProcessor",  # LongCatImageAttnProcessor: FluxAttnProcessor's steps, copied
         qk_norm="rms",  # LongCatImageAttnProcessor: norm_q/k, norm_added_q/k (RMSNorm over D), then rotation
         timing=Timing(noise=1.0),  # the pipeline passes timestep / 1000; the transformer multiplies by 1000
         max_diff=0.0,
