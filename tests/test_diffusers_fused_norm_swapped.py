@@ -2,7 +2,7 @@
 (``diffusers_hunyuan_video15``), HiDream (``diffusers_hidream``), FLUX.3 (``diffusers_flux3``), Bria-Fibo 2
 (``diffusers_bria_fibo2``), Ideogram 4 (``diffusers_ideogram4``), CogView4 and GLM-Image (``diffusers_cogview4``),
 Z-Image (``diffusers_z_image``), Lumina 2 (``diffusers_lumina2``), HunyuanImage 2.1 (HunyuanVideo's processor, whose
-steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise): QK-norm and rotation as one
+steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise), Krea 2 (``diffusers_krea2``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -20,6 +20,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import U32, U64, chain_bound
 
 import axial_rope as ar
@@ -38,6 +39,7 @@ from axial_rope.integrations.diffusers_flux3 import Flux3RopeProcessor  # noqa: 
 from axial_rope.integrations.diffusers_hidream import HiDreamRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_ideogram4 import Ideogram4RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_krea2 import Krea2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_lumina2 import Lumina2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_processors import FluxRopeProcessor, HunyuanVideoRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_qwen_image import QwenImageRopeProcessor, complex_tables  # noqa: E402
@@ -52,7 +54,8 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "GlmImageTransformer2DModel": GlmImageRopeProcessor,
               "ZImageTransformer2DModel": ZImageRopeProcessor, "Lumina2Transformer2DModel": Lumina2RopeProcessor,
               "HunyuanImageTransformer2DModel": HunyuanVideoRopeProcessor,
-              "OvisImageTransformer2DModel": FluxRopeProcessor, "LongCatImageTransformer2DModel": FluxRopeProcessor}  # fmt: skip
+              "OvisImageTransformer2DModel": FluxRopeProcessor, "LongCatImageTransformer2DModel": FluxRopeProcessor,
+              "Krea2Transformer2DModel": Krea2RopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -91,6 +94,16 @@ def _norm_width(model) -> int:
                if isinstance(n, torch.nn.Module))  # fmt: skip
 
 
+def _float64_zero_centred_norms(monkeypatch) -> None:
+    """Krea2RMSNorm normalises float32 copies whatever its input: its forward in the input's dtype here (the same
+    norm of ``1 + weight``), so that the unfused path of a float64 model is a float64 norm; the modules stay
+    Krea2RMSNorms, read by the fused path with their offset."""
+    from diffusers.models.transformers.transformer_krea2 import Krea2RMSNorm
+
+    monkeypatch.setattr(Krea2RMSNorm, "forward",
+                        lambda self, x: F.rms_norm(x, (self.dim,), weight=self.weight + 1.0, eps=self.eps))  # fmt: skip
+
+
 @pytest.fixture
 def fused_calls(monkeypatch):
     calls = []
@@ -119,6 +132,7 @@ def test_fused_equals_norm_then_rotation_in_float64(name, scaled, fused_calls, m
     names, undo = _swap(model)
     assert len(names) >= 2
     _float64_norms(model)
+    _float64_zero_centred_norms(monkeypatch)
     fused = _run(model, inputs)
     # every swapped processor that rotates fused (a joint block: once per stream); Bria-Fibo 2's cross-attention to
     # the text (its injection blocks) is swapped too and rotates nothing
@@ -302,4 +316,29 @@ def test_lumina2_mask_grouped_heads_and_proportional_attention_as_stock(fused_ca
     # one attention layer, per-head norm of D channels: 4 delta of the values' scale (as above)
     delta = 2 * (attn.inner_dim // attn.heads / 2 + 14) * U32
     ours, stock = outputs[1], outputs[0]
+    torch.testing.assert_close(ours, stock, atol=4 * delta * float(stock.abs().max()), rtol=0)
+
+
+def test_krea2_zero_centred_norms_grouped_heads_and_mask_as_stock(fused_calls):
+    # Krea2RMSNorm's multiplier is 1 + weight (zero at init, so the model tests read 1): random weights here, one key
+    # head for two query heads (the tiny model's), the joint [B, 1, 1, S] text-padding mask; ours against the stock
+    # processor on one attention module
+    model, _ = _model("Krea2Transformer2DModel", torch.float32)
+    attn = model.transformer_blocks[0].attn
+    assert (attn.num_heads, attn.num_kv_heads) == (2, 1)
+    stock_processor = attn.processor
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for norm in (attn.norm_q, attn.norm_k):
+            norm.weight.copy_(torch.randn(norm.weight.shape, generator=g))
+    x = torch.randn(2, 6, attn.hidden_size, generator=g)
+    mask = torch.tensor([[True] * 6, [True] * 2 + [False] + [True] * 3])[:, None, None, :]
+    angles = torch.rand(6, attn.head_dim // 2, generator=g, dtype=torch.float64) * 6  # [S, D/2]
+    tables = tuple(f(angles).repeat_interleave(2, -1).float() for f in (torch.cos, torch.sin))  # interleaved
+    with torch.no_grad():
+        stock = stock_processor(attn, x, attention_mask=mask, image_rotary_emb=tables)
+        ours = Krea2RopeProcessor()(attn, x, attention_mask=mask, image_rotary_emb=tables)
+    assert fused_calls
+    # one attention layer, per-head norm of D channels: 4 delta of the values' scale (as above)
+    delta = 2 * (attn.head_dim / 2 + 14) * U32
     torch.testing.assert_close(ours, stock, atol=4 * delta * float(stock.abs().max()), rtol=0)

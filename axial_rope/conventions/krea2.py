@@ -25,6 +25,7 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         stock=("Krea2AttnProcessor",),
+        processor="Krea2RopeProcessor",
         blocks=("transformer_blocks.",),
         qk_norm="rms",  # Krea2AttnProcessor: norm_q, norm_k (Krea2RMSNorm over D), then apply_rotary_emb
         timing=Timing(noise=1.0),  # the pipeline passes timestep / num_train_timesteps

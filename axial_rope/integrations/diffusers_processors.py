@@ -65,6 +65,17 @@ def _norm_kinds() -> dict:
 
 
 _KINDS = _norm_kinds()  # exact classes whose forward is the QKNorm of their fields (subclasses may do more)
+_WEIGHT_OFFSETS: dict[type, float] = {}  # of those, the classes whose multiplier is ``offset + weight``
+
+
+def register_norm(cls: type, kind: str, weight_offset: float = 0.0) -> None:
+    """Let :func:`read_norm` read the norm modules of exactly ``cls`` (a family's processor module registers its own):
+    its forward must be the ``kind`` norm (``"rms"``, ``"layer"``) of its fields (``weight``, ``bias``, ``eps``, the
+    width ``normalized_shape`` or ``dim``), the multiplier ``weight_offset + weight`` (a zero-centred scale: Krea 2's
+    ``1 + weight``)."""
+    _KINDS[cls] = kind
+    if weight_offset:
+        _WEIGHT_OFFSETS[cls] = float(weight_offset)
 
 
 def read_norm(norm_q, norm_k, heads: int, head_dim: int, dtype: torch.dtype) -> QKNorm | None:
@@ -81,13 +92,16 @@ def read_norm(norm_q, norm_k, heads: int, head_dim: int, dtype: torch.dtype) -> 
     eps = {m.eps for m in (norm_q, norm_k)}
     if len(widths) != 1 or len(eps) != 1:
         return None
-    width, eps = tuple(widths.pop()), eps.pop()
+    width, eps = widths.pop(), eps.pop()
+    width = (width,) if isinstance(width, int) else tuple(width)
     span = {(head_dim,): "head", (heads * head_dim,): "heads"}.get(width)
     if span is None:
         return None
     eps = torch.finfo(dtype).eps if eps is None else float(eps)
     bias = lambda m: getattr(m, "bias", None)
-    return QKNorm(kind, norm_q.weight, norm_k.weight, bias(norm_q), bias(norm_k), eps, span)
+    offset = _WEIGHT_OFFSETS.get(type(norm_q))
+    weight = lambda m: m.weight if offset is None or m.weight is None else m.weight + offset
+    return QKNorm(kind, weight(norm_q), weight(norm_k), bias(norm_q), bias(norm_k), eps, span)
 
 
 def _hooked(norm) -> bool:
