@@ -2,7 +2,8 @@
 (``diffusers_hunyuan_video15``), HiDream (``diffusers_hidream``), FLUX.3 (``diffusers_flux3``), Bria-Fibo 2
 (``diffusers_bria_fibo2``), Ideogram 4 (``diffusers_ideogram4``), CogView4 and GLM-Image (``diffusers_cogview4``),
 Z-Image (``diffusers_z_image``), Lumina 2 (``diffusers_lumina2``), HunyuanImage 2.1 (HunyuanVideo's processor, whose
-steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise), Krea 2 (``diffusers_krea2``): QK-norm and rotation as one
+steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise), Krea 2 (``diffusers_krea2``),
+NucleusMoE-Image (``diffusers_nucleus``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -41,6 +42,7 @@ from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15Rope
 from axial_rope.integrations.diffusers_ideogram4 import Ideogram4RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_krea2 import Krea2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_lumina2 import Lumina2RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_nucleus import NucleusRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_processors import FluxRopeProcessor, HunyuanVideoRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_qwen_image import QwenImageRopeProcessor, complex_tables  # noqa: E402
 from axial_rope.integrations.diffusers_z_image import ZImageRopeProcessor  # noqa: E402
@@ -55,7 +57,7 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "ZImageTransformer2DModel": ZImageRopeProcessor, "Lumina2Transformer2DModel": Lumina2RopeProcessor,
               "HunyuanImageTransformer2DModel": HunyuanVideoRopeProcessor,
               "OvisImageTransformer2DModel": FluxRopeProcessor, "LongCatImageTransformer2DModel": FluxRopeProcessor,
-              "Krea2Transformer2DModel": Krea2RopeProcessor}  # fmt: skip
+              "Krea2Transformer2DModel": Krea2RopeProcessor, "NucleusMoEImageTransformer2DModel": NucleusRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -341,4 +343,34 @@ def test_krea2_zero_centred_norms_grouped_heads_and_mask_as_stock(fused_calls):
     assert fused_calls
     # one attention layer, per-head norm of D channels: 4 delta of the values' scale (as above)
     delta = 2 * (attn.head_dim / 2 + 14) * U32
+    torch.testing.assert_close(ours, stock, atol=4 * delta * float(stock.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_nucleus_grouped_heads_text_keys_and_cache_as_stock(cached, fused_calls):
+    # one key head for two query heads (num_key_value_heads=1; the tiny model has none), the text's keys (normalised
+    # by norm_added_k and rotated by the text's table, unfused) or the cached ones, the joint [B, S] mask; ours
+    # against the stock processor on one attention module
+    model = diffusers.NucleusMoEImageTransformer2DModel(
+        patch_size=2, in_channels=16, num_layers=1, attention_head_dim=16, num_attention_heads=2,
+        num_key_value_heads=1, joint_attention_dim=16, axes_dims_rope=(4, 6, 6), moe_enabled=False,
+    ).eval()  # fmt: skip
+    attn = model.transformer_blocks[0].attn
+    stock_processor = attn.processor
+    g = torch.Generator().manual_seed(0)
+    x, text = torch.randn(2, 6, attn.query_dim, generator=g), torch.randn(2, 3, attn.query_dim, generator=g)
+    mask = torch.tensor([[True] * 9, [True] * 7 + [False] * 2])
+    head_dim = attn.inner_dim // attn.heads
+    angles = torch.rand(9, head_dim // 2, generator=g, dtype=torch.float64) * 6  # [S_img + S_txt, D/2]
+    freqs = torch.polar(torch.ones_like(angles), angles).to(torch.complex64).split([6, 3])
+    kw = dict(attention_mask=mask, image_rotary_emb=freqs)
+    if cached:  # keys and values as a text cache holds them: [B, S_txt, H_kv, D]
+        kw.update(cached_txt_key=torch.randn(2, 3, 1, head_dim, generator=g),
+                  cached_txt_value=torch.randn(2, 3, 1, head_dim, generator=g))  # fmt: skip
+    with torch.no_grad():
+        stock = stock_processor(attn, x, None if cached else text, **kw)
+        ours = NucleusRopeProcessor()(attn, x, None if cached else text, **kw)
+    assert fused_calls
+    # one attention layer, per-head norm of D channels: 4 delta of the values' scale (as above)
+    delta = 2 * (head_dim / 2 + 14) * U32
     torch.testing.assert_close(ours, stock, atol=4 * delta * float(stock.abs().max()), rtol=0)

@@ -53,6 +53,7 @@ register_diffusers(
         grid_axes=(1, 2),
         time_axis=None,
         stock=("NucleusMoEAttnProcessor2_0",),
+        processor="NucleusRopeProcessor",
         blocks=("transformer_blocks.",),
         qk_norm="rms",  # NucleusMoEAttnProcessor2_0: norm_q, norm_k, norm_added_k (RMSNorm over D), then rotation
         timing=Timing(noise=1.0),  # the pipeline passes timestep / 1000 = sigma

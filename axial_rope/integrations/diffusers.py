@@ -65,6 +65,7 @@ from . import (  # noqa: F401
     diffusers_krea2,
     diffusers_ltx,
     diffusers_lumina2,
+    diffusers_nucleus,
     diffusers_qwen_image,
     diffusers_z_image,
 )
