@@ -3,7 +3,7 @@
 (``diffusers_bria_fibo2``), Ideogram 4 (``diffusers_ideogram4``), CogView4 and GLM-Image (``diffusers_cogview4``),
 Z-Image (``diffusers_z_image``), Lumina 2 (``diffusers_lumina2``), HunyuanImage 2.1 (HunyuanVideo's processor, whose
 steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise), Krea 2 (``diffusers_krea2``),
-NucleusMoE-Image (``diffusers_nucleus``): QK-norm and rotation as one
+NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -44,6 +44,7 @@ from axial_rope.integrations.diffusers_krea2 import Krea2RopeProcessor  # noqa: 
 from axial_rope.integrations.diffusers_lumina2 import Lumina2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_nucleus import NucleusRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_processors import FluxRopeProcessor, HunyuanVideoRopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_prx import PRXRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_qwen_image import QwenImageRopeProcessor, complex_tables  # noqa: E402
 from axial_rope.integrations.diffusers_z_image import ZImageRopeProcessor  # noqa: E402
 from models import tiny_diffusers as tiny  # noqa: E402
@@ -57,7 +58,8 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "ZImageTransformer2DModel": ZImageRopeProcessor, "Lumina2Transformer2DModel": Lumina2RopeProcessor,
               "HunyuanImageTransformer2DModel": HunyuanVideoRopeProcessor,
               "OvisImageTransformer2DModel": FluxRopeProcessor, "LongCatImageTransformer2DModel": FluxRopeProcessor,
-              "Krea2Transformer2DModel": Krea2RopeProcessor, "NucleusMoEImageTransformer2DModel": NucleusRopeProcessor}  # fmt: skip
+              "Krea2Transformer2DModel": Krea2RopeProcessor, "NucleusMoEImageTransformer2DModel": NucleusRopeProcessor,
+              "PRXTransformer2DModel": PRXRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}

@@ -39,6 +39,7 @@ register_diffusers(
         grid_axes=(0, 1),
         time_axis=None,
         stock=("PRXAttnProcessor2_0",),
+        processor="PRXRopeProcessor",
         blocks=("blocks.",),
         qk_norm="rms",  # PRXAttnProcessor2_0: norm_q, norm_k (RMSNorm over D) of the image tokens, then apply_rope
         timing=Timing(noise=1.0),  # the pipeline passes timestep / num_train_timesteps

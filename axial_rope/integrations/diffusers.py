@@ -66,6 +66,7 @@ from . import (  # noqa: F401
     diffusers_ltx,
     diffusers_lumina2,
     diffusers_nucleus,
+    diffusers_prx,
     diffusers_qwen_image,
     diffusers_z_image,
 )
