@@ -123,7 +123,7 @@ def test_position_methods_page_examples_run():
 
     page = Path(__file__).resolve().parents[1] / "docs" / "position-methods.md"
     blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, "docs/position-methods.md:example", "exec"), namespace)

@@ -260,6 +260,10 @@ class DiffusersFamily:
             ``policy="auto"`` plans against (the largest extent per axis over them); ``()``: unknown, so the
             policy needs ``train_size``.
         units: how the pipeline's size (pixels, frames) maps to the token grid of ``grid_axes``.
+        references: ``pos -> bool [..., S]``, True on the rows of in-context reference images (FLUX.1 Kontext's
+            ids carry the reference index in their first column), whose keys Untwisting RoPE scales
+            (``set_rope_processors(untwisting=...)``); ``None``: the family's tables do not mark references, or its
+            transformer does not pass our tables to the processors whole.
     """
 
     name: str
@@ -287,6 +291,7 @@ class DiffusersFamily:
     axes: str = ""
     trained: tuple[TrainedGrid, ...] = ()
     units: PipelineUnits = PipelineUnits()
+    references: Callable | None = None
 
     def __post_init__(self):
         if self.qk_norm not in QK_NORMS:

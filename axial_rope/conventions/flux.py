@@ -88,6 +88,8 @@ register_diffusers(
         processor="FluxRopeProcessor",
         qk_norm="rms",  # FluxAttnProcessor: norm_q/k, norm_added_q/k (RMSNorm over D), then apply_rotary_emb
         timing=Timing(noise=1.0),  # FluxPipeline passes timestep = sigma
+        # FluxKontextPipeline: the reference image's ids have index 1 in their first column (text and latents 0)
+        references=lambda pos: pos[..., 0] != 0,
         max_diff=3e-9,  # float64 models, unscaled; the tables' float32 rounding
         source=SOURCE,
         axes="(index, y, x): `axes_dims_rope`, theta 10000",

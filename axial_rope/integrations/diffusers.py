@@ -49,6 +49,7 @@ from collections.abc import Sequence
 import torch
 
 from ..conventions import DIFFUSERS, PipelineUnits, diffusers_family
+from ..methods import Untwisting, frequency_bands
 from ..ops import BACKENDS
 from ..policy import Plan
 from ..scaling import Scaling
@@ -160,6 +161,7 @@ def set_rope_processors(
     policy: str | None = None,
     size: Sequence[int] | None = None,
     units: PipelineUnits | None = None,
+    untwisting: Untwisting | None = None,
 ) -> RopeProcessors:
     """Run the transformer's RoPE through axial_rope: fast processors, and scaled tables where asked.
 
@@ -195,6 +197,10 @@ def set_rope_processors(
             rule (image axes sized per forward; time as trained).
         units: how ``size`` maps to tokens, in place of the record's (:class:`~axial_rope.conventions.PipelineUnits`:
             the released VAE and patch); for a pipeline built with another VAE.
+        untwisting: Untwisting RoPE (:class:`axial_rope.methods.Untwisting`, arXiv 2602.05013) on the keys of the
+            in-context reference image (FLUX.1 Kontext's reference rows), over the planes of the grid axes, its
+            schedule following each forward's ``timestep`` as a time-dependent scaling does; with or without a
+            scaling. Families whose record marks reference rows only (``references``: Flux).
 
     Returns:
         A :class:`RopeProcessors` handle; ``handle.remove()`` (or :func:`remove_rope_processors`, or diffusers'
@@ -207,9 +213,19 @@ def set_rope_processors(
             where the tables are angles), a bad ``mode`` (one the family cannot take, or one its positions make
             void: the record's ``refused_modes``) or ``train_size``, a scaling on an axis with no channels, any
             scaling, mode or ``train_size`` of a family served unscaled only (tables ``"fixed"``), and a size the policy
-            cannot serve (past its decision table's evidence).
+            cannot serve (past its decision table's evidence), and ``untwisting`` on a family whose tables do
+            not mark reference rows.
     """
     family = diffusers_family(transformer)
+    if untwisting is not None:
+        if not isinstance(untwisting, Untwisting):
+            raise TypeError(f"untwisting must be an axial_rope.methods.Untwisting, got {type(untwisting).__name__}")
+        if family.references is None:
+            served = sorted({f.name for f in DIFFUSERS.values() if f.references is not None})
+            raise ValueError(
+                f"untwisting needs the tables to mark the reference image's rows; {type(transformer).__name__} "
+                f"({family.name}) does not (families that do: {', '.join(served)})"
+            )
     if backend not in (None, *BACKENDS):
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}")
     name, config = type(transformer).__name__, transformer.config
@@ -254,8 +270,9 @@ def set_rope_processors(
     rope.backend = backend
     timing = family.timing
     clean = timing.clean
+    timed = rope.time_dependent or (untwisting is not None and untwisting.scheduled)
     if noise_timestep is not None and (
-        not rope.time_dependent or not (noise_timestep - clean) * (timing.noise - clean) > 0
+        not timed or not (noise_timestep - clean) * (timing.noise - clean) > 0
     ):
         side = "> 0" if clean == 0 else f"on the side of {timing.noise} from the clean {clean}"
         raise ValueError(f"noise_timestep ({side}) goes with a time-dependent scaling, got {noise_timestep!r}")
@@ -268,15 +285,15 @@ def set_rope_processors(
     device = next(iter(transformer.parameters()), torch.empty(0)).device
     device = torch.device("cpu") if device.type == "meta" else device
     rope = rope.to(device)
-    scaled = sizing is not None or any(s is not None for s in rope.scaling)
+    scaled = sizing is not None or any(s is not None for s in rope.scaling) or untwisting is not None
     made = _tables(transformer, family, config, rope, scaling if scaling is not None else extra, sizing, columns, backend, name,
-                   device) if scaled else []  # fmt: skip
+                   device, untwisting) if scaled else []  # fmt: skip
     handle = RopeProcessors(transformer, rope, [tables for _, tables in made], planned)
     parts = [handle._attach]
     parts += [lambda t, site=site, tables=tables: site.install(t, tables) for site, tables in made]
     if family.processor is not None:  # else the stock processors stay (the model may not even list them)
         parts.append(handle._processors(family, backend))
-    steps = _steps(transformer, family, made, rope, sizing, noise_timestep, config) if scaled else []
+    steps = _steps(transformer, family, made, timed, sizing, noise_timestep, config) if scaled else []
     handle._remove = install(transformer, parts, steps)
     return handle
 
@@ -286,9 +303,10 @@ def _keeps_trained(plan: Plan) -> bool:
     return all(a.target is not None and a.target <= a.trained for a in plan.axes)
 
 
-def _tables(transformer, family, config, rope, scaling, sizing, columns, backend, name, device) -> list[tuple]:
+def _tables(transformer, family, config, rope, scaling, sizing, columns, backend, name, device,
+            untwisting=None) -> list[tuple]:  # fmt: skip
     """``(site, tables module)`` for the record's tables and (LTX-2) each further producer's: each its own rope,
-    positions and layout, sized and timed alike."""
+    positions and layout, sized and timed alike; ``untwisting`` on the record's tables (Flux: one module)."""
     by_grid = sizing is not None and family.grid is not None
     kind, attr = family.tables
     made = [(SITES[kind](attr, family.blocks), rope, family.positions(config), family.layout,
@@ -303,19 +321,30 @@ def _tables(transformer, family, config, rope, scaling, sizing, columns, backend
     # a plain object standing for a module (Z-Image's RopeEmbedder) is replaced: our tables answer its attributes
     stock = lambda site: getattr(transformer, site.name, None) if isinstance(site, ModuleSite) else None
     return [
-        (site, RotaryTables(rope_of, positions, layout, sizing, time_dependent=rope_of.time_dependent,
-                            stock=stock(site), grid_axes=len(family.grid_axes) if by_grid else 0,
-                            frequencies=frequencies, columns=columns).to(device))
-        for site, rope_of, positions, layout, frequencies in made
+        (site, RotaryTables(rope_of, positions, layout, sizing, stock=stock(site),
+                            grid_axes=len(family.grid_axes) if by_grid else 0, frequencies=frequencies,
+                            columns=columns, **_untwisting(rope_of, family, columns, untwisting if i == 0 else None)
+                            ).to(device))
+        for i, (site, rope_of, positions, layout, frequencies) in enumerate(made)
     ]  # fmt: skip
 
 
-def _steps(transformer, family, made, rope, sizing, noise_timestep, config) -> list:
-    """What runs before each forward, in order: the sampling time, the forward's grid, then any argument's tables
-    (which need both)."""
-    every = [tables for _, tables in made]
+def _untwisting(rope, family, columns, untwisting) -> dict:
+    """RotaryTables' keywords for its time buffer and Untwisting RoPE over the grid axes' planes (their bands)."""
+    if untwisting is None:
+        return {"time_dependent": rope.time_dependent}
+    axes = [a if columns is None else columns.index(a) for a in family.grid_axes if columns is None or a in columns]
+    bands = frequency_bands(rope.freqs, axes)  # a host read of F, once, at install
+    return {"time_dependent": rope.time_dependent or untwisting.scheduled, "untwisting": untwisting,
+            "references": family.references, "bands": bands}  # fmt: skip
+
+
+def _steps(transformer, family, made, timed, sizing, noise_timestep, config) -> list:
+    """What runs before each forward, in order: the sampling time (``timed``: a time-dependent scaling or a scheduled
+    Untwisting), the forward's grid, then any argument's tables (which need both)."""
+    every = [tables for _, tables in made if tables.time_dependent]
     steps = []
-    if rope.time_dependent:
+    if timed:
         timing = family.timing
         noise = timing.noise if noise_timestep is None else noise_timestep
         read = argument_value(transformer, timing.argument)

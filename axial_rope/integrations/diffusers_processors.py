@@ -34,24 +34,37 @@ __all__ = [
 
 class Tables:
     """The ``(cos, sin)`` a processor is passed, as ``[S, D]`` channel tables of ``pairing`` (any stock layout; ``[B,
-    S, D]`` for tables per item, as HiDream's), and the rotation of q and k by them."""
+    S, D]`` for tables per item, as HiDream's), and the rotation of q and k by them.
 
-    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, backend: str | None, pairing: str = "interleaved"):
-        self.cos, self.sin, self.backend, self.pairing = cos, sin, backend, pairing
+    ``key_scale``: the keys' per-channel factor ``[S, D]`` that our tables module appends with Untwisting RoPE
+    (:class:`~axial_rope.integrations.diffusers_tables.RotaryTables`), applied to the rotated keys; ``None``: none.
+    """
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, backend: str | None, pairing: str = "interleaved",
+                 key_scale: torch.Tensor | None = None):  # fmt: skip
+        self.cos, self.sin, self.backend, self.pairing, self.key_scale = cos, sin, backend, pairing, key_scale
 
     @classmethod
     def passed(cls, tables, backend: str | None, pairing: str = "interleaved") -> Tables:
-        cos, sin = tables  # Flux / HunyuanVideo / CogVideoX: [S, D]; Wan: [1, S, 1, D]
-        return cls(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), backend, pairing)
+        cos, sin, *key_scale = tables  # Flux / HunyuanVideo / CogVideoX: [S, D]; Wan: [1, S, 1, D]
+        flat = lambda t: t.reshape(-1, t.shape[-1])
+        return cls(flat(cos), flat(sin), backend, pairing, flat(key_scale[0]) if key_scale else None)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
         rotate = lambda x: apply_rope(x, self.cos, self.sin, self.pairing, layout, self.backend)
-        return rotate(q), rotate(k)
+        return rotate(q), self._scaled_keys(rotate(k), layout, slice(None))
 
     def norm_rotate(self, q: torch.Tensor, k: torch.Tensor, norm: QKNorm, layout: str, rows: slice = slice(None)):
         """q and k normalised as ``norm`` says, then rotated by the tables' ``rows`` (their tokens), in one call."""
         cos, sin = self.cos[..., rows, :], self.sin[..., rows, :]
-        return norm_apply_rope(q, k, cos, sin, norm, self.pairing, layout, self.backend)
+        q, k = norm_apply_rope(q, k, cos, sin, norm, self.pairing, layout, self.backend)
+        return q, self._scaled_keys(k, layout, rows)
+
+    def _scaled_keys(self, k: torch.Tensor, layout: str, rows: slice) -> torch.Tensor:
+        if self.key_scale is None:
+            return k
+        scale = self.key_scale[rows].unsqueeze(1 if layout == "bshd" else 0)  # [S, 1, D] / [1, S, D]: every head
+        return (k * scale).to(k.dtype)
 
 
 def _norm(norm, x: torch.Tensor) -> torch.Tensor:

@@ -51,13 +51,22 @@ class RotaryTables(nn.Module):
             replaced module receives (a learned weight), used in place of the rope's; ``None``: the rope's.
         columns: the columns of ``pos`` the rope turns by, where others have no channels (an unrotated axis, e.g.
             ``axes_dims_rope=(0, 4, 4)``); ``None``: every column.
+        untwisting: Untwisting RoPE (:class:`~axial_rope.methods.Untwisting`) on the reference keys that
+            ``references`` (``pos -> bool [..., S]``) marks, over the planes ``bands``
+            (:func:`~axial_rope.methods.frequency_bands`, float64 ``[n]``): the output gains a last element, the keys'
+            per-channel factor ``[S, D]`` (``[B, S, D]``; 1 off the reference rows), which our processors apply to the
+            rotated keys (a per-plane scale commutes with the plane's turn).
     """
 
     def __init__(self, rope: AxialRoPE, positions: Callable, layout: Callable, sizing: Sizing | None = None,
                  *, time_dependent: bool = False, stock: object | None = None, grid_axes: int = 0,
-                 frequencies: Callable | None = None, columns: tuple[int, ...] | None = None):  # fmt: skip
+                 frequencies: Callable | None = None, columns: tuple[int, ...] | None = None,
+                 untwisting=None, references: Callable | None = None, bands: torch.Tensor | None = None):  # fmt: skip
         super().__init__()
         self.frequencies, self.columns = frequencies, columns
+        self.untwisting, self.references = untwisting, references
+        if untwisting is not None:  # float64 [n] (float32 where the rope's device has no float64), moved with .to()
+            self.register_buffer("bands", bands.to(rope.freqs.device, rope.freqs.dtype), persistent=False)
         self.__dict__["stock"] = stock  # a module, or a plain object (Z-Image's RopeEmbedder)
         self.rope, self.positions, self.layout, self.sizing = rope, positions, layout, sizing
         self.time_dependent, self.sized_by_grid = time_dependent, bool(grid_axes)
@@ -74,6 +83,7 @@ class RotaryTables(nn.Module):
         if sizing is not None and self.sized_by_grid:
             sizing = dataclasses.replace(sizing, grid=self.grid)
         pos, scaling, *context = self.positions(self.rope, sizing, *inputs, **kwargs)
+        reference = None if self.untwisting is None else self.references(pos)  # bool [S] ([B, S]), before columns go
         if sizing is not None and isinstance(scaling, tuple) and len(scaling) == len(self.rope.scaling):
             # an axis the sizing leaves unscaled keeps the rope's own method (the policy's RIFLEx on time)
             scaling = tuple(s if s is not None else own for s, own in zip(scaling, self.rope.scaling))
@@ -83,10 +93,22 @@ class RotaryTables(nn.Module):
         rotation = self.rope.rotation(pos, scaling=scaling, t=self.time if self.time_dependent else None)
         if self.frequencies is not None:  # the model's own (learned) F, as this forward passes it
             rotation = rotation._replace(freqs=self.frequencies(*inputs, **kwargs), turns=None)
-        return (*rotation_channel_tables(rotation, batched=pos.ndim == 3), *context)
+        tables = rotation_channel_tables(rotation, batched=pos.ndim == 3)
+        if reference is not None:
+            context = [*context, self._key_scale(reference, rotation.pairing)]
+        return (*tables, *context)
+
+    def _key_scale(self, reference: torch.Tensor, pairing: str) -> torch.Tensor:
+        """Untwisting's factor of the keys, float32 ``[S, D]`` (``[B, S, D]``) in the pairing's channel layout."""
+        s = self.untwisting.scale(self.bands, self.time if self.untwisting.scheduled else None)  # [n]
+        factor = torch.where(reference[..., None], s, torch.ones_like(s))  # [S, n] ([B, S, n])
+        return channel_table(factor, pairing).float()
 
     def forward(self, *inputs, **kwargs):
-        return self.layout(*self.tables(*inputs, **kwargs))
+        if self.untwisting is None:
+            return self.layout(*self.tables(*inputs, **kwargs))
+        *tables, key_scale = self.tables(*inputs, **kwargs)
+        return (*self.layout(*tables), key_scale)  # the stock tuple, then the keys' factor
 
     def __getattr__(self, name: str):
         try:
