@@ -3,7 +3,8 @@
 (``diffusers_bria_fibo2``), Ideogram 4 (``diffusers_ideogram4``), CogView4 and GLM-Image (``diffusers_cogview4``),
 Z-Image (``diffusers_z_image``), Lumina 2 (``diffusers_lumina2``), HunyuanImage 2.1 (HunyuanVideo's processor, whose
 steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise), Krea 2 (``diffusers_krea2``),
-NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``): QK-norm and rotation as one
+NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (``diffusers_kandinsky5``): QK-norm and
+rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -40,6 +41,7 @@ from axial_rope.integrations.diffusers_flux3 import Flux3RopeProcessor  # noqa: 
 from axial_rope.integrations.diffusers_hidream import HiDreamRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_ideogram4 import Ideogram4RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_kandinsky5 import Kandinsky5RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_krea2 import Krea2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_lumina2 import Lumina2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_nucleus import NucleusRopeProcessor  # noqa: E402
@@ -59,10 +61,15 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "HunyuanImageTransformer2DModel": HunyuanVideoRopeProcessor,
               "OvisImageTransformer2DModel": FluxRopeProcessor, "LongCatImageTransformer2DModel": FluxRopeProcessor,
               "Krea2Transformer2DModel": Krea2RopeProcessor, "NucleusMoEImageTransformer2DModel": NucleusRopeProcessor,
-              "PRXTransformer2DModel": PRXRopeProcessor}  # fmt: skip
+              "PRXTransformer2DModel": PRXRopeProcessor, "Kandinsky5Transformer3DModel": Kandinsky5RopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
+# the stock model cannot run in float64 (its one-module check below stands in)
+NO_FLOAT64 = {"Kandinsky5Transformer3DModel": "its time embedding casts the timestep to float32 before a float64 "
+              "linear layer (models/tiny_diffusers_more.py)"}  # fmt: skip
+# stock rounds the rotated q and k to this dtype (and back) whatever the model's, and so does ours, after it
+ROUNDED = {"Kandinsky5Transformer3DModel": torch.bfloat16}
 
 
 def _model(name: str, dtype: torch.dtype, depth: int = 1):
@@ -91,8 +98,8 @@ def _swap(model) -> tuple[list[str], callable]:
 
 
 def _norm_width(model) -> int:
-    """The widest query norm (``norm_q``; HiDream's ``q_rms_norm``, across heads): the ``n`` of its error bound."""
-    norms = [getattr(m, a) for m in model.modules() for a in ("norm_q", "q_rms_norm") if hasattr(m, a)]
+    """The widest query norm (``norm_q``; HiDream's ``q_rms_norm``, across heads; Kandinsky's ``query_norm``): the ``n`` of its error bound."""
+    norms = [getattr(m, a) for m in model.modules() for a in ("norm_q", "q_rms_norm", "query_norm") if hasattr(m, a)]
     # (a LayerNorm without affine weights, CogView4's: its normalized_shape)
     return max(math.prod(getattr(n, "normalized_shape", None) or n.weight.shape) for n in norms
                if isinstance(n, torch.nn.Module))  # fmt: skip
@@ -126,6 +133,8 @@ def test_complex_tables_are_the_interleaved_cos_sin_of_each_plane():
 @pytest.mark.parametrize("scaled", [False, True])
 @pytest.mark.parametrize("name", CLASSES)
 def test_fused_equals_norm_then_rotation_in_float64(name, scaled, fused_calls, monkeypatch):
+    if name in NO_FLOAT64:
+        pytest.skip(f"stock {name}: {NO_FLOAT64[name]}")
     model, inputs = _model(name, torch.float64, depth=DEPTH[name])
     stock = _run(model, inputs)
     n_axes = DIFFUSERS[name].rope(model.config).n_axes
@@ -167,6 +176,8 @@ def test_fused_equals_stock_in_float32_within_bound(name, fused_calls):
     # output with O(1) logits moves by 4 delta of the values' scale (tests/test_integrations_diffusers.py), once per
     # rotary attention layer
     delta = 2 * (_norm_width(model) / 2 + 14) * U32
+    if name in ROUNDED:  # two values delta apart, each rounded to within its unit roundoff u': apart by delta + 2 u'
+        delta += torch.finfo(ROUNDED[name]).eps  # eps = 2 u'
     torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
     undo()
     assert torch.equal(_run(model, inputs), stock)  # the stock processors back: the stock model
@@ -376,3 +387,55 @@ def test_nucleus_grouped_heads_text_keys_and_cache_as_stock(cached, fused_calls)
     # one attention layer, per-head norm of D channels: 4 delta of the values' scale (as above)
     delta = 2 * (head_dim / 2 + 14) * U32
     torch.testing.assert_close(ours, stock, atol=4 * delta * float(stock.abs().max()), rtol=0)
+
+
+def test_kandinsky5_rotated_q_k_as_stock_and_fused_equals_unfused(fused_calls, monkeypatch):
+    # stock rounds the rotated q and k to bfloat16 whatever the model's dtype, so the model's output is held to
+    # stock only at bfloat16's precision (above). Here, on one self-attention module, the rotated q and k themselves
+    # (caught where the NABLA mask is built from them): ours without the round trip, in float64, within one bfloat16
+    # rounding of stock's; ours with it against stock's; and, in float64 without it, the fused call against the norm
+    # modules called then the rotation
+    import copy
+
+    from diffusers.models.transformers import transformer_kandinsky
+
+    from axial_rope.integrations import diffusers_kandinsky5
+
+    model, _ = _model("Kandinsky5Transformer3DModel", torch.float32)
+    attn = model.visual_transformer_blocks[0].self_attention
+    head_dim = attn.to_query.out_features // attn.num_heads
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for norm in (attn.query_norm, attn.key_norm):  # ones at init: random weights, so they count
+            norm.weight.copy_(torch.rand(norm.weight.shape, generator=g) + 0.5)
+    x = torch.randn(2, 6, attn.to_query.in_features, generator=g)
+    angles = torch.rand(2, 6, head_dim // 2, generator=g, dtype=torch.float64) * 6  # [B, S, D/2]
+    c, s = angles.cos(), angles.sin()
+    rope = torch.stack([c, -s, s, c], dim=-1).view(2, 6, 1, head_dim // 2, 2, 2)  # [B, S, 1, D/2, 2, 2]
+    seen = []
+    capture = lambda q, k, sta_mask, thr: seen.append((q, k))  # noqa: E731  # (no mask: dense attention)
+    monkeypatch.setattr(transformer_kandinsky, "nablaT_v2", capture)
+    monkeypatch.setattr(diffusers_kandinsky5, "nablaT_v2", capture)
+    sparse = {"sta_mask": None, "P": None}
+    exact = Kandinsky5RopeProcessor()
+    exact.rotated_dtype = None
+    attn64 = copy.deepcopy(attn).double()
+    with torch.no_grad():
+        stock_out = attn.processor(attn, x, rotary_emb=rope.float(), sparse_params=sparse)
+        ours_out = Kandinsky5RopeProcessor()(attn, x, rotary_emb=rope.float(), sparse_params=sparse)
+        exact(attn64, x.double(), rotary_emb=rope, sparse_params=sparse)
+        monkeypatch.setattr(diffusers_processors, "read_norm", lambda *a, **kw: None)  # the norm modules called
+        exact(attn64, x.double(), rotary_emb=rope, sparse_params=sparse)
+    assert len(fused_calls) == 2 and len(seen) == 4
+    (stock_q, stock_k), (ours_q, ours_k), (fused_q, fused_k), (unfused_q, unfused_k) = seen
+    # per element: stock's float32 norm and rotation within delta = 2 (D / 2 + 14) u32 of the exact values, then one
+    # bfloat16 rounding (unit roundoff u' = eps / 2); ours with the round trip: its float32 values delta apart from
+    # stock's, each rounded (delta + eps)
+    delta, eps = 2 * (head_dim / 2 + 14) * U32, torch.finfo(torch.bfloat16).eps
+    for stock, ours, fused, unfused in ((stock_q, ours_q, fused_q, unfused_q), (stock_k, ours_k, fused_k, unfused_k)):
+        scale = float(stock.abs().max())
+        torch.testing.assert_close(fused.float(), stock, atol=(delta + eps / 2) * scale, rtol=0)
+        torch.testing.assert_close(ours, stock, atol=(delta + eps) * scale, rtol=0)
+        torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * scale, rtol=0)
+    # the attention output: q and k delta + eps apart relative, 4 (delta + eps) of the values' scale (as above)
+    torch.testing.assert_close(ours_out, stock_out, atol=4 * (delta + eps) * float(stock_out.abs().max()), rtol=0)

@@ -83,6 +83,7 @@ register_diffusers(
         positions=_positions,
         layout=_layout,
         stock=("Kandinsky5AttnProcessor",),
+        processor="Kandinsky5RopeProcessor",
         blocks=("visual_transformer_blocks.",),
         qk_norm="rms",  # Kandinsky5AttnProcessor: query_norm, key_norm (RMSNorm over D, float32), then apply_rotary
         timing=Timing(noise=1000.0),  # the pipeline passes the scheduler's timestep
