@@ -3,8 +3,7 @@ and layerwise casting, installed before or after ours; accelerate's CPU offload 
 device, then loaded). Tiny Flux (two double and two single blocks), float64; "equal" is bit for bit (the same
 operations run), except where a hook's own arithmetic differs (said at the assertion).
 
-Context parallelism is not exercised here: diffusers' ring and Ulysses attention need a CUDA or XPU device mesh
-(``enable_parallelism``); on CPU with gloo it does not run.
+diffusers' context parallelism is tested in tests/test_diffusers_context_parallel.py (two processes).
 """
 
 from __future__ import annotations

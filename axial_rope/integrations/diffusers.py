@@ -75,7 +75,7 @@ from . import (  # noqa: F401
 from .diffusers_checks import checked_scaling, checked_sizing
 from .diffusers_policy import FamilyPlan, plan_family
 from .diffusers_processors import PROCESSORS
-from .diffusers_sites import SITES, ModuleSite, argument_value, grid_step, install, time_step
+from .diffusers_sites import SITES, ModuleSite, argument_value, grid_step, install, sharded_sizing_step, time_step
 from .diffusers_tables import RotaryTables
 
 __all__ = ["set_rope_processors", "remove_rope_processors", "RopeProcessors", "SUPPORTED"]
@@ -344,7 +344,7 @@ def _steps(transformer, family, made, timed, sizing, noise_timestep, config) -> 
     """What runs before each forward, in order: the sampling time (``timed``: a time-dependent scaling or a scheduled
     Untwisting), the forward's grid, then any argument's tables (which need both)."""
     every = [tables for _, tables in made if tables.time_dependent]
-    steps = []
+    steps = [] if sizing is None else [sharded_sizing_step(transformer)]
     if timed:
         timing = family.timing
         noise = timing.noise if noise_timestep is None else noise_timestep

@@ -242,6 +242,25 @@ def time_step(tables: list[RotaryTables], read: Callable[[tuple, dict], object],
     return step
 
 
+def sharded_sizing_step(transformer: nn.Module) -> Step:
+    """Before each forward with ``mode`` (positions sized by the forward's grid): refuse under diffusers' context
+    parallelism (``enable_parallelism``, before or after installation). Its hooks shard the forward's inputs across
+    ranks, id tables included (Flux's ``img_ids``), so a rank would size its shard's grid, not the image's: measured
+    0.0044 off the unsharded model on tiny Flux (``mode="interpolate"`` at 2x), where a fixed ``scaling`` is exact."""
+
+    def step(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        parallel = getattr(transformer, "_parallel_config", None)
+        if getattr(parallel, "context_parallel_config", None) is not None:
+            raise ValueError(
+                f"{type(transformer).__name__} runs under diffusers' context parallelism, which shards the forward's "
+                "inputs across ranks: mode= would size each rank's shard instead of the image. Give the scaling "
+                "per axis instead (scaling=..., e.g. the one handle.plan shows), which context parallelism keeps exact"
+            )
+        return args, kwargs
+
+    return step
+
+
 def grid_step(tables: list[RotaryTables], reads: list[Callable[[tuple, dict], object]], grid_of: Callable) -> Step:
     """Before each forward: the forward's token grid (``grid_of(*arguments)``) into every tables module's ``grid``
     buffer, for models that compute their tables in several calls, so that every call is sized by one grid."""
