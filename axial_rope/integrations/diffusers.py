@@ -343,13 +343,14 @@ def _untwisting(rope, family, columns, untwisting) -> dict:
 def _steps(transformer, family, made, timed, sizing, noise_timestep, config) -> list:
     """What runs before each forward, in order: the sampling time (``timed``: a time-dependent scaling or a scheduled
     Untwisting), the forward's grid, then any argument's tables (which need both)."""
-    every = [tables for _, tables in made if tables.time_dependent]
+    every = [tables for _, tables in made]
     steps = [] if sizing is None else [sharded_sizing_step(transformer)]
-    if timed:
+    if timed:  # the tables modules holding a time buffer (an Untwisting's: the record's first only)
         timing = family.timing
         noise = timing.noise if noise_timestep is None else noise_timestep
         read = argument_value(transformer, timing.argument)
-        steps.append(time_step(every, read, noise, timing.clean, timing.argument))
+        timed_tables = [tables for tables in every if tables.time_dependent]
+        steps.append(time_step(timed_tables, read, noise, timing.clean, timing.argument))
     if sizing is not None and family.grid is not None:
         names, grid_of = family.grid
         steps.append(grid_step(every, [argument_value(transformer, n) for n in names], grid_of(config)))
