@@ -12,7 +12,7 @@ from rotation_oracle import oracle
 
 import axial_rope as ar
 from axial_rope import ops
-from axial_rope.methods import lol_frequencies, lol_jitter, lol_rope
+from axial_rope.methods import lol_frequencies, lol_jitter, lol_rope, phase_concentration, sink_alignment
 
 AXES, THETA = (4, 6, 6), (100.0, 50.0, 50.0)
 
@@ -95,3 +95,36 @@ def test_bad_arguments_are_refused_by_name():
         lol_frequencies(8, 100.0, torch.zeros(2), axes=(1,))
     with pytest.raises(ValueError, match="exactly one"):
         lol_rope(8, 100.0)
+
+
+def _time_planes(jitter: torch.Tensor, d: int = 8, theta: float = 100.0) -> torch.Tensor:
+    """Head h's time frequencies (theta (1 + j_h)) ** (-2i / d), i < d / 2: float64 [H, d / 2], transcribed."""
+    i = torch.arange(d // 2, dtype=torch.float64)
+    return torch.stack([(theta * (1 + float(j))) ** (-2 * i / d) for j in jitter])
+
+
+def test_sink_diagnostics_are_their_formulas_and_see_the_jitter():
+    """a_h(delta) = mean_j cos(delta F_hj); R(delta) = mean_j |mean_h exp(i delta F_hj)| over the time planes."""
+    jitter = torch.tensor([-0.5, 0.0, 0.3], dtype=torch.float64)
+    rope = lol_rope((8, 6, 6), 100.0, jitter=jitter)  # time axis jittered; y, x shared
+    delta = torch.tensor([0.0, 7.0, 40.0, 333.0], dtype=torch.float64)
+    f = _time_planes(jitter)  # [H, 4]
+    angle = delta[:, None, None] * f[None]  # [T, H, 4]
+    assert_close(sink_alignment(rope.freqs, delta), torch.cos(angle).mean(-1))
+    want = torch.stack([torch.polar(torch.ones_like(angle[:, :, j]), angle[:, :, j]).mean(1).abs() for j in range(4)])
+    assert_close(phase_concentration(rope.freqs, delta), want.mean(0))
+    # heads sharing F turn alike: concentration 1 at every distance; the jitter spreads them far from the sinks
+    shared = ar.AxialRoPE((8, 6, 6), theta=100.0)
+    far = torch.arange(50.0, 400.0, 10.0)
+    assert_close(phase_concentration(shared.freqs, far), torch.ones(len(far), dtype=torch.float64))
+    assert phase_concentration(lol_rope((8, 6, 6), 100.0, num_heads=8).freqs, far).mean() < 0.8
+    assert_close(phase_concentration(rope.freqs, delta, axis=1), torch.ones(4, dtype=torch.float64))  # y: shared
+    assert torch.equal(sink_alignment(rope.freqs, torch.zeros(1))[0], torch.ones(3, dtype=torch.float64))
+
+
+def test_sink_diagnostics_refuse_bad_input_by_name():
+    rope = lol_rope((8, 6, 6), 100.0, num_heads=2)
+    with pytest.raises(ValueError, match="freqs"):
+        phase_concentration(rope.freqs[0, 0], torch.arange(3.0))
+    with pytest.raises(ValueError, match="axis"):
+        sink_alignment(rope.freqs, torch.arange(3.0), axis=3)

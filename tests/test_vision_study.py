@@ -236,6 +236,25 @@ def test_published_json_gaps_are_matched_cell_by_cell(tmp_path):
     assert theirs.differing({"steps": 20, "lr": 0.1}, ignore=()) == "steps 10 there, 20 here; lr None there, 0.1 here"
 
 
+def test_distance_to_sinks_is_zero_on_a_sink_copy_scale_free_and_sqrt2_for_an_uncorrelated_frame():
+    from models.studies.streaming_video import distance_to_sinks
+
+    g = torch.Generator().manual_seed(0)
+    frames = torch.randn(2, 3, 5, 16, 16, generator=g, dtype=torch.float64)
+    frames[:, :, 3] = frames[:, :, 0]  # frame 3 snapped back to the sink
+    d = distance_to_sinks(frames)
+    assert d.shape == (2, 5) and torch.equal(d[:, 0], torch.zeros(2)) and torch.equal(d[:, 3], torch.zeros(2))
+    # uncorrelated frames of the same mean and contrast: ||a - b|| / ||a|| -> sqrt(2) (768 values: within 0.1)
+    assert ((d[:, [1, 2, 4]] - 2**0.5).abs() < 0.1).all()
+    torch.testing.assert_close(distance_to_sinks(3 * frames + 1), d, rtol=1e-12, atol=1e-12)  # contrast and offset
+    two = distance_to_sinks(frames, sinks=2)
+    assert torch.equal(two[:, 1], torch.zeros(2)) and (two <= d + 1e-12).all()  # more sinks: nearer or equal
+    with pytest.raises(ValueError, match="sinks"):
+        distance_to_sinks(frames, sinks=5)
+    with pytest.raises(ValueError, match="videos"):
+        distance_to_sinks(frames[0])
+
+
 def test_quick_streaming_video_study_reuses_the_frames_runs_and_regenerates_from_its_json(tmp_path, capsys):
     from dataclasses import asdict, replace
 

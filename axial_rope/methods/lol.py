@@ -28,7 +28,7 @@ import torch
 from ..frequencies import Frequencies, per_axis
 from ..rope import AxialRoPE
 
-__all__ = ["lol_frequencies", "lol_jitter", "lol_rope"]
+__all__ = ["lol_frequencies", "lol_jitter", "lol_rope", "phase_concentration", "sink_alignment"]
 
 
 def lol_jitter(num_heads: int, strength: float = 0.8, *, seed: int = 0) -> torch.Tensor:
@@ -105,3 +105,56 @@ def lol_rope(
         jitter = lol_jitter(num_heads, strength, seed=seed)
     frequencies = lol_frequencies(axes_dim, theta, jitter, axes=axes)
     return AxialRoPE.from_frequencies(frequencies, pairing, backend=backend)
+
+
+def _axis_planes(freqs: torch.Tensor, axis: int) -> torch.Tensor:
+    """The frequencies of the planes reading ``axis``: float64 ``[H, n_axis]`` from ``F`` ``[R, n]`` or ``[H, R, n]``."""
+    if not isinstance(freqs, torch.Tensor) or freqs.ndim not in (2, 3):
+        got = tuple(freqs.shape) if isinstance(freqs, torch.Tensor) else type(freqs).__name__
+        raise ValueError(f"freqs must be F [R, n] or per head [H, R, n], got {got}")
+    f = freqs.detach().to("cpu", torch.float64)
+    f = f[None] if f.ndim == 2 else f  # [H, R, n]
+    if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < f.shape[1]:
+        raise ValueError(f"axis must name one of F's {f.shape[1]} axes, got {axis!r}")
+    reads = (f[:, axis] != 0).any(0)  # [n]: the planes turning with this axis (every head's layout alike)
+    if not bool(reads.any()):
+        raise ValueError(f"no plane of F turns with axis {axis}")
+    return f[:, axis, reads]  # [H, n_axis]
+
+
+def sink_alignment(freqs: torch.Tensor, delta: torch.Tensor, axis: int = 0) -> torch.Tensor:
+    """How far each head's planes are back in phase with the sinks ``delta`` steps away on ``axis``.
+
+    ``a_h(delta) = mean_j cos(delta F[h, axis, j])`` over the planes turning with ``axis``: 1 when every plane of
+    head ``h`` has turned a whole number of times since the sink (a query there meets the sink keys as it met them
+    at distance 0), near 0 when the planes' phases spread. The reason LoL gives for sink collapse is that with one
+    base every head returns to 1 at the same frames.
+
+    Args:
+        freqs: ``F`` ``[R, n]`` (shared by the heads: one row) or per head ``[H, R, n]`` (``rope.freqs``).
+        delta: distances from the sink positions ``[T]`` (frames on the time axis).
+        axis: the axis whose planes are read (default 0, time in ``(t, y, x)``).
+
+    Returns:
+        float64 ``[T, H]`` on the CPU.
+    """
+    f = _axis_planes(freqs, axis)
+    d = torch.as_tensor(delta).detach().to("cpu", torch.float64).reshape(-1)
+    return torch.cos(d[:, None, None] * f[None]).mean(-1)  # [T, H]
+
+
+def phase_concentration(freqs: torch.Tensor, delta: torch.Tensor, axis: int = 0) -> torch.Tensor:
+    """How much the heads' phases agree ``delta`` steps from the sinks: ``mean_j |mean_h exp(i delta F[h, axis, j])|``.
+
+    The mean resultant length of the heads' angles per plane, averaged over the planes of ``axis``: 1 for heads
+    sharing ``F`` (every head turns alike, so they collapse onto the sinks together), falling with the distance
+    when each head has its own base (LoL's jitter). Arguments as :func:`sink_alignment`.
+
+    Returns:
+        float64 ``[T]`` on the CPU.
+    """
+    f = _axis_planes(freqs, axis)
+    d = torch.as_tensor(delta).detach().to("cpu", torch.float64).reshape(-1)
+    angle = d[:, None, None] * f[None]  # [T, H, n_axis]
+    resultant = torch.complex(torch.cos(angle).mean(1), torch.sin(angle).mean(1)).abs()  # [T, n_axis]
+    return resultant.mean(-1)

@@ -151,6 +151,32 @@ def sample_arm(arm: str, models: dict, study: StreamingVideoStudy, labels, noise
     return sample_videos(model, labels, noise, study.cfg_scale, study.euler_steps, scaling)
 
 
+def distance_to_sinks(videos: torch.Tensor, sinks: int = 1) -> torch.Tensor:
+    """Each frame's normalised distance to the sink frames, LoL's collapse diagnostic (arXiv 2601.16914).
+
+    ``d_t = min_s ||x_t - x_s|| / ||x_s - mean(x_s)||`` over the first ``sinks`` frames ``s`` (the nearest one's spread
+    in the denominator, so the scale is the picture's contrast): 0 for a frame that is a copy of a sink (a stream
+    snapped back to its start), about ``sqrt(2)`` for an uncorrelated frame of the same mean and contrast.
+
+    Args:
+        videos: ``[N, C, T, H, W]``.
+        sinks: how many leading frames the stream keeps as sinks (``1 <= sinks < T``).
+
+    Returns:
+        float64 ``[N, T]`` (the sink frames themselves at 0).
+    """
+    if videos.ndim != 5:
+        raise ValueError(f"videos must be [N, C, T, H, W], got {tuple(videos.shape)}")
+    frames = videos.shape[2]
+    if isinstance(sinks, bool) or not isinstance(sinks, int) or not 1 <= sinks < frames:
+        raise ValueError(f"sinks must be an int in [1, {frames}) for {frames} frames, got {sinks!r}")
+    x = videos.detach().double().transpose(1, 2).flatten(2)  # [N, T, C H W]
+    sink = x[:, :sinks]  # [N, S, P]
+    apart = torch.cdist(x, sink)  # [N, T, S]
+    spread = (sink - sink.mean(-1, keepdim=True)).norm(dim=-1).clamp_min(1e-12)  # [N, S]
+    return (apart / spread[:, None]).amin(-1)
+
+
 def evaluate(study: StreamingVideoStudy, root: Path, seed: int, length: int) -> str:
     """Every arm at ``length`` frames with seed ``seed``'s two models: metrics per clip, presence per frame."""
     runs = all_runs(study, root)
@@ -167,7 +193,8 @@ def evaluate(study: StreamingVideoStudy, root: Path, seed: int, length: int) -> 
         videos = sample_arm(arm, models, study, labels, noise)
         metrics = video_metrics(videos, labels, classifier, ref, round(period))
         result[arm] = {m: v.tolist() for m, v in metrics.items()} | {
-            "by_frame": _presence_by_frame(videos, ref.min_area)
+            "by_frame": _presence_by_frame(videos, ref.min_area),
+            "to_sinks": distance_to_sinks(videos).mean(0).tolist(),  # [T]: a collapse shows as a dip towards 0
         }
         if seed == study.seeds[0]:
             (root / "samples").mkdir(parents=True, exist_ok=True)
