@@ -3,8 +3,8 @@
 (``diffusers_bria_fibo2``), Ideogram 4 (``diffusers_ideogram4``), CogView4 and GLM-Image (``diffusers_cogview4``),
 Z-Image (``diffusers_z_image``), Lumina 2 (``diffusers_lumina2``), HunyuanImage 2.1 (HunyuanVideo's processor, whose
 steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise), Krea 2 (``diffusers_krea2``),
-NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (``diffusers_kandinsky5``): QK-norm and
-rotation as one
+NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (``diffusers_kandinsky5``), Kandinsky 6
+and 6 SR (``diffusers_kandinsky6``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -42,6 +42,7 @@ from axial_rope.integrations.diffusers_hidream import HiDreamRopeProcessor  # no
 from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_ideogram4 import Ideogram4RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_kandinsky5 import Kandinsky5RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_kandinsky6 import Kandinsky6RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_krea2 import Krea2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_lumina2 import Lumina2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_nucleus import NucleusRopeProcessor  # noqa: E402
@@ -61,7 +62,9 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "HunyuanImageTransformer2DModel": HunyuanVideoRopeProcessor,
               "OvisImageTransformer2DModel": FluxRopeProcessor, "LongCatImageTransformer2DModel": FluxRopeProcessor,
               "Krea2Transformer2DModel": Krea2RopeProcessor, "NucleusMoEImageTransformer2DModel": NucleusRopeProcessor,
-              "PRXTransformer2DModel": PRXRopeProcessor, "Kandinsky5Transformer3DModel": Kandinsky5RopeProcessor}  # fmt: skip
+              "PRXTransformer2DModel": PRXRopeProcessor, "Kandinsky5Transformer3DModel": Kandinsky5RopeProcessor,
+              "Kandinsky6Transformer3DModel": Kandinsky6RopeProcessor,
+              "Kandinsky6SRTransformer3DModel": Kandinsky6RopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}

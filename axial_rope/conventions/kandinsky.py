@@ -112,6 +112,7 @@ register_diffusers(
         positions=_positions6,
         layout=_layout6,
         stock=("Kandinsky6AttnProcessor", "Kandinsky6SRAttnProcessor"),
+        processor="Kandinsky6RopeProcessor",
         blocks=("visual_transformer_blocks.",),
         qk_norm="rms",  # Kandinsky6(SR)AttnProcessor: query_norm, key_norm (RMSNorm over D), then apply_rotary
         timing=Timing(noise=1000.0),  # the timestep on the [0, num_train_timesteps] scale

@@ -64,6 +64,7 @@ from . import (  # noqa: F401
     diffusers_hunyuan_video15,
     diffusers_ideogram4,
     diffusers_kandinsky5,
+    diffusers_kandinsky6,
     diffusers_krea2,
     diffusers_ltx,
     diffusers_lumina2,
