@@ -4,7 +4,7 @@
 Z-Image (``diffusers_z_image``), Lumina 2 (``diffusers_lumina2``), HunyuanImage 2.1 (HunyuanVideo's processor, whose
 steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise), Krea 2 (``diffusers_krea2``),
 NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (``diffusers_kandinsky5``), Kandinsky 6
-and 6 SR (``diffusers_kandinsky6``): QK-norm and rotation as one
+and 6 SR (``diffusers_kandinsky6``), JoyImage Edit and Edit Plus (``diffusers_joyimage``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -41,6 +41,7 @@ from axial_rope.integrations.diffusers_flux3 import Flux3RopeProcessor  # noqa: 
 from axial_rope.integrations.diffusers_hidream import HiDreamRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_ideogram4 import Ideogram4RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_joyimage import JoyImageEditPlusRopeProcessor, JoyImageRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_kandinsky5 import Kandinsky5RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_kandinsky6 import Kandinsky6RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_krea2 import Krea2RopeProcessor  # noqa: E402
@@ -64,7 +65,9 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "Krea2Transformer2DModel": Krea2RopeProcessor, "NucleusMoEImageTransformer2DModel": NucleusRopeProcessor,
               "PRXTransformer2DModel": PRXRopeProcessor, "Kandinsky5Transformer3DModel": Kandinsky5RopeProcessor,
               "Kandinsky6Transformer3DModel": Kandinsky6RopeProcessor,
-              "Kandinsky6SRTransformer3DModel": Kandinsky6RopeProcessor}  # fmt: skip
+              "Kandinsky6SRTransformer3DModel": Kandinsky6RopeProcessor,
+              "JoyImageEditTransformer3DModel": JoyImageRopeProcessor,
+              "JoyImageEditPlusTransformer3DModel": JoyImageEditPlusRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -101,8 +104,10 @@ def _swap(model) -> tuple[list[str], callable]:
 
 
 def _norm_width(model) -> int:
-    """The widest query norm (``norm_q``; HiDream's ``q_rms_norm``, across heads; Kandinsky's ``query_norm``): the ``n`` of its error bound."""
-    norms = [getattr(m, a) for m in model.modules() for a in ("norm_q", "q_rms_norm", "query_norm") if hasattr(m, a)]
+    """The widest query norm (``norm_q``; HiDream's ``q_rms_norm``, across heads; Kandinsky's ``query_norm``; JoyImage's
+    ``img_attn_q_norm`` and ``txt_attn_q_norm``): the ``n`` of its error bound."""
+    names = ("norm_q", "q_rms_norm", "query_norm", "img_attn_q_norm", "txt_attn_q_norm")
+    norms = [getattr(m, a) for m in model.modules() for a in names if hasattr(m, a)]
     # (a LayerNorm without affine weights, CogView4's: its normalized_shape)
     return max(math.prod(getattr(n, "normalized_shape", None) or n.weight.shape) for n in norms
                if isinstance(n, torch.nn.Module))  # fmt: skip
@@ -442,3 +447,28 @@ def test_kandinsky5_rotated_q_k_as_stock_and_fused_equals_unfused(fused_calls, m
         torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * scale, rtol=0)
     # the attention output: q and k delta + eps apart relative, 4 (delta + eps) of the values' scale (as above)
     torch.testing.assert_close(ours_out, stock_out, atol=4 * (delta + eps) * float(stock_out.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_joyimage_edit_mrope_rotates_the_text_as_stock(scaled, fused_calls):
+    # rope_type "mrope" (the tiny model's is "rope"): the text's q and k rotated too, by the text's own tables, after
+    # the grid; each stream fused: twice per block. float32 against stock (scaled: the same tables for both, since
+    # our tables module stays in place while the stock processors come back)
+    import diffusers
+
+    model = diffusers.JoyImageEditTransformer3DModel(
+        in_channels=4, hidden_size=32, num_attention_heads=2, text_dim=16, num_layers=2, rope_dim_list=[4, 6, 6],
+        rope_type="mrope",
+    ).eval()  # fmt: skip
+    frames, h, w = tiny.TINY["JoyImageEditTransformer3DModel"].grid
+    inputs = tiny.inputs("JoyImageEditTransformer3DModel", h, w, frames=frames)
+    handle = set_rope_processors(model, scaling=(None, None, ar.scaling.Linear(2.0)) if scaled else None)
+    names = list(handle.names)
+    out = _run(model, inputs)
+    assert len(fused_calls) == 2 * len(names)  # the image's and the text's
+    for name in names:  # the stock processors, our tables kept
+        model.get_submodule(name.removesuffix(".processor")).set_processor(handle.originals[name])
+    stock = _run(model, inputs)
+    # per-head norm of D channels, 2 layers: 4 x 2 delta of the output's scale (as above)
+    delta = 2 * (_norm_width(model) / 2 + 14) * U32
+    torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)

@@ -64,6 +64,7 @@ register_diffusers(
         positions=_edit_positions,
         layout=_edit_layout,
         stock=("JoyImageAttnProcessor",),
+        processor="JoyImageRopeProcessor",
         blocks=("double_blocks.",),
         qk_norm="rms",  # JoyImageAttnProcessor: img/txt_attn_q/k_norm (RMSNorm over D), then _apply_rotary_emb
         max_diff=1e-7,  # float64 models, tables replaced: 8.1e-8 measured (the float32 tables)
@@ -103,6 +104,7 @@ register_diffusers(
         grid_axes=(1, 2),  # the frame index is the image's place in the item: mode sizes (y, x)
         time_axis=None,
         stock=("JoyImageEditPlusAttnProcessor",),
+        processor="JoyImageEditPlusRopeProcessor",
         blocks=("double_blocks.",),
         qk_norm="rms",  # JoyImageEditPlusAttnProcessor: img/txt_attn_q/k_norm (RMSNorm over D), then rotation
         max_diff=3e-8,  # float64 models, tables replaced: 2.3e-8 measured (the float32 tables)

@@ -63,6 +63,7 @@ from . import (  # noqa: F401
     diffusers_hidream,
     diffusers_hunyuan_video15,
     diffusers_ideogram4,
+    diffusers_joyimage,
     diffusers_kandinsky5,
     diffusers_kandinsky6,
     diffusers_krea2,
