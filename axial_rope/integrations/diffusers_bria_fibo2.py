@@ -34,13 +34,7 @@ class BriaFibo2RopeProcessor(_RopeProcessor):
         q, k, v = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
         q, k, v = (t.unflatten(-1, (attn.heads, -1)) for t in (q, k, v))  # [B, S, H, D]
         rotation = None if freqs_cis is None else complex_tables(freqs_cis, self.backend)  # [B, S, D]
-        norm = self.qk_norm(attn, q, "bshd")
-        if rotation is not None and norm is not None:  # fused
-            q, k = rotation.norm_rotate(q, k, norm, "bshd")
-        else:
-            q, k = attn.norm_q(q), attn.norm_k(k)
-            if rotation is not None:
-                q, k = rotation(q, k, "bshd")
+        q, k = self.norm_then_rotate(attn, q, k, rotation, "bshd")
         if attention_mask is not None and attention_mask.ndim == 2:  # [B, S] -> [B, 1, 1, S]
             attention_mask = attention_mask[:, None, None, :]
         return attn.to_out[0](self._attend(q, k, v, attention_mask))

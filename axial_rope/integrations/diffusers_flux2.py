@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .diffusers_processors import FluxRopeProcessor, _norm
+from .diffusers_processors import FluxRopeProcessor
 
 __all__ = ["Flux2RopeProcessor"]
 
@@ -52,12 +52,6 @@ class Flux2RopeProcessor(FluxRopeProcessor):
         qkv, mlp = torch.split(hidden_states, [local_qkv, hidden_states.shape[-1] - local_qkv], dim=-1)
         q, k, v = (t.unflatten(-1, (-1, attn.head_dim)) for t in qkv.chunk(3, dim=-1))  # [B, S, H, D]
         rotation = self.tables(image_rotary_emb)  # [S, D]: every token
-        norm = self.qk_norm(attn, q, "bshd")
-        if rotation is not None and norm is not None:  # fused
-            q, k = rotation.norm_rotate(q, k, norm, "bshd")
-        else:
-            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
-            if rotation is not None:
-                q, k = rotation(q, k, "bshd")
+        q, k = self.norm_then_rotate(attn, q, k, rotation, "bshd")
         out = self._attend(q, k, v, attention_mask)
         return attn.to_out(torch.cat([out, attn.mlp_act_fn(mlp)], dim=-1))

@@ -31,13 +31,7 @@ class HunyuanVideo15RopeProcessor(_RopeProcessor):
     ):
         q, k, v = (proj(hidden_states).unflatten(2, (attn.heads, -1)) for proj in (attn.to_q, attn.to_k, attn.to_v))
         rotation = self.tables(image_rotary_emb)  # [S_video, D]
-        norm = self.qk_norm(attn, q, "bshd")
-        if rotation is not None and norm is not None:  # fused
-            q, k = rotation.norm_rotate(q, k, norm, "bshd")
-        else:
-            q, k = attn.norm_q(q), attn.norm_k(k)
-            if rotation is not None:
-                q, k = rotation(q, k, "bshd")
+        q, k = self.norm_then_rotate(attn, q, k, rotation, "bshd")
         if encoder_hidden_states is not None:  # the text appended, its own projections and norms
             eq, ek, ev = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
                           for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))  # fmt: skip

@@ -37,13 +37,7 @@ class Krea2RopeProcessor(_RopeProcessor):
         k, v = (proj(hidden_states).unflatten(-1, (attn.num_kv_heads, attn.head_dim)) for proj in (attn.to_k, attn.to_v))
         gate = attn.to_gate(hidden_states)
         rotation = self.tables(image_rotary_emb)  # [S, D]
-        norm = self.qk_norm(attn, q, "bshd")
-        if rotation is not None and norm is not None:  # fused
-            q, k = rotation.norm_rotate(q, k, norm, "bshd")
-        else:
-            q, k = attn.norm_q(q), attn.norm_k(k)
-            if rotation is not None:
-                q, k = rotation(q, k, "bshd")
+        q, k = self.norm_then_rotate(attn, q, k, rotation, "bshd")
         groups = attn.num_heads // attn.num_kv_heads
         if groups > 1:  # each k, v head repeated over its group of query heads
             k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)

@@ -20,7 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .diffusers_processors import _norm, _RopeProcessor
+from .diffusers_processors import _RopeProcessor
 from .diffusers_qwen_image import complex_tables
 
 __all__ = ["Lumina2RopeProcessor"]
@@ -45,13 +45,7 @@ class Lumina2RopeProcessor(_RopeProcessor):
         q = q.view(batch, -1, attn.heads, head_dim)
         k, v = (t.view(batch, -1, k.shape[-1] // head_dim, head_dim) for t in (k, v))  # [B, S, H_kv, D]
         rotation = None if image_rotary_emb is None else complex_tables(image_rotary_emb, self.backend)  # [B, S, D]
-        norm = self.qk_norm(attn, q, "bshd")
-        if rotation is not None and norm is not None:  # fused
-            q, k = rotation.norm_rotate(q, k, norm, "bshd")
-        else:
-            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
-            if rotation is not None:
-                q, k = rotation(q, k, "bshd")
+        q, k = self.norm_then_rotate(attn, q, k, rotation, "bshd")
         q, k = q.to(dtype), k.to(dtype)
 
         scale = attn.scale

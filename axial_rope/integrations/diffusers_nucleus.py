@@ -43,13 +43,7 @@ class NucleusRopeProcessor(_RopeProcessor):
         q = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
         k, v = (proj(hidden_states).unflatten(-1, (kv_heads, -1)) for proj in (attn.to_k, attn.to_v))
         img, txt = (None, None) if image_rotary_emb is None else (complex_tables(f, self.backend) for f in image_rotary_emb)
-        norm = self.qk_norm(attn, q, "bshd")
-        if img is not None and norm is not None:  # fused for the image tokens
-            q, k = img.norm_rotate(q, k, norm, "bshd")
-        else:
-            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
-            if img is not None:
-                q, k = img(q, k, "bshd")
+        q, k = self.norm_then_rotate(attn, q, k, img, "bshd")
 
         if cached_txt_key is not None and cached_txt_value is not None:  # the text's keys, normalised and rotated
             k, v = torch.cat([k, cached_txt_key], dim=1), torch.cat([v, cached_txt_value], dim=1)

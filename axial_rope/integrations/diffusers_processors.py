@@ -166,6 +166,17 @@ class _RopeProcessor:
         heads = x.shape[2 if layout == "bshd" else 1]
         return read_norm(getattr(attn, names[0]), getattr(attn, names[1]), heads, x.shape[-1], x.dtype)
 
+    def norm_then_rotate(self, attn, q: torch.Tensor, k: torch.Tensor, rotation: Tables | None, layout: str,
+                         names: tuple[str, str] = ("norm_q", "norm_k")) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """q and k through ``attn``'s QK-norm modules ``names`` and then ``rotation`` (``None``: the norm alone), as the
+        stock processors do: one fused call where :func:`read_norm` reads both modules (float32 inside, rounded
+        once), else the modules called (a ``None`` module skipped) and the rotation after them."""
+        norm = self.qk_norm(attn, q, layout, names)
+        if rotation is not None and norm is not None:  # fused
+            return rotation.norm_rotate(q, k, norm, layout)
+        q, k = _norm(getattr(attn, names[0]), q), _norm(getattr(attn, names[1]), k)
+        return (q, k) if rotation is None else rotation(q, k, layout)
+
     def _attend(self, q, k, v, mask=None, *, parallel: bool = True) -> torch.Tensor:
         """diffusers' attention of ``bshd`` q, k, v on the chosen backend, heads merged: ``[B, S, H * D]`` in q's dtype.
 

@@ -43,13 +43,7 @@ class PRXRopeProcessor(_RopeProcessor):
         tk, tv = heads(attn.txt_kv_proj(encoder_hidden_states), 2)  # [B, H, S_txt, D] each
         # [B, 1, S, D/2, 2, 2] -> [B, S, 1, D/2, 2, 2], as matrix_tables reads them
         rotation = None if image_rotary_emb is None else matrix_tables(image_rotary_emb.transpose(1, 2), self.backend)
-        norm = self.qk_norm(attn, q, "bhsd")
-        if rotation is not None and norm is not None:  # fused for the image tokens
-            q, k = rotation.norm_rotate(q, k, norm, "bhsd")
-        else:
-            q, k = attn.norm_q(q), attn.norm_k(k)
-            if rotation is not None:
-                q, k = rotation(q, k, "bhsd")
+        q, k = self.norm_then_rotate(attn, q, k, rotation, "bhsd")
         tk = attn.norm_added_k(tk)  # the text's keys: normalised, not rotated
         k, v = torch.cat((tk, k), dim=2), torch.cat((tv, v), dim=2)  # [B, H, S_txt + S_img, D]
 

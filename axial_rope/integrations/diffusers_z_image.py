@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .diffusers_processors import _norm, _RopeProcessor
+from .diffusers_processors import _RopeProcessor
 from .diffusers_qwen_image import complex_tables
 
 __all__ = ["ZImageRopeProcessor"]
@@ -34,13 +34,7 @@ class ZImageRopeProcessor(_RopeProcessor):
     ) -> torch.Tensor:
         q, k, v = (proj(hidden_states).unflatten(-1, (attn.heads, -1)) for proj in (attn.to_q, attn.to_k, attn.to_v))
         rotation = None if freqs_cis is None else complex_tables(freqs_cis, self.backend)  # [B, S, D]
-        norm = self.qk_norm(attn, q, "bshd")
-        if rotation is not None and norm is not None:  # fused
-            q, k = rotation.norm_rotate(q, k, norm, "bshd")
-        else:
-            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
-            if rotation is not None:
-                q, k = rotation(q, k, "bshd")
+        q, k = self.norm_then_rotate(attn, q, k, rotation, "bshd")
         if attention_mask is not None and attention_mask.ndim == 2:  # [B, S] -> [B, 1, 1, S]
             attention_mask = attention_mask[:, None, None, :]
         out = attn.to_out[0](self._attend(q, k, v, attention_mask))
