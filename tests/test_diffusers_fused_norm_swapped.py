@@ -4,7 +4,8 @@
 Z-Image (``diffusers_z_image``), Lumina 2 (``diffusers_lumina2``), HunyuanImage 2.1 (HunyuanVideo's processor, whose
 steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise), Krea 2 (``diffusers_krea2``),
 NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (``diffusers_kandinsky5``), Kandinsky 6
-and 6 SR (``diffusers_kandinsky6``), JoyImage Edit and Edit Plus (``diffusers_joyimage``): QK-norm and rotation as one
+and 6 SR (``diffusers_kandinsky6``), JoyImage Edit and Edit Plus (``diffusers_joyimage``),
+Motif-Video (``diffusers_motif_video``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -46,6 +47,7 @@ from axial_rope.integrations.diffusers_kandinsky5 import Kandinsky5RopeProcessor
 from axial_rope.integrations.diffusers_kandinsky6 import Kandinsky6RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_krea2 import Krea2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_lumina2 import Lumina2RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_motif_video import MotifVideoRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_nucleus import NucleusRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_processors import FluxRopeProcessor, HunyuanVideoRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_prx import PRXRopeProcessor  # noqa: E402
@@ -67,13 +69,16 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "Kandinsky6Transformer3DModel": Kandinsky6RopeProcessor,
               "Kandinsky6SRTransformer3DModel": Kandinsky6RopeProcessor,
               "JoyImageEditTransformer3DModel": JoyImageRopeProcessor,
-              "JoyImageEditPlusTransformer3DModel": JoyImageEditPlusRopeProcessor}  # fmt: skip
+              "JoyImageEditPlusTransformer3DModel": JoyImageEditPlusRopeProcessor,
+              "MotifVideoTransformer3DModel": MotifVideoRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
 # the stock model cannot run in float64 (its one-module check below stands in)
 NO_FLOAT64 = {"Kandinsky5Transformer3DModel": "its time embedding casts the timestep to float32 before a float64 "
-              "linear layer (models/tiny_diffusers_more.py)"}  # fmt: skip
+              "linear layer (models/tiny_diffusers_more.py)",
+              "MotifVideoTransformer3DModel": "its time embedding is float32 always (Timesteps), with no cast to "
+              "float64 weights (models/tiny_diffusers_video.py)"}  # fmt: skip
 # stock rounds the rotated q and k to this dtype (and back) whatever the model's, and so does ours, after it
 ROUNDED = {"Kandinsky5Transformer3DModel": torch.bfloat16}
 
@@ -472,3 +477,68 @@ def test_joyimage_edit_mrope_rotates_the_text_as_stock(scaled, fused_calls):
     # per-head norm of D channels, 2 layers: 4 x 2 delta of the output's scale (as above)
     delta = 2 * (_norm_width(model) / 2 + 14) * U32
     torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+
+
+def _motif(**options):
+    import diffusers
+
+    torch.manual_seed(0)
+    return diffusers.MotifVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=2, num_single_layers=2,
+        patch_size=1, text_embed_dim=16, rope_axes_dim=(2, 4, 4), **options,
+    ).eval()  # fmt: skip
+
+
+def test_motif_video_text_cross_attention_and_decoder_as_stock(fused_calls):
+    # the tiny model has neither: the text cross-attention (the video's queries rotated, the text's keys not; the
+    # mask's text columns) in both kinds of block, and a decoder block (the last single block: the video appended to
+    # itself as the "text", no mask, no cross-attention). float32 against stock
+    model = _motif(enable_text_cross_attention_dual=True, enable_text_cross_attention_single=True,
+                   num_decoder_layers=1)  # fmt: skip
+    frames, h, w = tiny.TINY["MotifVideoTransformer3DModel"].grid
+    inputs = tiny.inputs("MotifVideoTransformer3DModel", h, w, frames=frames)
+    stock = _run(model, inputs)
+    names, undo = _swap(model)
+    assert len(names) == 7 and sum("cross_attn" in n for n in names) == 3
+    out = _run(model, inputs)
+    assert len(fused_calls) == 4  # the self-attention of each block
+    # per-head norm of D channels, one delta per swapped layer: 4 x layers x delta of the output's scale (as above)
+    delta = 2 * (_norm_width(model) / 2 + 14) * U32
+    torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+    undo()
+    assert torch.equal(_run(model, inputs), stock)
+
+
+def test_motif_video_fused_equals_unfused_in_float64(monkeypatch, fused_calls):
+    # the stock model cannot run in float64 (NO_FLOAT64): each kind of self-attention module (dual-stream: the text's
+    # own projections; single-stream: the text rows appended, not rotated) and the text cross-attention, in float64,
+    # fused against the norm modules called and then the rotation
+    import copy
+
+    model = _motif(enable_text_cross_attention_dual=True, enable_text_cross_attention_single=True)
+    head = 10
+    g = torch.Generator().manual_seed(0)
+    angles = torch.rand(6, head // 2, generator=g, dtype=torch.float64) * 6
+    tables = tuple(f(angles).repeat_interleave(2, -1) for f in (torch.cos, torch.sin))  # [S, D] interleaved
+    x, text = torch.randn(2, 6, 20, generator=g, dtype=torch.float64), torch.randn(2, 3, 20, generator=g,
+                                                                                     dtype=torch.float64)  # fmt: skip
+    mask = torch.tensor([[True] * 9, [True] * 7 + [False] * 2])[:, None, None, :]
+    modules = (model.transformer_blocks[0].attn, model.single_transformer_blocks[0].attn,
+               model.transformer_blocks[0].cross_attn)  # fmt: skip
+    for attn in modules:
+        attn = copy.deepcopy(attn).double()
+        with torch.no_grad():
+            for norm in (attn.norm_q, attn.norm_k):  # ones at init: random weights, so they count
+                norm.weight.copy_(torch.rand(norm.weight.shape, generator=g, dtype=torch.float64) + 0.5)
+        kw = dict(attention_mask=mask, image_rotary_emb=tables)
+        outputs = []
+        for read in (True, False):
+            with monkeypatch.context() as m:
+                if not read:
+                    m.setattr(diffusers_processors, "read_norm", lambda *a, **k: None)
+                with torch.no_grad():
+                    outputs.append(MotifVideoRopeProcessor()(attn, x, text, **kw))
+        for fused, unfused in zip(*(o if isinstance(o, tuple) else (o,) for o in outputs)):
+            torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * float(unfused.abs().max()),
+                                       rtol=0)  # fmt: skip
+    assert len(fused_calls) == 2  # the two self-attentions (the cross-attention's queries have no keys to pair with)

@@ -22,6 +22,7 @@ register_diffusers(
         positions=latent_positions(lambda c: (size(c, "patch_size_t"), size(c, "patch_size"), size(c, "patch_size"))),
         # self-attention rotates the video tokens' q and k; the text cross-attention rotates the video queries
         stock=("MotifVideoAttnProcessor2_0", "MotifVideoCrossAttnProcessor2_0"),
+        processor="MotifVideoRopeProcessor",
         qk_norm="rms",  # MotifVideoAttnProcessor2_0: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb
         max_diff=0.0,  # tables replaced at the training size, measured in float32 (the model cannot run in float64)
         source=SOURCE,
