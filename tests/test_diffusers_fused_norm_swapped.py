@@ -5,7 +5,7 @@ Z-Image (``diffusers_z_image``), Lumina 2 (``diffusers_lumina2``), HunyuanImage 
 steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise), Krea 2 (``diffusers_krea2``),
 NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (``diffusers_kandinsky5``), Kandinsky 6
 and 6 SR (``diffusers_kandinsky6``), JoyImage Edit and Edit Plus (``diffusers_joyimage``),
-Motif-Video (``diffusers_motif_video``): QK-norm and rotation as one
+Motif-Video (``diffusers_motif_video``), Cosmos (``diffusers_cosmos``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -37,6 +37,7 @@ from axial_rope.integrations import diffusers_processors  # noqa: E402
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_bria_fibo2 import BriaFibo2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_cogview4 import CogView4RopeProcessor, GlmImageRopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_cosmos import CosmosRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_flux2 import Flux2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_flux3 import Flux3RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hidream import HiDreamRopeProcessor  # noqa: E402
@@ -70,7 +71,8 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "Kandinsky6SRTransformer3DModel": Kandinsky6RopeProcessor,
               "JoyImageEditTransformer3DModel": JoyImageRopeProcessor,
               "JoyImageEditPlusTransformer3DModel": JoyImageEditPlusRopeProcessor,
-              "MotifVideoTransformer3DModel": MotifVideoRopeProcessor}  # fmt: skip
+              "MotifVideoTransformer3DModel": MotifVideoRopeProcessor,
+              "CosmosTransformer3DModel": CosmosRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -79,6 +81,8 @@ NO_FLOAT64 = {"Kandinsky5Transformer3DModel": "its time embedding casts the time
               "linear layer (models/tiny_diffusers_more.py)",
               "MotifVideoTransformer3DModel": "its time embedding is float32 always (Timesteps), with no cast to "
               "float64 weights (models/tiny_diffusers_video.py)"}  # fmt: skip
+# the swapped processors that rotate nothing, by name, where not a "cross_attention"
+UNROTATED = {"CosmosTransformer3DModel": ".attn2."}
 # stock rounds the rotated q and k to this dtype (and back) whatever the model's, and so does ours, after it
 ROUNDED = {"Kandinsky5Transformer3DModel": torch.bfloat16}
 
@@ -161,8 +165,9 @@ def test_fused_equals_norm_then_rotation_in_float64(name, scaled, fused_calls, m
     _float64_zero_centred_norms(monkeypatch)
     fused = _run(model, inputs)
     # every swapped processor that rotates fused (a joint block: once per stream); Bria-Fibo 2's cross-attention to
-    # the text (its injection blocks) is swapped too and rotates nothing
-    assert len(fused_calls) >= len([n for n in names if "cross_attention" not in n])
+    # the text (its injection blocks) is swapped too and rotates nothing, and so is Cosmos's (attn2)
+    unrotated = UNROTATED.get(name, "cross_attention")
+    assert len(fused_calls) >= len([n for n in names if "cross_attention" not in n and unrotated not in n])
     monkeypatch.setattr(diffusers_processors, "read_norm", lambda *a, **kw: None)  # the norm modules called
     unfused = _run(model, inputs)
     # two float64 evaluations of one model, the same arithmetic but for the order within the norm and the rotation:
@@ -542,3 +547,66 @@ def test_motif_video_fused_equals_unfused_in_float64(monkeypatch, fused_calls):
             torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * float(unfused.abs().max()),
                                        rtol=0)  # fmt: skip
     assert len(fused_calls) == 2  # the two self-attentions (the cross-attention's queries have no keys to pair with)
+
+
+def test_cosmos_image_context_as_stock(fused_calls, monkeypatch):
+    # Cosmos 2.5's image context (the tiny model has none): its cross-attention modules are CosmosAttention, whose
+    # stock processor (CosmosAttnProcessor2_5) adds an unrotated image branch. The whole model in float32 against
+    # stock; then one such module given rotation tables and no text (stock then attends the tokens to themselves and
+    # rotates their q and k; the model passes no tables there): ours against stock in float32, and fused against
+    # unfused in float64
+    import copy
+
+    import diffusers
+
+    torch.manual_seed(0)
+    model = diffusers.CosmosTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12, num_layers=2, mlp_ratio=2.0,
+        text_embed_dim=16, adaln_lora_dim=4, max_size=(16, 32, 32), concat_padding_mask=False,
+        extra_pos_embed_type=None, img_context_dim_in=8, img_context_num_tokens=3, img_context_dim_out=24,
+    ).eval()  # fmt: skip
+    frames, h, w = tiny.TINY["CosmosTransformer3DModel"].grid
+    inputs = tiny.inputs("CosmosTransformer3DModel", h, w, frames=frames)
+    g = torch.Generator().manual_seed(0)
+    inputs["encoder_hidden_states"] = (inputs["encoder_hidden_states"], torch.randn(2, 3, 8, generator=g))
+    stock = _run(model, inputs)
+    names, undo = _swap(model)
+    assert sum(type(model.get_submodule(n.removesuffix(".processor"))).__name__ == "CosmosAttention"
+               for n in names) == 2  # fmt: skip
+    out = _run(model, inputs)
+    assert len(fused_calls) == 2  # the self-attentions
+    delta = 2 * (_norm_width(model) / 2 + 14) * U32
+    torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+    undo()
+
+    from diffusers.models.transformers.transformer_cosmos import CosmosAttention, CosmosAttnProcessor2_5
+
+    # (the model's take the text's width as keys: a module whose keys are the tokens' own)
+    attn = CosmosAttention(query_dim=24, heads=2, dim_head=12, qk_norm="rms_norm", elementwise_affine=True,
+                           processor=CosmosAttnProcessor2_5())  # fmt: skip
+    stock_processor = attn.processor
+    x, image = torch.randn(2, 6, 24, generator=g), torch.randn(2, 3, 24, generator=g)
+    angles = torch.rand(6, 6, generator=g, dtype=torch.float64) * 6  # [S, D/2], half pairing: the table twice
+    tables = tuple(torch.cat([f(angles)] * 2, -1) for f in (torch.cos, torch.sin))
+    mask = (None, torch.tensor([[True] * 3, [True] * 2 + [False]])[:, None, None, :])  # (text, image)
+    with torch.no_grad():
+        for norm in (attn.norm_q, attn.norm_k):  # ones at init: random weights, so they count
+            norm.weight.copy_(torch.rand(norm.weight.shape, generator=g) + 0.5)
+        kw = dict(attention_mask=mask, image_rotary_emb=tuple(t.float() for t in tables))
+        want = stock_processor(attn, x, (None, image), **kw)
+        ours = CosmosRopeProcessor()(attn, x, (None, image), **kw)
+    delta = 2 * (12 / 2 + 14) * U32  # one attention layer: 4 delta of the values' scale (as above)
+    torch.testing.assert_close(ours, want, atol=4 * delta * float(want.abs().max()), rtol=0)
+    attn64 = copy.deepcopy(attn).double()
+    for name in ("norm_q", "norm_k"):  # torch's RMSNorm: a float64 norm in the unfused path
+        child = getattr(attn64, name)
+        exact = torch.nn.RMSNorm(child.dim, eps=child.eps, dtype=torch.float64)
+        exact.load_state_dict(child.state_dict())
+        setattr(attn64, name, exact)
+    args = (x.double(), (None, image.double()))
+    with torch.no_grad():
+        fused = CosmosRopeProcessor()(attn64, *args, attention_mask=mask, image_rotary_emb=tables)
+        monkeypatch.setattr(diffusers_processors, "read_norm", lambda *a, **k: None)
+        unfused = CosmosRopeProcessor()(attn64, *args, attention_mask=mask, image_rotary_emb=tables)
+    assert len(fused_calls) == 4
+    torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * float(unfused.abs().max()), rtol=0)

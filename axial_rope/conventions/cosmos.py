@@ -64,6 +64,7 @@ register_diffusers(
         tables=("module", "rope"),  # CosmosRotaryPosEmbed(hidden_states, fps=fps)
         positions=_positions,
         stock=("CosmosAttnProcessor2_0", "CosmosAttnProcessor2_5"),
+        processor="CosmosRopeProcessor",
         qk_norm="rms",  # CosmosAttnProcessor2_0/2_5: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb
         # Cosmos Predict 2 / 2.5 pass timestep = sigma / (sigma + 1) or sigma: 1 at pure noise (Cosmos 1.0's
         # EDM c_noise is no fraction of time: pass set_rope_processors' noise_timestep for a time-dependent scaling there)

@@ -58,6 +58,7 @@ from ..scaling import Scaling
 from . import (  # noqa: F401
     diffusers_bria_fibo2,
     diffusers_cogview4,
+    diffusers_cosmos,
     diffusers_flux2,
     diffusers_flux3,
     diffusers_hidream,
