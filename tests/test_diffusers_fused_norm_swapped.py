@@ -5,7 +5,8 @@ Z-Image (``diffusers_z_image``), Lumina 2 (``diffusers_lumina2``), HunyuanImage 
 steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise), Krea 2 (``diffusers_krea2``),
 NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (``diffusers_kandinsky5``), Kandinsky 6
 and 6 SR (``diffusers_kandinsky6``), JoyImage Edit and Edit Plus (``diffusers_joyimage``),
-Motif-Video (``diffusers_motif_video``), Cosmos (``diffusers_cosmos``): QK-norm and rotation as one
+Motif-Video (``diffusers_motif_video``), Cosmos (``diffusers_cosmos``), Helios (``diffusers_helios``):
+QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -40,6 +41,7 @@ from axial_rope.integrations.diffusers_cogview4 import CogView4RopeProcessor, Gl
 from axial_rope.integrations.diffusers_cosmos import CosmosRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_flux2 import Flux2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_flux3 import Flux3RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_helios import HeliosRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hidream import HiDreamRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_ideogram4 import Ideogram4RopeProcessor  # noqa: E402
@@ -72,7 +74,7 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "JoyImageEditTransformer3DModel": JoyImageRopeProcessor,
               "JoyImageEditPlusTransformer3DModel": JoyImageEditPlusRopeProcessor,
               "MotifVideoTransformer3DModel": MotifVideoRopeProcessor,
-              "CosmosTransformer3DModel": CosmosRopeProcessor}  # fmt: skip
+              "CosmosTransformer3DModel": CosmosRopeProcessor, "HeliosTransformer3DModel": HeliosRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -82,7 +84,7 @@ NO_FLOAT64 = {"Kandinsky5Transformer3DModel": "its time embedding casts the time
               "MotifVideoTransformer3DModel": "its time embedding is float32 always (Timesteps), with no cast to "
               "float64 weights (models/tiny_diffusers_video.py)"}  # fmt: skip
 # the swapped processors that rotate nothing, by name, where not a "cross_attention"
-UNROTATED = {"CosmosTransformer3DModel": ".attn2."}
+UNROTATED = {"CosmosTransformer3DModel": ".attn2.", "HeliosTransformer3DModel": ".attn2."}
 # stock rounds the rotated q and k to this dtype (and back) whatever the model's, and so does ours, after it
 ROUNDED = {"Kandinsky5Transformer3DModel": torch.bfloat16}
 
@@ -165,7 +167,7 @@ def test_fused_equals_norm_then_rotation_in_float64(name, scaled, fused_calls, m
     _float64_zero_centred_norms(monkeypatch)
     fused = _run(model, inputs)
     # every swapped processor that rotates fused (a joint block: once per stream); Bria-Fibo 2's cross-attention to
-    # the text (its injection blocks) is swapped too and rotates nothing, and so is Cosmos's (attn2)
+    # the text (its injection blocks) is swapped too and rotates nothing, and so are Cosmos's and Helios's (attn2)
     unrotated = UNROTATED.get(name, "cross_attention")
     assert len(fused_calls) >= len([n for n in names if "cross_attention" not in n and unrotated not in n])
     monkeypatch.setattr(diffusers_processors, "read_norm", lambda *a, **kw: None)  # the norm modules called
@@ -610,3 +612,28 @@ def test_cosmos_image_context_as_stock(fused_calls, monkeypatch):
         unfused = CosmosRopeProcessor()(attn64, *args, attention_mask=mask, image_rotary_emb=tables)
     assert len(fused_calls) == 4
     torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * float(unfused.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["per_head", "scalar"])
+def test_helios_amplified_history_keys_as_stock(mode, fused_calls):
+    # is_amplify_history (the tiny model's is off): the history rows' rotated keys scaled, per head or by one
+    # factor, in the self-attention. float32 against stock
+    import diffusers
+
+    from models.tiny_diffusers_common import WAN
+
+    torch.manual_seed(0)
+    model = diffusers.HeliosTransformer3DModel(**dict(WAN, num_layers=2), rope_dim=(4, 4, 4), is_amplify_history=True,
+                                               history_scale_mode=mode).eval()  # fmt: skip
+    with torch.no_grad():  # a scale of its own per block (and head)
+        for block in model.blocks:
+            block.attn1.history_key_scale.normal_()
+    frames, h, w = tiny.TINY["HeliosTransformer3DModel"].grid
+    inputs = tiny.inputs("HeliosTransformer3DModel", h, w, frames=frames)
+    stock = _run(model, inputs)
+    names, undo = _swap(model)
+    out = _run(model, inputs)
+    assert len(fused_calls) == 2
+    delta = 2 * (_norm_width(model) / 2 + 14) * U32  # across heads: n = H * D
+    torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+    undo()

@@ -52,6 +52,7 @@ register_diffusers(
         layout=_layout,
         grid_axes=(1, 2),  # the frame indices are the pipeline's window of history and new frames: (y, x) sized
         stock=("HeliosAttnProcessor",),
+        processor="HeliosRopeProcessor",
         blocks=("blocks.",),
         qk_norm="rms across heads",  # HeliosAttnProcessor: norm_q, norm_k (RMSNorm over H * D), then the rotation
         max_diff=1.5e-7,  # float64 models, tables replaced: 1.3e-7 measured (the float32 tables against the stock ones)

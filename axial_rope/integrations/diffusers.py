@@ -61,6 +61,7 @@ from . import (  # noqa: F401
     diffusers_cosmos,
     diffusers_flux2,
     diffusers_flux3,
+    diffusers_helios,
     diffusers_hidream,
     diffusers_hunyuan_video15,
     diffusers_ideogram4,
