@@ -5,8 +5,8 @@ Z-Image (``diffusers_z_image``), Lumina 2 (``diffusers_lumina2``), HunyuanImage 
 steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewise), Krea 2 (``diffusers_krea2``),
 NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (``diffusers_kandinsky5``), Kandinsky 6
 and 6 SR (``diffusers_kandinsky6``), JoyImage Edit and Edit Plus (``diffusers_joyimage``),
-Motif-Video (``diffusers_motif_video``), Cosmos (``diffusers_cosmos``), Helios (``diffusers_helios``):
-QK-norm and rotation as one
+Motif-Video (``diffusers_motif_video``), Cosmos (``diffusers_cosmos``), Helios (``diffusers_helios``),
+EasyAnimate (``diffusers_easyanimate``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -39,6 +39,7 @@ from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_bria_fibo2 import BriaFibo2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_cogview4 import CogView4RopeProcessor, GlmImageRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_cosmos import CosmosRopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_easyanimate import EasyAnimateRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_flux2 import Flux2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_flux3 import Flux3RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_helios import HeliosRopeProcessor  # noqa: E402
@@ -74,7 +75,8 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "JoyImageEditTransformer3DModel": JoyImageRopeProcessor,
               "JoyImageEditPlusTransformer3DModel": JoyImageEditPlusRopeProcessor,
               "MotifVideoTransformer3DModel": MotifVideoRopeProcessor,
-              "CosmosTransformer3DModel": CosmosRopeProcessor, "HeliosTransformer3DModel": HeliosRopeProcessor}  # fmt: skip
+              "CosmosTransformer3DModel": CosmosRopeProcessor, "HeliosTransformer3DModel": HeliosRopeProcessor,
+              "EasyAnimateTransformer3DModel": EasyAnimateRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -636,4 +638,40 @@ def test_helios_amplified_history_keys_as_stock(mode, fused_calls):
     assert len(fused_calls) == 2
     delta = 2 * (_norm_width(model) / 2 + 14) * U32  # across heads: n = H * D
     torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+    undo()
+
+
+def test_easyanimate_single_stream_blocks_as_stock(fused_calls, monkeypatch):
+    # EasyAnimate's blocks past mmdit_layers (the tiny model's are all MMDiT) have no text projections: the text
+    # rows go before the video's through the same projections and norms, and only the video rows are rotated. The
+    # model in float32 against stock, and fused against unfused in float64
+    import diffusers
+
+    torch.manual_seed(0)
+    model = diffusers.EasyAnimateTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, patch_size=15, num_layers=2,
+        mmdit_layers=1, text_embed_dim=16, time_embed_dim=8,
+    ).eval()  # fmt: skip
+    with torch.no_grad():  # LayerNorms of ones and zeros at init: random weights and biases, so they count
+        g = torch.Generator().manual_seed(1)
+        for name, p in model.named_parameters():
+            if ".norm_q." in name or ".norm_k." in name or ".norm_added_" in name:
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    frames, h, w = tiny.TINY["EasyAnimateTransformer3DModel"].grid
+    inputs = tiny.inputs("EasyAnimateTransformer3DModel", h, w, frames=frames)
+    stock = _run(model, inputs)
+    names, undo = _swap(model)
+    out = _run(model, inputs)
+    assert len(fused_calls) == 2  # one MMDiT block, one single-stream block
+    delta = 2 * (_norm_width(model) / 2 + 14) * U32
+    torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+    undo()
+    model, inputs = model.double(), {k: _cast(v, torch.float64) for k, v in inputs.items()}
+    names, undo = _swap(model)
+    _float64_norms(model)
+    fused = _run(model, inputs)
+    monkeypatch.setattr(diffusers_processors, "read_norm", lambda *a, **kw: None)
+    unfused = _run(model, inputs)
+    assert len(fused_calls) == 4
+    torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * float(unfused.abs().max()), rtol=0)
     undo()

@@ -54,6 +54,7 @@ register_diffusers(
         tables=("module", "rope_embedding"),  # EasyAnimateRotaryPosEmbed(hidden_states): the latent video
         positions=_positions,
         stock=("EasyAnimateAttnProcessor2_0",),
+        processor="EasyAnimateRopeProcessor",
         qk_norm="layer",  # EasyAnimateAttnProcessor2_0: norm_q/k, norm_added_q/k (LayerNorm over D), then rotation
         max_diff=2e-8,  # float64 models, tables replaced: 1.4e-8 measured (the float32 tables)
         source=SOURCE,

@@ -59,6 +59,7 @@ from . import (  # noqa: F401
     diffusers_bria_fibo2,
     diffusers_cogview4,
     diffusers_cosmos,
+    diffusers_easyanimate,
     diffusers_flux2,
     diffusers_flux3,
     diffusers_helios,
