@@ -28,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +37,7 @@ from axial_rope import ops
 
 from . import cli, peers
 from .bench import PEAK_GBPS, Copy
-from .bench_report import machine
+from .bench_report import call_timer, machine
 
 FLUX_DEV = dict(batch=1, grid=(1, 72, 64), heads=24, axes_dim=(16, 56, 56))  # 512 text + 4096 image tokens
 SMALL = dict(batch=1, grid=(1, 16, 16), heads=8, axes_dim=(16, 56, 56))
@@ -123,24 +122,6 @@ def providers(q, cos, sin, device: str, compiled: bool) -> dict:
     return out
 
 
-def _timer(device: str):
-    """One timed call of ``fn`` in seconds (CUDA: events, L2 flushed first)."""
-    if device != "cuda":
-        return lambda fn: -time.perf_counter() + (fn(), time.perf_counter())[1]
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
-
-    def once(fn):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3
-
-    return once
-
-
 def _callable(rotate, q, k, mode: str):
     if mode == "forward":
         return lambda: rotate(q, k)
@@ -156,7 +137,7 @@ def run(shape: dict, dtypes: list, modes: list, repeat: int, device: str, compil
     cos, sin = (t.to(device) for t in rope.cos_sin(pos))  # float32 [S, D], interleaved: Flux's tables
     S, D = pos.shape[0], rope.rot_dim
     gen = torch.Generator(device).manual_seed(0)
-    cases, rows, sequence, once = [], [], [], _timer(device)
+    cases, rows, sequence, once = [], [], [], call_timer(device)
     for dtype in dtypes:
         q = torch.randn(shape["batch"], S, shape["heads"], D, device=device, generator=gen).to(dtype)
         k = torch.randn(shape["batch"], S, shape["heads"], D, device=device, generator=gen).to(dtype)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 
 import torch
 
@@ -31,6 +30,7 @@ from axial_rope import ops
 from axial_rope.ops import QKRotation, Rotation
 
 from . import cli
+from .bench_report import call_timer
 
 SHAPES = {  # name -> batch, grid, q heads, k heads, axes_dim (rot_dim = head_dim)
     "Flux-like DiT": dict(batch=1, grid=(1, 64, 64), heads=24, kv_heads=24, axes_dim=(16, 56, 56)),
@@ -70,24 +70,6 @@ def providers(shape: dict, device: str, backend: str | None) -> dict:
     return out
 
 
-def _timer(device: str):
-    """One timed call in seconds (CUDA: events, L2 flushed first)."""
-    if device != "cuda":
-        return lambda fn: -time.perf_counter() + (fn(), time.perf_counter())[1]
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
-
-    def once(fn):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3
-
-    return once
-
-
 def _callable(rotate, q: torch.Tensor, k: torch.Tensor, mode: str):
     if mode == "forward":
         return lambda: rotate(q, k)
@@ -102,7 +84,7 @@ def run(shapes: dict, dtype: torch.dtype, repeat: int, device: str, backend: str
     ``backend``: the backend asked for explicitly (default: triton on CUDA, the automatic choice elsewhere).
     """
     backend = backend or ("triton" if device == "cuda" else None)
-    once, rows = _timer(device), []
+    once, rows = call_timer(device), []
     for label, shape in shapes.items():
         S = 1
         for g in shape["grid"]:
