@@ -149,7 +149,8 @@ def test_plane_order_permutes_the_planes_and_scales_each_axis_in_spectrum_order(
 
 
 def test_hunyuan_dit_controlnet_takes_the_transformers_record():
-    # the ControlNet reads the same pipeline tables: unscaled it is stock, sized it changes, removal restores it
+    # the ControlNet reads the same pipeline tables: unscaled it is stock but for the rotation's rounding, sized it
+    # changes, removal restores it
     torch.manual_seed(0)
     model = diffusers.HunyuanDiT2DControlNetModel(**HUNYUAN_DIT, transformer_num_layers=4).double().eval()
     for zeroed in (*model.controlnet_blocks, model.input_block):  # zero-initialised: give them weights
@@ -163,7 +164,10 @@ def test_hunyuan_dit_controlnet_takes_the_transformers_record():
 
     stock = run()
     handle = set_rope_processors(model)
-    assert torch.equal(run(), stock)
+    # our processors (the record names HunyuanDiTRopeProcessor) rotate the float64 q and k in float64, stock's
+    # apply_rotary_emb rounds them to float32 first: within 4 x swapped layers x 2 (D/2 + 14) u32 of the outputs' scale
+    delta = 2 * (HUNYUAN_DIT["attention_head_dim"] / 2 + 14) * 2.0**-24
+    assert (run() - stock).abs().max() <= 4 * len(handle.names) * delta * stock.abs().max()
     handle = set_rope_processors(model, mode="interpolate", train_size=(8, 12))  # the training size: tables ours
     bound = TOL * stock.abs().max()  # the tables a pipeline passes: test_diffusers_families' TOL, of O(4) samples
     assert (run() - stock).abs().max() <= bound

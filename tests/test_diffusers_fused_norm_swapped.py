@@ -6,7 +6,7 @@ steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewis
 NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (``diffusers_kandinsky5``), Kandinsky 6
 and 6 SR (``diffusers_kandinsky6``), JoyImage Edit and Edit Plus (``diffusers_joyimage``),
 Motif-Video (``diffusers_motif_video``), Cosmos (``diffusers_cosmos``), Helios (``diffusers_helios``),
-EasyAnimate (``diffusers_easyanimate``): QK-norm and rotation as one
+EasyAnimate (``diffusers_easyanimate``), HunyuanDiT and its ControlNet (``diffusers_hunyuan_dit``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -44,6 +44,7 @@ from axial_rope.integrations.diffusers_flux2 import Flux2RopeProcessor  # noqa: 
 from axial_rope.integrations.diffusers_flux3 import Flux3RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_helios import HeliosRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hidream import HiDreamRopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_hunyuan_dit import HunyuanDiTRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_hunyuan_video15 import HunyuanVideo15RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_ideogram4 import Ideogram4RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_joyimage import JoyImageEditPlusRopeProcessor, JoyImageRopeProcessor  # noqa: E402
@@ -76,7 +77,8 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "JoyImageEditPlusTransformer3DModel": JoyImageEditPlusRopeProcessor,
               "MotifVideoTransformer3DModel": MotifVideoRopeProcessor,
               "CosmosTransformer3DModel": CosmosRopeProcessor, "HeliosTransformer3DModel": HeliosRopeProcessor,
-              "EasyAnimateTransformer3DModel": EasyAnimateRopeProcessor}  # fmt: skip
+              "EasyAnimateTransformer3DModel": EasyAnimateRopeProcessor,
+              "HunyuanDiT2DModel": HunyuanDiTRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -86,7 +88,8 @@ NO_FLOAT64 = {"Kandinsky5Transformer3DModel": "its time embedding casts the time
               "MotifVideoTransformer3DModel": "its time embedding is float32 always (Timesteps), with no cast to "
               "float64 weights (models/tiny_diffusers_video.py)"}  # fmt: skip
 # the swapped processors that rotate nothing, by name, where not a "cross_attention"
-UNROTATED = {"CosmosTransformer3DModel": ".attn2.", "HeliosTransformer3DModel": ".attn2."}
+UNROTATED = {"CosmosTransformer3DModel": ".attn2.", "HeliosTransformer3DModel": ".attn2.",
+             "HunyuanDiT2DModel": ".attn2."}  # (HunyuanDiT's rotates its queries only: nothing to fuse)
 # stock rounds the rotated q and k to this dtype (and back) whatever the model's, and so does ours, after it
 ROUNDED = {"Kandinsky5Transformer3DModel": torch.bfloat16}
 
@@ -675,3 +678,39 @@ def test_easyanimate_single_stream_blocks_as_stock(fused_calls, monkeypatch):
     assert len(fused_calls) == 4
     torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * float(unfused.abs().max()), rtol=0)
     undo()
+
+
+def test_hunyuan_dit_controlnet_as_stock(fused_calls):
+    # HunyuanDiT's ControlNet (no tiny model of its own): its blocks are the transformer's, with its record and
+    # processor. Float32 against stock, random LayerNorm weights and biases; the self-attentions fused, the
+    # cross-attentions' queries rotated after their norm modules
+    import diffusers
+
+    from models.tiny_diffusers_image import HUNYUAN_DIT, hunyuan_dit_inputs
+
+    torch.manual_seed(0)
+    model = diffusers.HunyuanDiT2DControlNetModel(**HUNYUAN_DIT, transformer_num_layers=4).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for zeroed in (*model.controlnet_blocks, model.input_block):  # zero-initialised: give them weights
+            torch.nn.init.normal_(zeroed.weight, std=0.5, generator=g)
+        for name, p in model.named_parameters():
+            if ".norm_q." in name or ".norm_k." in name:
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    inputs = hunyuan_dit_inputs(4, 6, 1, g)
+    inputs.update(controlnet_cond=torch.randn(2, 4, 8, 12, generator=g), conditioning_scale=1.0)
+
+    def run():
+        with torch.no_grad():
+            return torch.stack(model(**inputs)[0])
+
+    stock = run()
+    handle = set_rope_processors(model)  # (not a tiny model: not in PROCESSORS)
+    names, undo = list(handle.names), handle.remove
+    assert all(type(m.processor) is HunyuanDiTRopeProcessor for n, m in model.named_modules() if f"{n}.processor" in names)
+    out = run()
+    assert len(fused_calls) == len([n for n in names if ".attn1." in n]) > 0
+    delta = 2 * (_norm_width(model) / 2 + 14) * U32
+    torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+    undo()
+    assert torch.equal(run(), stock)

@@ -208,6 +208,7 @@ register_diffusers(
         grid_axes=(0, 1),
         time_axis=None,
         stock=("HunyuanAttnProcessor2_0",),
+        processor="HunyuanDiTRopeProcessor",
         blocks=("blocks.",),
         qk_norm="layer",  # HunyuanAttnProcessor2_0: norm_q, norm_k (LayerNorm over D, qk_norm=True), then rotation
         timing=Timing(noise=1000.0),  # DDPM timesteps

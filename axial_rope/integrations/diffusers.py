@@ -64,6 +64,7 @@ from . import (  # noqa: F401
     diffusers_flux3,
     diffusers_helios,
     diffusers_hidream,
+    diffusers_hunyuan_dit,
     diffusers_hunyuan_video15,
     diffusers_ideogram4,
     diffusers_joyimage,
