@@ -6,7 +6,8 @@ steps its stock processor copies), Ovis-Image and LongCat-Image (Flux's, likewis
 NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (``diffusers_kandinsky5``), Kandinsky 6
 and 6 SR (``diffusers_kandinsky6``), JoyImage Edit and Edit Plus (``diffusers_joyimage``),
 Motif-Video (``diffusers_motif_video``), Cosmos (``diffusers_cosmos``), Helios (``diffusers_helios``),
-EasyAnimate (``diffusers_easyanimate``), HunyuanDiT and its ControlNet (``diffusers_hunyuan_dit``): QK-norm and rotation as one
+EasyAnimate (``diffusers_easyanimate``), HunyuanDiT and its ControlNet (``diffusers_hunyuan_dit``),
+Lumina-Next (``diffusers_lumina_next``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -52,6 +53,7 @@ from axial_rope.integrations.diffusers_kandinsky5 import Kandinsky5RopeProcessor
 from axial_rope.integrations.diffusers_kandinsky6 import Kandinsky6RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_krea2 import Krea2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_lumina2 import Lumina2RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_lumina_next import LuminaNextRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_motif_video import MotifVideoRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_nucleus import NucleusRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_processors import FluxRopeProcessor, HunyuanVideoRopeProcessor  # noqa: E402
@@ -78,7 +80,7 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "MotifVideoTransformer3DModel": MotifVideoRopeProcessor,
               "CosmosTransformer3DModel": CosmosRopeProcessor, "HeliosTransformer3DModel": HeliosRopeProcessor,
               "EasyAnimateTransformer3DModel": EasyAnimateRopeProcessor,
-              "HunyuanDiT2DModel": HunyuanDiTRopeProcessor}  # fmt: skip
+              "HunyuanDiT2DModel": HunyuanDiTRopeProcessor, "LuminaNextDiT2DModel": LuminaNextRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -89,7 +91,7 @@ NO_FLOAT64 = {"Kandinsky5Transformer3DModel": "its time embedding casts the time
               "float64 weights (models/tiny_diffusers_video.py)"}  # fmt: skip
 # the swapped processors that rotate nothing, by name, where not a "cross_attention"
 UNROTATED = {"CosmosTransformer3DModel": ".attn2.", "HeliosTransformer3DModel": ".attn2.",
-             "HunyuanDiT2DModel": ".attn2."}  # (HunyuanDiT's rotates its queries only: nothing to fuse)
+             "HunyuanDiT2DModel": ".attn2.", "LuminaNextDiT2DModel": ".attn2."}  # (these rotate their queries only)
 # stock rounds the rotated q and k to this dtype (and back) whatever the model's, and so does ours, after it
 ROUNDED = {"Kandinsky5Transformer3DModel": torch.bfloat16}
 
@@ -714,3 +716,42 @@ def test_hunyuan_dit_controlnet_as_stock(fused_calls):
     torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
     undo()
     assert torch.equal(run(), stock)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_lumina_next_proportional_attention_and_norm_weights_as_stock(kv_heads, fused_calls, monkeypatch):
+    # Lumina-Next with the pipeline's proportional attention (base_sequence_length) and random LayerNorm weights
+    # and biases (each over its own tensor's heads: k's over kv_heads), grouped-query heads or not: float32 against
+    # stock, and fused against unfused in float64
+    import diffusers
+
+    from models.tiny_diffusers_image import _lumina_next_inputs
+
+    torch.manual_seed(0)
+    model = diffusers.LuminaNextDiT2DModel(
+        sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, num_attention_heads=2,
+        num_kv_heads=kv_heads, multiple_of=16, learn_sigma=False, cross_attention_dim=16,
+    ).eval()  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".norm_q." in name or ".norm_k." in name:
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+            if name.endswith(".gate"):  # zeros at init: the cross-attention would not count
+                p.normal_(generator=g)
+    inputs = dict(_lumina_next_inputs(4, 6, 1, g), cross_attention_kwargs={"base_sequence_length": 16})
+    stock = _run(model, inputs)
+    names, undo = _swap(model)
+    out = _run(model, inputs)
+    assert len(fused_calls) == 2  # the self-attentions
+    delta = 2 * (_norm_width(model) / 2 + 14) * U32  # across heads: n = H * D
+    torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+    undo()
+    model, inputs = model.double(), {k: _cast(v, torch.float64) for k, v in inputs.items()}
+    names, undo = _swap(model)
+    fused = _run(model, inputs)
+    monkeypatch.setattr(diffusers_processors, "read_norm", lambda *a, **kw: None)
+    unfused = _run(model, inputs)
+    assert len(fused_calls) == 4
+    torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * float(unfused.abs().max()), rtol=0)
+    undo()

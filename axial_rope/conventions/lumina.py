@@ -177,6 +177,7 @@ register_diffusers(
         grid_axes=(0, 1),
         time_axis=None,
         stock=("LuminaAttnProcessor2_0",),
+        processor="LuminaNextRopeProcessor",
         blocks=("layers.",),
         qk_norm="layer across heads",  # LuminaAttnProcessor2_0: norm_q, norm_k (LayerNorm over H * D), then rotation
         max_diff=7e-8,  # the same float32 rotation

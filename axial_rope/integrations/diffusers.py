@@ -73,6 +73,7 @@ from . import (  # noqa: F401
     diffusers_krea2,
     diffusers_ltx,
     diffusers_lumina2,
+    diffusers_lumina_next,
     diffusers_motif_video,
     diffusers_nucleus,
     diffusers_prx,
