@@ -7,7 +7,7 @@ NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (
 and 6 SR (``diffusers_kandinsky6``), JoyImage Edit and Edit Plus (``diffusers_joyimage``),
 Motif-Video (``diffusers_motif_video``), Cosmos (``diffusers_cosmos``), Helios (``diffusers_helios``),
 EasyAnimate (``diffusers_easyanimate``), HunyuanDiT and its ControlNet (``diffusers_hunyuan_dit``),
-Lumina-Next (``diffusers_lumina_next``): QK-norm and rotation as one
+Lumina-Next (``diffusers_lumina_next``), ACE-Step 1.5 (``diffusers_ace_step``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -37,6 +37,7 @@ from test_diffusers_fused_norm import _float64_norms  # noqa: E402
 from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
 from axial_rope.integrations import diffusers_processors  # noqa: E402
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
+from axial_rope.integrations.diffusers_ace_step import AceStepRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_bria_fibo2 import BriaFibo2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_cogview4 import CogView4RopeProcessor, GlmImageRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_cosmos import CosmosRopeProcessor  # noqa: E402
@@ -80,7 +81,8 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "MotifVideoTransformer3DModel": MotifVideoRopeProcessor,
               "CosmosTransformer3DModel": CosmosRopeProcessor, "HeliosTransformer3DModel": HeliosRopeProcessor,
               "EasyAnimateTransformer3DModel": EasyAnimateRopeProcessor,
-              "HunyuanDiT2DModel": HunyuanDiTRopeProcessor, "LuminaNextDiT2DModel": LuminaNextRopeProcessor}  # fmt: skip
+              "HunyuanDiT2DModel": HunyuanDiTRopeProcessor, "LuminaNextDiT2DModel": LuminaNextRopeProcessor,
+              "AceStepTransformer1DModel": AceStepRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -91,7 +93,8 @@ NO_FLOAT64 = {"Kandinsky5Transformer3DModel": "its time embedding casts the time
               "float64 weights (models/tiny_diffusers_video.py)"}  # fmt: skip
 # the swapped processors that rotate nothing, by name, where not a "cross_attention"
 UNROTATED = {"CosmosTransformer3DModel": ".attn2.", "HeliosTransformer3DModel": ".attn2.",
-             "HunyuanDiT2DModel": ".attn2.", "LuminaNextDiT2DModel": ".attn2."}  # (these rotate their queries only)
+             "HunyuanDiT2DModel": ".attn2.", "LuminaNextDiT2DModel": ".attn2.",
+             "AceStepTransformer1DModel": ".cross_attn."}  # (HunyuanDiT's, Lumina-Next's: their queries only)
 # stock rounds the rotated q and k to this dtype (and back) whatever the model's, and so does ours, after it
 ROUNDED = {"Kandinsky5Transformer3DModel": torch.bfloat16}
 
@@ -755,3 +758,23 @@ def test_lumina_next_proportional_attention_and_norm_weights_as_stock(kv_heads, 
     assert len(fused_calls) == 4
     torch.testing.assert_close(fused, unfused, atol=chain_bound(U64, 256, 20) * float(unfused.abs().max()), rtol=0)
     undo()
+
+
+def test_ace_step_norm_weights_sliding_window_and_grouped_heads_as_stock(fused_calls):
+    # ACE-Step 1.5 (the tiny model: a sliding-window layer and a full one per depth, one kv head of two) with random
+    # RMSNorm weights (ones at init): float32 against stock; the cross-attentions normalise only
+    name = "AceStepTransformer1DModel"
+    model, inputs = _model(name, torch.float32, depth=2)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".norm_q." in n or ".norm_k." in n:
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    stock = _run(model, inputs)
+    names, undo = _swap(model)
+    out = _run(model, inputs)
+    assert len(fused_calls) == len([n for n in names if ".self_attn." in n]) == 4
+    delta = 2 * (_norm_width(model) / 2 + 14) * U32
+    torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+    undo()
+    assert torch.equal(_run(model, inputs), stock)

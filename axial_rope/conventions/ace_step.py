@@ -43,6 +43,8 @@ register_diffusers(
         layout=_layout,
         grid_axes=(0,),
         time_axis=0,
+        stock=("AceStepAttnProcessor2_0",),
+        processor="AceStepRopeProcessor",
         blocks=("layers.",),
         qk_norm="rms",  # AceStepAttnProcessor2_0: norm_q, norm_k (RMSNorm over D), then apply_rotary_emb
         timing=Timing(noise=1.0),  # its timestep is the flow time in [0, 1]: 1 pure noise
