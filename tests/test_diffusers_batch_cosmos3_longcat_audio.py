@@ -118,8 +118,16 @@ def test_adapted_unscaled_equals_stock_bit_for_bit(name):
     model, inputs = _model(name)
     stock = _run(model, inputs)
     handle = set_rope_processors(model)
-    assert handle.tables is None  # unscaled: the model's own tables, the stock processors
-    assert torch.equal(_run(model, inputs), stock)
+    assert handle.tables is None  # unscaled: the model's own tables
+    if DIFFUSERS[name].processor is None:  # and the stock processors
+        assert torch.equal(_run(model, inputs), stock)
+        return
+    # LongCat-AudioDiT's self-attention takes our processor (float64 inside; stock's RMSNorm takes the mean square in
+    # float32 and its rotation rounds q and k to float32): within 4 x swapped layers x 2 (n/2 + 14) u32 of the outputs'
+    # scale, n = H * D (tests/test_diffusers_fused_norm_swapped.py)
+    n = model.config.dit_dim
+    bound = 4 * len(handle.names) * 2 * (n / 2 + 14) * 2.0**-24 * float(stock.abs().max())
+    assert float((_run(model, inputs) - stock).abs().max()) <= bound
 
 
 def test_cosmos3_one_scaling_method_scales_both_pathways():

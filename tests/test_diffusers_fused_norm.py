@@ -76,7 +76,7 @@ def _float64_norms(model) -> None:
     for module in list(model.modules()):
         if not type(getattr(module, "processor", None)).__module__.startswith("axial_rope"):
             continue
-        for name in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
+        for name in ("norm_q", "norm_k", "norm_added_q", "norm_added_k", "q_norm", "k_norm"):  # (LongCat-AudioDiT: q_norm)
             child = getattr(module, name, None)
             if type(child) is RMSNorm and child.bias is None:
                 exact = torch.nn.RMSNorm(child.dim, eps=child.eps, elementwise_affine=child.weight is not None,

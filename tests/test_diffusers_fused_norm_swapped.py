@@ -7,7 +7,8 @@ NucleusMoE-Image (``diffusers_nucleus``), PRX (``diffusers_prx``), Kandinsky 5 (
 and 6 SR (``diffusers_kandinsky6``), JoyImage Edit and Edit Plus (``diffusers_joyimage``),
 Motif-Video (``diffusers_motif_video``), Cosmos (``diffusers_cosmos``), Helios (``diffusers_helios``),
 EasyAnimate (``diffusers_easyanimate``), HunyuanDiT and its ControlNet (``diffusers_hunyuan_dit``),
-Lumina-Next (``diffusers_lumina_next``), ACE-Step 1.5 (``diffusers_ace_step``): QK-norm and rotation as one
+Lumina-Next (``diffusers_lumina_next``), ACE-Step 1.5 (``diffusers_ace_step``),
+LongCat-AudioDiT (``diffusers_longcat_audio``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -53,6 +54,7 @@ from axial_rope.integrations.diffusers_joyimage import JoyImageEditPlusRopeProce
 from axial_rope.integrations.diffusers_kandinsky5 import Kandinsky5RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_kandinsky6 import Kandinsky6RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_krea2 import Krea2RopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_longcat_audio import LongCatAudioRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_lumina2 import Lumina2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_lumina_next import LuminaNextRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_motif_video import MotifVideoRopeProcessor  # noqa: E402
@@ -82,7 +84,8 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "CosmosTransformer3DModel": CosmosRopeProcessor, "HeliosTransformer3DModel": HeliosRopeProcessor,
               "EasyAnimateTransformer3DModel": EasyAnimateRopeProcessor,
               "HunyuanDiT2DModel": HunyuanDiTRopeProcessor, "LuminaNextDiT2DModel": LuminaNextRopeProcessor,
-              "AceStepTransformer1DModel": AceStepRopeProcessor}  # fmt: skip
+              "AceStepTransformer1DModel": AceStepRopeProcessor,
+              "LongCatAudioDiTTransformer": LongCatAudioRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -126,8 +129,8 @@ def _swap(model) -> tuple[list[str], callable]:
 
 def _norm_width(model) -> int:
     """The widest query norm (``norm_q``; HiDream's ``q_rms_norm``, across heads; Kandinsky's ``query_norm``; JoyImage's
-    ``img_attn_q_norm`` and ``txt_attn_q_norm``): the ``n`` of its error bound."""
-    names = ("norm_q", "q_rms_norm", "query_norm", "img_attn_q_norm", "txt_attn_q_norm")
+    ``img_attn_q_norm`` and ``txt_attn_q_norm``; LongCat-AudioDiT's ``q_norm``): the ``n`` of its error bound."""
+    names = ("norm_q", "q_rms_norm", "query_norm", "img_attn_q_norm", "txt_attn_q_norm", "q_norm")
     norms = [getattr(m, a) for m in model.modules() for a in names if hasattr(m, a)]
     # (a LayerNorm without affine weights, CogView4's: its normalized_shape)
     return max(math.prod(getattr(n, "normalized_shape", None) or n.weight.shape) for n in norms
@@ -775,6 +778,26 @@ def test_ace_step_norm_weights_sliding_window_and_grouped_heads_as_stock(fused_c
     out = _run(model, inputs)
     assert len(fused_calls) == len([n for n in names if ".self_attn." in n]) == 4
     delta = 2 * (_norm_width(model) / 2 + 14) * U32
+    torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+    undo()
+    assert torch.equal(_run(model, inputs), stock)
+
+
+def test_longcat_audio_norm_weights_and_padding_as_stock(fused_calls):
+    # LongCat-AudioDiT with random RMSNorm weights across heads (ones at init) and the tiny inputs' padded second
+    # item (its masked rows' outputs zeroed, as stock): float32 against stock; the cross-attentions stay stock
+    name = "LongCatAudioDiTTransformer"
+    model, inputs = _model(name, torch.float32, depth=2)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".q_norm." in n or ".k_norm." in n:
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    stock = _run(model, inputs)
+    names, undo = _swap(model)
+    out = _run(model, inputs)
+    assert all(".self_attn." in n for n in names) and len(fused_calls) == len(names) == 2
+    delta = 2 * (_norm_width(model) / 2 + 14) * U32  # across heads: n = H * D
     torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
     undo()
     assert torch.equal(_run(model, inputs), stock)

@@ -60,6 +60,9 @@ register_diffusers(
         layout=_layout,
         grid_axes=(0,),
         time_axis=0,
+        # the self-attention's only: the cross-attention turns q by the audio's table, k by the text's (nothing to fuse)
+        stock=("AudioDiTSelfAttnProcessor",),
+        processor="LongCatAudioRopeProcessor",
         blocks=("blocks.",),
         qk_norm="rms across heads",  # AudioDiTSelfAttnProcessor: q_norm, k_norm (RMSNorm over H * D), then rotation
         # LongCatAudioDiTPipeline: FlowMatchEulerDiscreteScheduler(invert_sigmas=True), timestep = t / 1000 from 0

@@ -72,6 +72,7 @@ from . import (  # noqa: F401
     diffusers_kandinsky5,
     diffusers_kandinsky6,
     diffusers_krea2,
+    diffusers_longcat_audio,
     diffusers_ltx,
     diffusers_lumina2,
     diffusers_lumina_next,
