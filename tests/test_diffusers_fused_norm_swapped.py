@@ -8,7 +8,7 @@ and 6 SR (``diffusers_kandinsky6``), JoyImage Edit and Edit Plus (``diffusers_jo
 Motif-Video (``diffusers_motif_video``), Cosmos (``diffusers_cosmos``), Helios (``diffusers_helios``),
 EasyAnimate (``diffusers_easyanimate``), HunyuanDiT and its ControlNet (``diffusers_hunyuan_dit``),
 Lumina-Next (``diffusers_lumina_next``), ACE-Step 1.5 (``diffusers_ace_step``),
-LongCat-AudioDiT (``diffusers_longcat_audio``): QK-norm and rotation as one
+LongCat-AudioDiT (``diffusers_longcat_audio``), AnyFlow (``diffusers_anyflow``): QK-norm and rotation as one
 ``ops.norm_apply_rope`` call (issue 45), installed by ``set_rope_processors`` (their records name them).
 
 The installer swaps the rotary blocks' stock processors, module by module through ``set_processor`` (HiDream's
@@ -39,6 +39,7 @@ from axial_rope.conventions._registry import DIFFUSERS  # noqa: E402
 from axial_rope.integrations import diffusers_processors  # noqa: E402
 from axial_rope.integrations.diffusers import set_rope_processors  # noqa: E402
 from axial_rope.integrations.diffusers_ace_step import AceStepRopeProcessor  # noqa: E402
+from axial_rope.integrations.diffusers_anyflow import AnyFlowRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_bria_fibo2 import BriaFibo2RopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_cogview4 import CogView4RopeProcessor, GlmImageRopeProcessor  # noqa: E402
 from axial_rope.integrations.diffusers_cosmos import CosmosRopeProcessor  # noqa: E402
@@ -85,7 +86,8 @@ PROCESSORS = {"QwenImageTransformer2DModel": QwenImageRopeProcessor, "Flux2Trans
               "EasyAnimateTransformer3DModel": EasyAnimateRopeProcessor,
               "HunyuanDiT2DModel": HunyuanDiTRopeProcessor, "LuminaNextDiT2DModel": LuminaNextRopeProcessor,
               "AceStepTransformer1DModel": AceStepRopeProcessor,
-              "LongCatAudioDiTTransformer": LongCatAudioRopeProcessor}  # fmt: skip
+              "LongCatAudioDiTTransformer": LongCatAudioRopeProcessor,
+              "AnyFlowTransformer3DModel": AnyFlowRopeProcessor}  # fmt: skip
 CLASSES = tuple(PROCESSORS)
 # two blocks of each kind, but HiDream's tiny inputs carry one text-encoder state per block of one
 DEPTH = {name: 1 if name == "HiDreamImageTransformer2DModel" else 2 for name in CLASSES}
@@ -801,3 +803,32 @@ def test_longcat_audio_norm_weights_and_padding_as_stock(fused_calls):
     torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
     undo()
     assert torch.equal(_run(model, inputs), stock)
+
+
+def test_anyflow_norm_weights_and_two_tables_as_stock(fused_calls):
+    # AnyFlow with random RMSNorm weights across heads (ones at init): float32 against stock; then one self-attention
+    # module given two table objects (query, key: no one table for both, so the norm modules, then each rotation)
+    # against its stock processor
+    name = "AnyFlowTransformer3DModel"
+    model, inputs = _model(name, torch.float32, depth=2)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".norm_q." in n or ".norm_k." in n:
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    stock = _run(model, inputs)
+    names, undo = _swap(model)
+    out = _run(model, inputs)
+    assert all(".attn1." in n for n in names) and len(fused_calls) == len(names) == 2
+    delta = 2 * (_norm_width(model) / 2 + 14) * U32  # across heads: n = H * D
+    torch.testing.assert_close(out, stock, atol=4 * len(names) * delta * float(stock.abs().max()), rtol=0)
+    undo()
+    attn = model.blocks[0].attn1
+    x = torch.randn(2, 5, attn.to_q.in_features, generator=g)
+    angles = torch.rand(1, 1, 5, attn.to_q.out_features // attn.heads // 2, generator=g, dtype=torch.float64) * 6
+    freqs = torch.polar(torch.ones_like(angles), angles)
+    tables = {"query": freqs, "key": freqs.clone()}
+    with torch.no_grad():
+        want, ours = attn.processor(attn, x, rotary_emb=tables), AnyFlowRopeProcessor()(attn, x, rotary_emb=tables)
+    assert len(fused_calls) == 2
+    torch.testing.assert_close(ours, want, atol=4 * delta * float(want.abs().max()), rtol=0)

@@ -66,6 +66,8 @@ register_diffusers(
         tables=("module", "rope"),  # AnyFlowRotaryPosEmbed(layout_cfg=..., device=...)
         positions=_anyflow_positions,
         layout=_anyflow_layout,
+        stock=("AnyFlowAttnProcessor",),  # the self-attention's (the cross-attention rotates nothing)
+        processor="AnyFlowRopeProcessor",
         blocks=("blocks.",),
         qk_norm="rms across heads",  # AnyFlowAttnProcessor: norm_q, norm_k (RMSNorm over H * D), then apply_rotary_emb
         max_diff=9e-8,  # float64 models: stock turns by float64 (complex128) tables, ours are float32

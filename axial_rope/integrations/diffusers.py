@@ -57,6 +57,7 @@ from ..scaling import Scaling
 # the processor modules beside diffusers_processors: imported so that their processors register (PROCESSORS)
 from . import (  # noqa: F401
     diffusers_ace_step,
+    diffusers_anyflow,
     diffusers_bria_fibo2,
     diffusers_cogview4,
     diffusers_cosmos,
