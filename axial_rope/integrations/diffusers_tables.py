@@ -78,7 +78,7 @@ class RotaryTables(nn.Module):
 
     def tables(self, *inputs, **kwargs) -> tuple:
         """float32 cos and sin ``[S, D]`` (``[B, S, D]`` for positions per item) in the rope's pairing, attention
-        factor included, then the positions' context."""
+        factor included, then the positions' context (and, with ``untwisting``, the keys' factor last)."""
         sizing = self.sizing
         if sizing is not None and self.sized_by_grid:
             sizing = dataclasses.replace(sizing, grid=self.grid)
