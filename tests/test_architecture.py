@@ -54,9 +54,6 @@ ALLOWED_CROSSINGS = {
     **{("axial_rope.ops._triton_norm_table_kernels", name): "the same kernel family (the table norm's backward)"
        for name in ("_centred", "_load_tile", "_param_planes", "_param_rest", "_program", "_program_index",
                     "_row_sum", "_stats", "_token_stats", "_valid_planes")},
-    **{("axial_rope.integrations.diffusers_processors", name): "issue 45 is writing the processors now; the shared "
-       "base and helpers become public names of diffusers_processors.py when it lands"
-       for name in ("_RopeProcessor", "_norm", "_head_mask")},
 }  # fmt: skip
 
 

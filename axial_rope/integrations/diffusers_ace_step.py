@@ -24,12 +24,12 @@ from diffusers.models.transformers.ace_step_transformer import (
     _get_current_attention_backend,
 )
 
-from .diffusers_processors import Tables, _RopeProcessor
+from .diffusers_processors import RopeProcessor, Tables
 
 __all__ = ["AceStepRopeProcessor"]
 
 
-class AceStepRopeProcessor(_RopeProcessor):
+class AceStepRopeProcessor(RopeProcessor):
     """ACE-Step's self-attention (rotated, half-paired) and cross-attention (normalised only); ``bshd``."""
 
     def __call__(

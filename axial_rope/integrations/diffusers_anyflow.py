@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import apply_rope
-from .diffusers_processors import _norm, _RopeProcessor
+from .diffusers_processors import RopeProcessor, call_norm
 from .diffusers_qwen_image import complex_tables
 
 __all__ = ["AnyFlowRopeProcessor"]
@@ -29,7 +29,7 @@ def _tables(freqs: torch.Tensor, backend: str | None):
     return complex_tables(freqs.reshape(-1, freqs.shape[-1]), backend)  # [1, 1, S, D/2]: one table for every item
 
 
-class AnyFlowRopeProcessor(_RopeProcessor):
+class AnyFlowRopeProcessor(RopeProcessor):
     """AnyFlow's self-attention: RMSNorm across heads and the rotation by the complex tables; ``bhsd``."""
 
     def __call__(
@@ -49,7 +49,7 @@ class AnyFlowRopeProcessor(_RopeProcessor):
         if norm is not None:  # across heads: float32 inside, rounded once
             q, k = _tables(rotary_emb["query"], self.backend).norm_rotate(heads(q), heads(k), norm, "bhsd")
         else:
-            q, k = heads(_norm(attn.norm_q, q)), heads(_norm(attn.norm_k, k))
+            q, k = heads(call_norm(attn.norm_q, q)), heads(call_norm(attn.norm_k, k))
             if rotary_emb is not None:
                 tq, tk = _tables(rotary_emb["query"], self.backend), _tables(rotary_emb["key"], self.backend)
                 q = apply_rope(q, tq.cos, tq.sin, tq.pairing, "bhsd", self.backend)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from .diffusers_processors import _RopeProcessor
+from .diffusers_processors import RopeProcessor
 from .diffusers_qwen_image import complex_tables
 
 __all__ = ["BriaFibo2RopeProcessor"]
 
 
-class BriaFibo2RopeProcessor(_RopeProcessor):
+class BriaFibo2RopeProcessor(RopeProcessor):
     """Bria-Fibo 2's self-attention (rotated by ``freqs_cis``) and cross-attention to the text; ``bshd``."""
 
     def __call__(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .diffusers_processors import Tables, _norm, _RopeProcessor
+from .diffusers_processors import RopeProcessor, Tables, call_norm
 
 __all__ = ["CogView4RopeProcessor", "GlmImageRopeProcessor"]
 
@@ -36,7 +36,7 @@ def _joint_mask(text_mask: torch.Tensor | None, n_img: int, dtype: torch.dtype) 
     return (mix @ mix.transpose(1, 2) > 0).unsqueeze(1).to(dtype)
 
 
-class CogView4RopeProcessor(_RopeProcessor):
+class CogView4RopeProcessor(RopeProcessor):
     """CogView4: text tokens first (normalised, not rotated), image tokens after; ``bshd`` inside, ``bhsd`` attention."""
 
     def __call__(
@@ -63,9 +63,9 @@ class CogView4RopeProcessor(_RopeProcessor):
         norm = self.qk_norm(attn, q, "bshd")
         if rotation is not None and norm is not None:  # fused for the image tokens; the text's norm as stock
             qi, ki = rotation.norm_rotate(q[:, n_txt:].to(dtype), k[:, n_txt:].to(dtype), norm, "bshd")
-            qt, kt = _norm(attn.norm_q, q[:, :n_txt]).to(dtype), _norm(attn.norm_k, k[:, :n_txt]).to(dtype)
+            qt, kt = call_norm(attn.norm_q, q[:, :n_txt]).to(dtype), call_norm(attn.norm_k, k[:, :n_txt]).to(dtype)
             return torch.cat([qt, qi], dim=1), torch.cat([kt, ki], dim=1), v
-        q, k = _norm(attn.norm_q, q).to(dtype), _norm(attn.norm_k, k).to(dtype)
+        q, k = call_norm(attn.norm_q, q).to(dtype), call_norm(attn.norm_k, k).to(dtype)
         if rotation is not None:
             qi, ki = rotation(q[:, n_txt:], k[:, n_txt:], "bshd")
             q, k = torch.cat([q[:, :n_txt], qi], dim=1), torch.cat([k[:, :n_txt], ki], dim=1)

@@ -23,7 +23,7 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos import CosmosAttention
 
-from .diffusers_processors import Tables, _RopeProcessor
+from .diffusers_processors import RopeProcessor, Tables
 
 __all__ = ["CosmosRopeProcessor"]
 
@@ -37,7 +37,7 @@ def _attend(q, k, v, mask) -> torch.Tensor:
     return out.flatten(2, 3).type_as(q)
 
 
-class CosmosRopeProcessor(_RopeProcessor):
+class CosmosRopeProcessor(RopeProcessor):
     """Cosmos's self-attention (rotated) and cross-attention (to the text; 2.5's with image context); ``bhsd``."""
 
     def __call__(

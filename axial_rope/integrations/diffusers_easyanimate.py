@@ -19,12 +19,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .diffusers_processors import _norm, _RopeProcessor
+from .diffusers_processors import RopeProcessor, call_norm
 
 __all__ = ["EasyAnimateRopeProcessor"]
 
 
-class EasyAnimateRopeProcessor(_RopeProcessor):
+class EasyAnimateRopeProcessor(RopeProcessor):
     """EasyAnimate's MMDiT and single-stream blocks: text rows first (not rotated), video rows after; ``bhsd``."""
 
     def __call__(
@@ -47,14 +47,14 @@ class EasyAnimateRopeProcessor(_RopeProcessor):
         if norm is not None:  # fused for the video rows; the text rows' norm as stock
             qv, kv = rotation.norm_rotate(q[:, :, video], k[:, :, video], norm, "bhsd")
             if not mmdit:
-                qv = torch.cat([_norm(attn.norm_q, q[:, :, :n_txt]), qv], dim=2)
-                kv = torch.cat([_norm(attn.norm_k, k[:, :, :n_txt]), kv], dim=2)
+                qv = torch.cat([call_norm(attn.norm_q, q[:, :, :n_txt]), qv], dim=2)
+                kv = torch.cat([call_norm(attn.norm_k, k[:, :, :n_txt]), kv], dim=2)
             q, k = qv, kv
         else:
-            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+            q, k = call_norm(attn.norm_q, q), call_norm(attn.norm_k, k)
         if mmdit:  # the text's own projections and norms, before the video rows
             eq, ek, ev = (heads(p(encoder_hidden_states)) for p in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
-            eq, ek = _norm(attn.norm_added_q, eq), _norm(attn.norm_added_k, ek)
+            eq, ek = call_norm(attn.norm_added_q, eq), call_norm(attn.norm_added_k, ek)
             q, k, v = torch.cat([eq, q], dim=2), torch.cat([ek, k], dim=2), torch.cat([ev, v], dim=2)
         if rotation is not None and norm is None:  # unfused: the rotation after the norms, as stock
             qv, kv = rotation(q[:, :, n_txt:], k[:, :, n_txt:], "bhsd")

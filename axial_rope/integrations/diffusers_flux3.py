@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from .diffusers_processors import _RopeProcessor
+from .diffusers_processors import RopeProcessor
 
 __all__ = ["Flux3RopeProcessor"]
 
 
-class Flux3RopeProcessor(_RopeProcessor):
+class Flux3RopeProcessor(RopeProcessor):
     """FLUX.3's self-attention over one sequence, every token rotated; ``bshd``."""
 
     def __call__(

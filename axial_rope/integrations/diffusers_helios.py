@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from diffusers.models.transformers.transformer_helios import _get_qkv_projections
 
-from .diffusers_processors import Tables, _RopeProcessor
+from .diffusers_processors import RopeProcessor, Tables
 
 __all__ = ["HeliosRopeProcessor"]
 
@@ -31,7 +31,7 @@ def helios_tables(freqs: torch.Tensor, backend: str | None) -> Tables:
     return Tables(pair(cos[..., 0::2]), pair(sin[..., 1::2]), backend)
 
 
-class HeliosRopeProcessor(_RopeProcessor):
+class HeliosRopeProcessor(RopeProcessor):
     """Helios's self-attention (rotated; the history keys amplified) and cross-attention to the text; ``bshd``."""
 
     def __call__(

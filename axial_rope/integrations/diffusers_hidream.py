@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .diffusers_processors import Tables, _RopeProcessor, read_norm
+from .diffusers_processors import RopeProcessor, Tables, read_norm
 
 __all__ = ["HiDreamRopeProcessor", "matrix_tables"]
 
@@ -28,7 +28,7 @@ def matrix_tables(matrices: torch.Tensor, backend: str | None) -> Tables:
     return Tables(interleave(cos), interleave(sin), backend)
 
 
-class HiDreamRopeProcessor(_RopeProcessor):
+class HiDreamRopeProcessor(RopeProcessor):
     """HiDream's single- and double-stream attention: image tokens, then text tokens; ``bshd``."""
 
     def __call__(

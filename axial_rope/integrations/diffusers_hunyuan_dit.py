@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import apply_rope
-from .diffusers_processors import _norm, _RopeProcessor
+from .diffusers_processors import RopeProcessor, call_norm
 
 __all__ = ["HunyuanDiTRopeProcessor"]
 
 
-class HunyuanDiTRopeProcessor(_RopeProcessor):
+class HunyuanDiTRopeProcessor(RopeProcessor):
     """HunyuanDiT's self-attention (q and k rotated) and cross-attention to the text (q rotated); ``bhsd``."""
 
     def __call__(
@@ -65,7 +65,7 @@ class HunyuanDiTRopeProcessor(_RopeProcessor):
         if not attn.is_cross_attention:  # fused where read_norm reads both norms
             q, k = self.norm_then_rotate(attn, q, k, rotation, "bhsd")
         else:  # the queries rotated, the text's keys not: the norm modules, then the rotation of q
-            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+            q, k = call_norm(attn.norm_q, q), call_norm(attn.norm_k, k)
             if rotation is not None:
                 q = apply_rope(q, rotation.cos, rotation.sin, rotation.pairing, "bhsd", self.backend)
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .diffusers_processors import _norm, _RopeProcessor
+from .diffusers_processors import RopeProcessor, call_norm
 
 __all__ = ["HunyuanVideo15RopeProcessor"]
 
 
-class HunyuanVideo15RopeProcessor(_RopeProcessor):
+class HunyuanVideo15RopeProcessor(RopeProcessor):
     """HunyuanVideo 1.5: video tokens first and rotated, text tokens appended and not rotated; ``bshd``."""
 
     def __call__(
@@ -35,7 +35,7 @@ class HunyuanVideo15RopeProcessor(_RopeProcessor):
         if encoder_hidden_states is not None:  # the text appended, its own projections and norms
             eq, ek, ev = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
                           for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))  # fmt: skip
-            eq, ek = _norm(attn.norm_added_q, eq), _norm(attn.norm_added_k, ek)
+            eq, ek = call_norm(attn.norm_added_q, eq), call_norm(attn.norm_added_k, ek)
             q, k, v = torch.cat([q, eq], dim=1), torch.cat([k, ek], dim=1), torch.cat([v, ev], dim=1)
 
         # the mask over [video, text] (the video's entries True), each pair of tokens attending where both may

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from .diffusers_processors import Tables, _RopeProcessor
+from .diffusers_processors import RopeProcessor, Tables
 
 __all__ = ["Ideogram4RopeProcessor"]
 
 
-class Ideogram4RopeProcessor(_RopeProcessor):
+class Ideogram4RopeProcessor(RopeProcessor):
     """Ideogram 4's self-attention over the packed ``[padding, text, image]`` sequence, every token rotated; ``bshd``."""
 
     def __call__(

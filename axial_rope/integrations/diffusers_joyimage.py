@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from .diffusers_processors import Tables, _RopeProcessor
+from .diffusers_processors import RopeProcessor, Tables
 
 __all__ = ["JoyImageRopeProcessor", "JoyImageEditPlusRopeProcessor"]
 
 
-class JoyImageRopeProcessor(_RopeProcessor):
+class JoyImageRopeProcessor(RopeProcessor):
     """JoyImage Edit's joint attention of ``[image, text]``, each stream rotated by its own tables; ``bshd``."""
 
     def __call__(

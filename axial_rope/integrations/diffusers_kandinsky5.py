@@ -21,12 +21,12 @@ import torch
 from diffusers.models.transformers.transformer_kandinsky import nablaT_v2
 
 from .diffusers_hidream import matrix_tables
-from .diffusers_processors import _RopeProcessor
+from .diffusers_processors import RopeProcessor
 
 __all__ = ["Kandinsky5RopeProcessor"]
 
 
-class Kandinsky5RopeProcessor(_RopeProcessor):
+class Kandinsky5RopeProcessor(RopeProcessor):
     """Kandinsky 5's self-attention (rotated) and cross-attention to the text (not rotated); ``bshd``."""
 
     # the dtype stock's apply_rotary rounds the rotated q and k to (and back from): None leaves them as rotated

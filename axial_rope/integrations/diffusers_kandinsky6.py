@@ -29,7 +29,7 @@ from diffusers.models.transformers.transformer_kandinsky6_sr import Kandinsky6SR
 
 from ..ops import apply_rope
 from .diffusers_hidream import matrix_tables
-from .diffusers_processors import Tables, _RopeProcessor
+from .diffusers_processors import RopeProcessor, Tables
 
 __all__ = ["Kandinsky6RopeProcessor"]
 
@@ -39,7 +39,7 @@ def _tables(rope: torch.Tensor, backend: str | None) -> Tables:
     return matrix_tables(rope.unsqueeze(0), backend)
 
 
-class Kandinsky6RopeProcessor(_RopeProcessor):
+class Kandinsky6RopeProcessor(RopeProcessor):
     """Kandinsky 6's attention (self-, text- and cross-modal) and Kandinsky 6 SR's self-attention; ``bshd``."""
 
     def __call__(self, attn, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:

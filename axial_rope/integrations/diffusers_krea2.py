@@ -15,14 +15,14 @@ from __future__ import annotations
 import torch
 from diffusers.models.transformers.transformer_krea2 import Krea2RMSNorm
 
-from .diffusers_processors import _RopeProcessor, register_norm
+from .diffusers_processors import RopeProcessor, register_norm
 
 __all__ = ["Krea2RopeProcessor"]
 
 register_norm(Krea2RMSNorm, "rms", weight_offset=1.0)  # F.rms_norm(x.float(), (dim,), weight + 1, eps), cast back
 
 
-class Krea2RopeProcessor(_RopeProcessor):
+class Krea2RopeProcessor(RopeProcessor):
     """Krea 2's gated self-attention over ``[text, image]``, every token rotated, k and v of ``num_kv_heads`` heads;
     ``bshd``."""
 

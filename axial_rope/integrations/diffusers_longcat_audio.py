@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from .diffusers_processors import Tables, _RopeProcessor
+from .diffusers_processors import RopeProcessor, Tables
 
 __all__ = ["LongCatAudioRopeProcessor"]
 
 
-class LongCatAudioRopeProcessor(_RopeProcessor):
+class LongCatAudioRopeProcessor(RopeProcessor):
     """LongCat-AudioDiT's self-attention: RMSNorm across heads and the half-paired rotation; ``bshd``."""
 
     def __call__(

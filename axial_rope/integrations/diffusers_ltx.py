@@ -19,7 +19,7 @@ import torch
 
 from ..conventions import ltx_video
 from ..ops import apply_rope, norm_apply_rope
-from .diffusers_processors import _head_mask, _RopeProcessor, read_norm
+from .diffusers_processors import RopeProcessor, head_mask, read_norm
 
 __all__ = ["LTXVideoRopeProcessor", "ltx_rope"]
 
@@ -37,7 +37,7 @@ def ltx_rope(model):
     )
 
 
-class LTXVideoRopeProcessor(_RopeProcessor):
+class LTXVideoRopeProcessor(RopeProcessor):
     """LTX-Video self- and cross-attention: RMSNorm across heads, then rotation in self-attention; ``bshd``."""
 
     def __call__(
@@ -49,7 +49,7 @@ class LTXVideoRopeProcessor(_RopeProcessor):
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
-        attention_mask = _head_mask(attn, attention_mask, *context.shape[:2])
+        attention_mask = head_mask(attn, attention_mask, *context.shape[:2])
         q, k, v = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
         # RMSNorm over H * D channels, then the model's table [B, S, H * D]: the hidden size as one head
         norm = None if image_rotary_emb is None else read_norm(attn.norm_q, attn.norm_k, 1, q.shape[-1], q.dtype)

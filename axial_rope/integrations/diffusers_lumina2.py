@@ -20,13 +20,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .diffusers_processors import _RopeProcessor
+from .diffusers_processors import RopeProcessor
 from .diffusers_qwen_image import complex_tables
 
 __all__ = ["Lumina2RopeProcessor"]
 
 
-class Lumina2RopeProcessor(_RopeProcessor):
+class Lumina2RopeProcessor(RopeProcessor):
     """Lumina 2's self-attention over one (padded) sequence, every token rotated by its row, k and v of ``kv_heads``
     heads; ``bshd`` inside, ``bhsd`` attention."""
 

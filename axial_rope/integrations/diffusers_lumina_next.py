@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..ops import QKNorm, apply_rope
 from . import diffusers_processors
-from .diffusers_processors import _norm, _RopeProcessor
+from .diffusers_processors import RopeProcessor, call_norm
 from .diffusers_qwen_image import complex_tables
 
 __all__ = ["LuminaNextRopeProcessor"]
@@ -44,7 +44,7 @@ def _read_norms(attn, heads: int, kv_heads: int, head_dim: int, dtype: torch.dty
     return QKNorm(qn.kind, qn.q_weight, kn.k_weight, qn.q_bias, kn.k_bias, qn.eps, "heads")
 
 
-class LuminaNextRopeProcessor(_RopeProcessor):
+class LuminaNextRopeProcessor(RopeProcessor):
     """Lumina-Next's self-attention (q and k rotated) and cross-attention (q rotated); ``bshd``, ``[B, S, H, D]`` out."""
 
     def __call__(
@@ -74,7 +74,7 @@ class LuminaNextRopeProcessor(_RopeProcessor):
             q, k, v = split(q, attn.heads), split(k, kv_heads), split(v, kv_heads)
             q, k = complex_tables(query_rotary_emb, self.backend).norm_rotate(q, k, norm, "bshd")
         else:
-            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+            q, k = call_norm(attn.norm_q, q), call_norm(attn.norm_k, k)
             q, k, v = split(q, attn.heads), split(k, kv_heads), split(v, kv_heads)
             for name, table in (("q", query_rotary_emb), ("k", key_rotary_emb)):
                 if table is not None:

@@ -22,12 +22,12 @@ import torch
 from diffusers.models.transformers.transformer_motif_video import MotifVideoCrossAttention
 
 from ..ops import apply_rope
-from .diffusers_processors import Tables, _norm, _RopeProcessor
+from .diffusers_processors import RopeProcessor, Tables, call_norm
 
 __all__ = ["MotifVideoRopeProcessor"]
 
 
-class MotifVideoRopeProcessor(_RopeProcessor):
+class MotifVideoRopeProcessor(RopeProcessor):
     """Motif-Video's self-attention (joint with the text) and text cross-attention; ``bshd``."""
 
     def __call__(self, attn, hidden_states: torch.Tensor, *args, **kwargs):
@@ -39,7 +39,7 @@ class MotifVideoRopeProcessor(_RopeProcessor):
         norm = self.qk_norm(attn, q, "bshd") if attn.norm_q is not None and attn.norm_k is not None else None
         if tables is not None and norm is not None:  # fused: float32 inside, rounded once
             return tables.norm_rotate(q, k, norm, "bshd")
-        q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+        q, k = call_norm(attn.norm_q, q), call_norm(attn.norm_k, k)
         return (q, k) if tables is None else tables(q, k, "bshd")
 
     def _self(
@@ -65,7 +65,7 @@ class MotifVideoRopeProcessor(_RopeProcessor):
         if attn.add_q_proj is not None and encoder_hidden_states is not None:  # the text's own, unrotated
             eq, ek, ev = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
                           for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))  # fmt: skip
-            eq, ek = _norm(attn.norm_added_q, eq), _norm(attn.norm_added_k, ek)
+            eq, ek = call_norm(attn.norm_added_q, eq), call_norm(attn.norm_added_k, ek)
             q, k, v = torch.cat([q, eq], dim=1), torch.cat([k, ek], dim=1), torch.cat([v, ev], dim=1)
         out = self._attend(q, k, v, attention_mask)
         if encoder_hidden_states is not None:
@@ -95,7 +95,7 @@ class MotifVideoRopeProcessor(_RopeProcessor):
             mask = attention_mask[:, :, :, image_embed_seq_len - encoder_hidden_states.shape[1] :]
         q = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
         k, v = (proj(text).unflatten(2, (attn.heads, -1)) for proj in (attn.to_k, attn.to_v))
-        q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+        q, k = call_norm(attn.norm_q, q), call_norm(attn.norm_k, k)
         tables = self.tables(image_rotary_emb)
         if tables is not None:  # the queries only
             q = apply_rope(q, tables.cos, tables.sin, tables.pairing, "bshd", self.backend)

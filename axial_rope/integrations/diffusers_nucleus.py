@@ -19,13 +19,13 @@ from __future__ import annotations
 import torch
 
 from ..ops import apply_rope
-from .diffusers_processors import _norm, _RopeProcessor
+from .diffusers_processors import RopeProcessor, call_norm
 from .diffusers_qwen_image import complex_tables
 
 __all__ = ["NucleusRopeProcessor"]
 
 
-class NucleusRopeProcessor(_RopeProcessor):
+class NucleusRopeProcessor(RopeProcessor):
     """NucleusMoE-Image's attention of the image queries over ``[image, text]`` keys; ``bshd``."""
 
     def __call__(
@@ -50,7 +50,7 @@ class NucleusRopeProcessor(_RopeProcessor):
         elif encoder_hidden_states is not None:  # text keys and values, no text query
             tk, tv = (proj(encoder_hidden_states).unflatten(-1, (kv_heads, -1)) for proj in (attn.add_k_proj,
                                                                                            attn.add_v_proj))  # fmt: skip
-            tk = _norm(attn.norm_added_k, tk)
+            tk = call_norm(attn.norm_added_k, tk)
             if txt is not None:
                 tk = apply_rope(tk, txt.cos, txt.sin, txt.pairing, "bshd", self.backend)
             k, v = torch.cat([k, tk], dim=1), torch.cat([v, tv], dim=1)

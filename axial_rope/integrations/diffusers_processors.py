@@ -24,6 +24,11 @@ from ..ops import QKNorm, apply_rope, norm_apply_rope
 
 __all__ = [
     "PROCESSORS",
+    "RopeProcessor",
+    "Tables",
+    "call_norm",
+    "head_mask",
+    "read_norm",
     "FluxRopeProcessor",
     "HunyuanVideoRopeProcessor",
     "WanRopeProcessor",
@@ -67,7 +72,8 @@ class Tables:
         return (k * scale).to(k.dtype)
 
 
-def _norm(norm, x: torch.Tensor) -> torch.Tensor:
+def call_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)``, or ``x`` where the stock module has no norm (``None``)."""
     return x if norm is None else norm(x)
 
 
@@ -128,7 +134,7 @@ def _hooked(norm) -> bool:
     )  # fmt: skip
 
 
-def _head_mask(attn, mask: torch.Tensor | None, batch: int, seq: int) -> torch.Tensor | None:
+def head_mask(attn, mask: torch.Tensor | None, batch: int, seq: int) -> torch.Tensor | None:
     """The stock processors' attention mask over ``seq`` keys, per head ``[B, H, -1, seq]`` (None stays None)."""
     if mask is None:
         return None
@@ -139,7 +145,7 @@ def _head_mask(attn, mask: torch.Tensor | None, batch: int, seq: int) -> torch.T
 PROCESSORS: dict[str, type] = {}  # every processor of ours by class name, as family records name them
 
 
-class _RopeProcessor:
+class RopeProcessor:
     """Shared plumbing: the backend, and diffusers' attention-backend attributes (set by ``set_attention_backend``).
     Each subclass registers itself in :data:`PROCESSORS` (a family record names it; the installer looks it up)."""
 
@@ -174,7 +180,7 @@ class _RopeProcessor:
         norm = self.qk_norm(attn, q, layout, names)
         if rotation is not None and norm is not None:  # fused
             return rotation.norm_rotate(q, k, norm, layout)
-        q, k = _norm(getattr(attn, names[0]), q), _norm(getattr(attn, names[1]), k)
+        q, k = call_norm(getattr(attn, names[0]), q), call_norm(getattr(attn, names[1]), k)
         return (q, k) if rotation is None else rotation(q, k, layout)
 
     def _attend(self, q, k, v, mask=None, *, parallel: bool = True) -> torch.Tensor:
@@ -195,7 +201,7 @@ class _RopeProcessor:
         return out.flatten(2, 3).to(q.dtype)
 
 
-class FluxRopeProcessor(_RopeProcessor):
+class FluxRopeProcessor(RopeProcessor):
     """Flux (double- and single-stream blocks): text tokens first, then image tokens; ``bshd``."""
 
     def __call__(
@@ -243,16 +249,16 @@ class FluxRopeProcessor(_RopeProcessor):
             else:
                 q, k = rotation.norm_rotate(q, k, norm, "bshd")
         else:
-            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+            q, k = call_norm(attn.norm_q, q), call_norm(attn.norm_k, k)
             if joint:  # text first, as the tables' rows (the ids are txt_ids then img_ids)
-                eq, ek = _norm(attn.norm_added_q, eq), _norm(attn.norm_added_k, ek)
+                eq, ek = call_norm(attn.norm_added_q, eq), call_norm(attn.norm_added_k, ek)
                 q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
             if rotation is not None:
                 q, k = rotation(q, k, "bshd")
         return self._attend(q, k, v, attention_mask)
 
 
-class HunyuanVideoRopeProcessor(_RopeProcessor):
+class HunyuanVideoRopeProcessor(RopeProcessor):
     """HunyuanVideo: video tokens first and rotated, text tokens last and not rotated; ``bshd``."""
 
     def __call__(
@@ -272,10 +278,10 @@ class HunyuanVideoRopeProcessor(_RopeProcessor):
         norm = self.qk_norm(attn, q, "bshd")
         if rotation is not None and norm is not None:  # fused for the video tokens; the text's norm as stock
             qv, kv = rotation.norm_rotate(q[:, :n_video], k[:, :n_video], norm, "bshd")
-            qt, kt = _norm(attn.norm_q, q[:, n_video:]), _norm(attn.norm_k, k[:, n_video:])
+            qt, kt = call_norm(attn.norm_q, q[:, n_video:]), call_norm(attn.norm_k, k[:, n_video:])
             q, k = torch.cat([qv, qt], dim=1), torch.cat([kv, kt], dim=1)
         else:
-            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+            q, k = call_norm(attn.norm_q, q), call_norm(attn.norm_k, k)
             if rotation is not None:
                 qv, kv = rotation(q[:, :n_video], k[:, :n_video], "bshd")
                 q, k = torch.cat([qv, q[:, n_video:]], dim=1), torch.cat([kv, k[:, n_video:]], dim=1)
@@ -284,7 +290,7 @@ class HunyuanVideoRopeProcessor(_RopeProcessor):
                 proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
                 for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
             )
-            eq, ek = _norm(attn.norm_added_q, eq), _norm(attn.norm_added_k, ek)
+            eq, ek = call_norm(attn.norm_added_q, eq), call_norm(attn.norm_added_k, ek)
             q, k, v = torch.cat([q, eq], dim=1), torch.cat([k, ek], dim=1), torch.cat([v, ev], dim=1)
 
         out = self._attend(q, k, v, attention_mask)
@@ -299,7 +305,7 @@ class HunyuanVideoRopeProcessor(_RopeProcessor):
         return out, txt
 
 
-class WanRopeProcessor(_RopeProcessor):
+class WanRopeProcessor(RopeProcessor):
     """Wan self- and cross-attention: QK-norm over all heads at once, RoPE in self-attention (fused there); ``bshd``."""
 
     # the context-parallel config for cross-attention too: Wan leaves it out there (diffusers PR #12909), SkyReels-V2's
@@ -358,7 +364,7 @@ class SkyReelsV2RopeProcessor(WanRopeProcessor):
     cross_parallel = True
 
 
-class CogVideoXRopeProcessor(_RopeProcessor):
+class CogVideoXRopeProcessor(RopeProcessor):
     """CogVideoX: text tokens first (not rotated), video tokens after; LayerNorm QK-norm; ``bhsd``."""
 
     def __call__(
@@ -372,7 +378,7 @@ class CogVideoXRopeProcessor(_RopeProcessor):
         n_txt = encoder_hidden_states.shape[1]
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)  # [B, S, C]
         batch, seq, _ = hidden_states.shape
-        attention_mask = _head_mask(attn, attention_mask, batch, seq)
+        attention_mask = head_mask(attn, attention_mask, batch, seq)
         if getattr(attn, "fused_projections", False):
             q, k, v = attn.to_qkv(hidden_states).chunk(3, dim=-1)
         else:
@@ -382,10 +388,10 @@ class CogVideoXRopeProcessor(_RopeProcessor):
         norm = None if attn.is_cross_attention else self.qk_norm(attn, q, "bhsd")
         if rotation is not None and norm is not None:  # fused for the video tokens; the text's norm as stock
             qv, kv = rotation.norm_rotate(q[:, :, n_txt:], k[:, :, n_txt:], norm, "bhsd")
-            q = torch.cat([_norm(attn.norm_q, q[:, :, :n_txt]), qv], dim=2)
-            k = torch.cat([_norm(attn.norm_k, k[:, :, :n_txt]), kv], dim=2)
+            q = torch.cat([call_norm(attn.norm_q, q[:, :, :n_txt]), qv], dim=2)
+            k = torch.cat([call_norm(attn.norm_k, k[:, :, :n_txt]), kv], dim=2)
         else:
-            q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+            q, k = call_norm(attn.norm_q, q), call_norm(attn.norm_k, k)
             if rotation is not None:
                 qv, kv = rotation(q[:, :, n_txt:], k[:, :, n_txt:], "bhsd")
                 q = torch.cat([q[:, :, :n_txt], qv], dim=2)

@@ -17,12 +17,12 @@ from __future__ import annotations
 import torch
 
 from .diffusers_hidream import matrix_tables
-from .diffusers_processors import _RopeProcessor
+from .diffusers_processors import RopeProcessor
 
 __all__ = ["PRXRopeProcessor"]
 
 
-class PRXRopeProcessor(_RopeProcessor):
+class PRXRopeProcessor(RopeProcessor):
     """PRX's attention of the image queries over ``[text, image]`` keys, the image tokens rotated; ``bhsd`` inside."""
 
     def __call__(

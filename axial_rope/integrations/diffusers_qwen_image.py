@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .diffusers_processors import Tables, _norm, _RopeProcessor
+from .diffusers_processors import RopeProcessor, Tables, call_norm
 
 __all__ = ["QwenImageRopeProcessor", "complex_tables"]
 
@@ -28,7 +28,7 @@ def complex_tables(freqs: torch.Tensor, backend: str | None) -> Tables:
     return Tables(cos, sin, backend)
 
 
-class QwenImageRopeProcessor(_RopeProcessor):
+class QwenImageRopeProcessor(RopeProcessor):
     """Qwen-Image's joint attention: each stream normalised and rotated by its own table, text first; ``bshd``."""
 
     def __call__(
@@ -62,8 +62,8 @@ class QwenImageRopeProcessor(_RopeProcessor):
             for stream, rotation, norm in zip((img, txt), rotations, norms):
                 stream[0], stream[1] = rotation.norm_rotate(stream[0], stream[1], norm, "bshd")
         else:
-            img[0], img[1] = _norm(attn.norm_q, img[0]), _norm(attn.norm_k, img[1])
-            txt[0], txt[1] = _norm(attn.norm_added_q, txt[0]), _norm(attn.norm_added_k, txt[1])
+            img[0], img[1] = call_norm(attn.norm_q, img[0]), call_norm(attn.norm_k, img[1])
+            txt[0], txt[1] = call_norm(attn.norm_added_q, txt[0]), call_norm(attn.norm_added_k, txt[1])
             if image_rotary_emb is not None:
                 for stream, rotation in zip((img, txt), rotations):
                     stream[0], stream[1] = rotation(stream[0], stream[1], "bshd")

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from .diffusers_processors import _RopeProcessor
+from .diffusers_processors import RopeProcessor
 from .diffusers_qwen_image import complex_tables
 
 __all__ = ["ZImageRopeProcessor"]
 
 
-class ZImageRopeProcessor(_RopeProcessor):
+class ZImageRopeProcessor(RopeProcessor):
     """Z-Image's self-attention over one (padded) sequence, every token rotated by its row; ``bshd``."""
 
     def __call__(
